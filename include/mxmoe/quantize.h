@@ -1,0 +1,63 @@
+// MXFP8 quantization kernels (BF16 in). Layouts and numerics: include/mxmoe/mx_format.h.
+//
+// All pointers are device pointers. x, every data and fast_data pointer must be 16-byte aligned;
+// scale pointers need no alignment. Arguments are checked on the host before any launch and a bad
+// one throws mxmoe::Error naming it. Calls are asynchronous on `stream` and do no host sync.
+// Results are bitwise deterministic.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "mxmoe/error.h"
+#include "mxmoe/mx_format.h"
+
+namespace mxmoe {
+
+// One quantized copy of a matrix whose blocks of 32 run along its last dimension.
+// For logical shape [rows, cols] (per batch entry):
+//   data        E4M3 [rows, cols]
+//   scales      E8M0 [rows, cols/32]
+//   fast_data   E4M3 [rows, cols]                (optional; give both fast pointers or neither)
+//   fast_scales E8M0 [ceil(cols/128), rows]      (optional; chunk-major, see mx_format.h)
+struct MxOut {
+  uint8_t* data = nullptr;
+  uint8_t* scales = nullptr;
+  uint8_t* fast_data = nullptr;
+  uint8_t* fast_scales = nullptr;
+};
+
+// Quantize x [batch, rows, cols] (row-major BF16; batch = 1 for a matrix, E for weights [E, N, K]).
+//   rowwise (may be null): per batch entry the MX tensor of x[b]   — [rows, cols], needs cols % 32 == 0
+//   colwise (may be null): per batch entry the MX tensor of x[b]ᵀ — [cols, rows], needs rows % 32 == 0
+// With both given, x is read once and both copies (and their fast forms) are written in one pass.
+void quantize_mxfp8(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols,
+                    const MxOut* rowwise, const MxOut* colwise,
+                    ScaleMode mode = ScaleMode::kRceil, cudaStream_t stream = nullptr);
+
+// Quantize rows grouped by expert into the padded expert layout of the grouped GEMMs.
+//   x              BF16 [x_rows, cols]; group g owns rows [offsets[g], offsets[g+1])
+//   offsets        int32 [num_groups+1], device memory, non-decreasing, offsets[num_groups] <= x_rows
+//   padded_offsets int32 [num_groups+1], device memory: padded_offsets[0] = 0 and
+//                  padded_offsets[g+1] - padded_offsets[g] = roundup(count_g, 128)
+//                  (compute_padded_offsets fills it). Neither array is ever read by the host.
+//   Output row space [0, out_rows), out_rows % 128 == 0 (a worst-case capacity): row j of group g
+//   lands at padded_offsets[g] + j; the pad rows of each group are written as zeros (data 0,
+//   scales 0x00, i.e. an all-zero block). Rows at or beyond padded_offsets[num_groups] are not
+//   written, and nothing at or beyond out_rows is ever written.
+//   rowwise (may be null): [out_rows, cols] (and [out_rows, cols/32], fast [ceil(cols/128), out_rows])
+//   colwise (may be null): [cols, out_rows] (and [cols, out_rows/32], fast [out_rows/128, cols]),
+//                          blocks of 32 along tokens within each group (the wgrad operand).
+void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
+                            const int32_t* offsets, const int32_t* padded_offsets, int num_groups,
+                            int64_t out_rows, const MxOut* rowwise, const MxOut* colwise,
+                            ScaleMode mode = ScaleMode::kRceil, cudaStream_t stream = nullptr);
+
+// padded_offsets[g] = Σ_{j<g} roundup(offsets[j+1] - offsets[j], align), for g = 0..num_groups.
+// One small kernel; device in, device out.
+void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
+                            int align = 128, cudaStream_t stream = nullptr);
+
+inline constexpr int kMaxGroups = 1024;
+
+}  // namespace mxmoe
