@@ -219,7 +219,9 @@ TEST(Fast, RebaseKeepsMaxBlockAndShiftsOthers) {
   std::vector<double> dm = dequantize(m), df = dequantize(f);
   for (int i = 0; i < 128; ++i) {
     const int eb = int(m.scales[i / 32]) - 127;
-    if (eb == emax) EXPECT_EQ(f.data[i], m.data[i]) << i;
+    if (eb == emax) {
+      EXPECT_EQ(f.data[i], m.data[i]) << i;
+    }
     // A shifted element is exact while it stays in E4M3's normal range, otherwise it is rounded
     // to the subnormal quantum 2^-9 · 2^E.
     const double tol = (std::fabs(dm[i]) >= std::ldexp(1.0, emax - 6)) ? 0.0 : std::ldexp(1.0, emax - 10);

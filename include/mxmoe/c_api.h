@@ -1,0 +1,33 @@
+/* C ABI of mxmoe (libmxmoe_c.so), for foreign-function callers such as the Python benchmarks
+ * (ctypes). Every function returns 0 on success and non-zero on error; mxmoe_last_error() then
+ * returns the message (thread-local, valid until the next call on that thread). Pointers are
+ * device pointers; `stream` is a cudaStream_t (NULL: the legacy default stream). An MX copy is
+ * requested by a non-null data pointer; its fast form by non-null fast pointers. */
+#ifndef MXMOE_C_API_H_
+#define MXMOE_C_API_H_
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char* mxmoe_last_error(void);
+
+int mxmoe_quantize_mxfp8(const void* x, int64_t batch, int64_t rows, int64_t cols,
+                         void* row_data, void* row_scales, void* row_fast_data, void* row_fast_scales,
+                         void* col_data, void* col_scales, void* col_fast_data, void* col_fast_scales,
+                         int mode, void* stream);
+
+int mxmoe_quantize_mxfp8_grouped(const void* x, int64_t x_rows, int64_t cols, const int32_t* offsets,
+                                 const int32_t* padded_offsets, int num_groups, int64_t out_rows,
+                                 void* row_data, void* row_scales, void* row_fast_data,
+                                 void* row_fast_scales, void* col_data, void* col_scales,
+                                 void* col_fast_data, void* col_fast_scales, int mode, void* stream);
+
+int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
+                                 int align, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MXMOE_C_API_H_ */

@@ -1,0 +1,73 @@
+// MXFP8 grouped GEMMs for Mixture-of-Experts (sm_90a). Convention, once: Y = X · Wᵀ
+// ("NT": both operands K-major, the weight stored [N, K] per expert, as DeepGEMM names it).
+// Formats: include/mxmoe/mx_format.h. Numerics of the two modes: DESIGN.md §2 and below.
+//
+// m-grouped (forward, dgrad):  Y[r, :] = deq(A)[r, :] · deq(B[e])ᵀ   for offsets[e] <= r < offsets[e+1]
+//   A  [M_total, K]  MX row-wise; rows sorted by expert, each segment padded to a multiple of 128
+//                    rows (pad rows: zero data, zero scales).
+//   B  [E, N, K]     MX row-wise per expert (blocks of 32 along K).
+//   offsets int32 [E+1], DEVICE memory, never read by the host: offsets[0] = 0, non-decreasing,
+//                    every entry a multiple of 128, offsets[E] <= M_total. Empty experts are legal.
+//   Y  [M_total, N]  row-major BF16 (default) or FP32. Rows at or beyond offsets[E] are not
+//                    written; pad rows inside a segment come out as exact zeros (for finite B).
+//
+// Modes (run-time):
+//   kFast (default): reads the fast GEMM-ready form (fast_data [rows, K], fast_scales chunk-major
+//     [ceil(K/128), rows]; for B per expert, i.e. [E, N, K] and [E, ceil(K/128), N]). FP8 wgmma over
+//     one 128-chunk of K into a fresh accumulator, then promoted into FP32 registers times
+//     2^ea[m] · 2^eb[n] (DeepSeek's 1×128 recipe with per-row scales on both operands).
+//   kExact: reads the MX form (data, scales [rows, K/32]). Same kernel with promotion after every
+//     32 of K: each block product Σ_{32} qa·qb (exact E4M3 products, summed by the FP8 tensor
+//     core into a fresh accumulator) is scaled by 2^(ea+eb) and added in FP32. See
+//     docs/notes/gemm.md for how this differs from a strictly FP32-accumulated sum.
+//
+// Requirements (checked on the host before any CUDA call; a violation throws mxmoe::Error naming
+// the argument): K % 32 == 0, N % 32 == 0, K >= 32, N >= 32, M_total % 128 == 0 (M_total may be 0),
+// 1 <= E <= kMaxGemmExperts, every pointer the mode reads non-null, data/fast_data and y
+// 16-byte aligned, fast_scales 16-byte aligned (TMA), E·N and K·M_total within int32 TMA limits.
+// Calls are asynchronous on opts.stream, make no host synchronisation, and are bitwise
+// deterministic (no atomics; each output element is written once by one thread).
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "mxmoe/error.h"
+#include "mxmoe/mx_format.h"
+
+namespace mxmoe {
+
+inline constexpr int kMaxGemmExperts = 512;
+
+enum class GemmMode : int {
+  kFast = 0,   // fast_data + fast_scales, promotion every 128 of K (default)
+  kExact = 1,  // data + scales, promotion every 32 of K
+};
+
+enum class GemmOutDtype : int {
+  kBF16 = 0,
+  kFP32 = 1,
+};
+
+// One MX-quantized GEMM operand in both forms. A mode reads only its own pair; the other pair may
+// be null. Shapes per the call (A: rows = M_total; B: rows = E·N, laid out [E, N, K]).
+struct MxOperand {
+  const uint8_t* data = nullptr;         // kExact: E4M3 [rows, K]
+  const uint8_t* scales = nullptr;       // kExact: E8M0 [rows, K/32]
+  const uint8_t* fast_data = nullptr;    // kFast:  E4M3 [rows, K]
+  const uint8_t* fast_scales = nullptr;  // kFast:  E8M0 [ceil(K/128), M_total] for A,
+                                         //         [E, ceil(K/128), N] for B
+};
+
+struct GemmOptions {
+  GemmMode mode = GemmMode::kFast;
+  GemmOutDtype out_dtype = GemmOutDtype::kBF16;
+  int num_sms = 0;                // persistent CTAs to launch; 0 = every SM of the device
+  cudaStream_t stream = nullptr;
+};
+
+// Y = A · Bᵀ per expert segment (see above). y is __nv_bfloat16* or float* per opts.out_dtype.
+void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperand& b,
+                             int num_experts, int64_t n, int64_t k, const int32_t* offsets,
+                             void* y, const GemmOptions& opts = {});
+
+}  // namespace mxmoe

@@ -1,0 +1,88 @@
+// Device-side MX numerics: E8M0 scale exponents from BF16 amax bits, E4M3 conversion in pairs.
+// Instructions used: cvt.rn.satfinite.e4m3x2.f32 (FP32 pair → E4M3 pair, RNE, saturating, NaN kept)
+// and cvt.rn.f16x2.e4m3x2 (E4M3 pair → FP16 pair, exact) through cuda_fp8.h, sm_89+.
+// The rules are mx_format.h's; src/ref/mx_ref.cpp is the oracle these are tested against.
+#pragma once
+#include <cstdint>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "mxmoe: E4M3 conversions need sm_89 or newer (build for sm_90a)"
+#endif
+
+#include "mxmoe/mx_format.h"
+
+namespace mxmoe::dev {
+
+// Max of |x| over the packed BF16 pairs in `w` as raw bits: for non-negative BF16, the integer
+// order of the bits is the order of the values, and Inf/NaN (>= 0x7F80) sort above every finite
+// value, so one unsigned max per pair (vmax.u16x2) finds amax and flags Inf/NaN at once.
+__device__ __forceinline__ uint32_t abs_max_bf16x2(uint32_t acc, uint32_t w) {
+  return __vmaxu2(acc, w & 0x7FFF7FFFu);
+}
+__device__ __forceinline__ uint32_t halves_max(uint32_t m) { return max(m & 0xFFFFu, m >> 16); }
+
+// E8M0 scale byte (e + 127) for a block whose amax has BF16 bits `amax_bits` (sign cleared).
+// Inf/NaN → 0xFF.
+//  rceil: e = ceil(log2(amax/448)). The FP32 quotient fl(amax/448) is on the same side of every
+//         power of two as the exact one: a BF16 amax has 8 significant bits, so amax/448 is either
+//         exactly a power of two or at least 2^-9 (relative) away from one, far beyond the 2^-24
+//         rounding of the division. So the exponent field plus one when the mantissa is non-zero
+//         is exact; FP32-subnormal quotients give -126 above 2^-127 and clamp to -127 otherwise.
+//  floor: e = floor(log2 amax) - 8, from the exponent field (leading bit for subnormals).
+__device__ __forceinline__ uint32_t e8m0_scale_byte(uint32_t amax_bits, ScaleMode mode) {
+  if (amax_bits >= 0x7F80u) return kE8M0Nan;
+  const float amax = __uint_as_float(amax_bits << 16);
+  int e;
+  if (mode == ScaleMode::kRceil) {
+    const uint32_t u = __float_as_uint(__fdiv_rn(amax, 448.0f));
+    const uint32_t exp = u >> 23, man = u & 0x7FFFFFu;
+    e = exp ? int(exp) - 127 + (man != 0) : (man > 0x400000u ? -126 : -127);
+  } else {
+    const uint32_t u = __float_as_uint(amax);
+    const uint32_t exp = u >> 23, man = u & 0x7FFFFFu;
+    e = exp ? int(exp) - 127 - 8 : (man ? (31 - __clz(man)) - 149 - 8 : -127);
+  }
+  return uint32_t(max(e, -127) + 127);  // finite BF16 amax never exceeds e = 120
+}
+
+// 2^-e for scale byte b = e + 127 (b != 0xFF), as the FP32 whose exponent field is 254 - b;
+// b = 254 needs the subnormal 2^-127.
+__device__ __forceinline__ float e8m0_reciprocal(uint32_t b) {
+  return b <= 253u ? __uint_as_float((254u - b) << 23) : __uint_as_float(0x00400000u);
+}
+
+// 2^d for d <= 0 as an FP32 multiplier; below 2^-126 returns 0 (the products it is used for
+// are then below half the smallest E4M3 subnormal and round to ±0 either way).
+__device__ __forceinline__ float exp2_nonpositive(int d) {
+  return d >= -126 ? __uint_as_float(uint32_t(127 + d) << 23) : 0.0f;
+}
+
+// Two FP32 → packed E4M3 pair (a in the low byte), RNE, satfinite.
+__device__ __forceinline__ uint32_t e4m3x2_from_f32(float a, float b) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ uint32_t e4m3x4_from_f32(float a, float b, float c, float d) {
+  return e4m3x2_from_f32(a, b) | (e4m3x2_from_f32(c, d) << 16);
+}
+
+// Packed E4M3 pair (low byte first) → two FP32, exact.
+__device__ __forceinline__ float2 f32x2_from_e4m3x2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair & 0xFFFFu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Re-express four E4M3 codes against a larger exponent: code · 2^d rounded to E4M3 (d <= 0).
+__device__ __forceinline__ uint32_t e4m3x4_rebase(uint32_t codes, float pow2_d) {
+  const float2 lo = f32x2_from_e4m3x2(codes), hi = f32x2_from_e4m3x2(codes >> 16);
+  return e4m3x4_from_f32(lo.x * pow2_d, lo.y * pow2_d, hi.x * pow2_d, hi.y * pow2_d);
+}
+
+// BF16 halves of a packed word as FP32 (exact).
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+inline constexpr uint32_t kE4M3NanX4 = 0x7F7F7F7Fu;
+
+}  // namespace mxmoe::dev

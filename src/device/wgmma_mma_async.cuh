@@ -1,0 +1,108 @@
+// wgmma.* (sm_90a warpgroup MMA): shared-memory matrix descriptors, wgmma.fence,
+// wgmma.commit_group, wgmma.wait_group and wgmma.mma_async for FP8 (E4M3 x E4M3 -> F32).
+//
+// Accumulator fragment of an m64nNk32 wgmma, thread t of the warpgroup (warp w = t/32, lane l):
+//   d[4j + 0] = D[16w + l/4,     8j + 2(l%4)    ]   d[4j + 1] = D[16w + l/4,     8j + 2(l%4) + 1]
+//   d[4j + 2] = D[16w + l/4 + 8, 8j + 2(l%4)    ]   d[4j + 3] = D[16w + l/4 + 8, 8j + 2(l%4) + 1]
+#pragma once
+#include <cstdint>
+#include <cstdio>
+
+#include "device/arch.cuh"
+
+namespace mxmoe::device {
+
+// Matrix descriptor of a K-major tile stored with the 128-byte swizzle (what TMA writes with
+// CU_TENSOR_MAP_SWIZZLE_128B): rows of 128 bytes, 8-row core groups 1024 bytes apart.
+//   bits  0-13 start address >> 4     bits 16-29 leading byte offset >> 4 (unused when swizzled
+//   K-major; set to 1)                bits 32-45 stride byte offset >> 4 (1024 B)
+//   bits 49-51 base offset (0: tiles are 1024-byte aligned)   bits 62-63 swizzle (1 = 128 B)
+// Advancing along K inside the 128-byte row is done by adding bytes to the start address.
+__device__ __forceinline__ uint64_t make_wgmma_desc_kmajor_sw128(uint32_t smem_byte_addr) {
+  uint64_t desc = 0;
+  desc |= uint64_t((smem_byte_addr & 0x3FFFFu) >> 4);
+  desc |= uint64_t(1) << 16;
+  desc |= uint64_t(1024 >> 4) << 32;
+  desc |= uint64_t(1) << 62;
+  return desc;
+}
+
+// wgmma.fence.sync.aligned — before the first wgmma of a batch, once the accumulator registers
+// have been touched by ordinary instructions.
+__device__ __forceinline__ void wgmma_fence_sync_aligned() {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit_group_sync_aligned() {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait_group_sync_aligned() {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
+template <int kN>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3, both operands from shared memory
+// (K-major). D = A·Bᵀ (+ D when accumulate), A [64, 32] and B [128, 32] E4M3.
+__device__ __forceinline__ void wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(
+    float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1;\n"
+      "}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+        "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+        "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(int32_t(accumulate)));
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+}  // namespace mxmoe::device

@@ -1,0 +1,137 @@
+// Host entry points of the MXFP8 quantizers: argument checks (before any CUDA call, so they are
+// testable without a GPU), then the launch.
+#include "mxmoe/quantize.h"
+
+#include <string>
+
+#include "host/check.h"
+#include "kernels/quantize/quantize_launch.h"
+
+namespace mxmoe {
+namespace {
+
+using detail::check_aligned;
+using detail::check_not_null;
+using detail::throw_arg;
+using detail::to_str;
+
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kTile = 128;
+
+void check_out(const char* fn, const std::string& name, const MxOut& o) {
+  const std::string d = name + ".data", s = name + ".scales", fd = name + ".fast_data",
+                    fs = name + ".fast_scales";
+  check_not_null(fn, d.c_str(), o.data);
+  check_aligned(fn, d.c_str(), o.data, 16);
+  check_not_null(fn, s.c_str(), o.scales);
+  if ((o.fast_data == nullptr) != (o.fast_scales == nullptr))
+    throw_arg(fn, (o.fast_data ? fs : fd).c_str(), "null",
+              "fast_data and fast_scales must be given together");
+  if (o.fast_data) check_aligned(fn, fd.c_str(), o.fast_data, 16);
+}
+
+void check_mode(const char* fn, ScaleMode mode) {
+  if (mode != ScaleMode::kRceil && mode != ScaleMode::kFloor)
+    throw_arg(fn, "mode", to_str(int(mode)), "must be ScaleMode::kRceil or ScaleMode::kFloor");
+}
+
+void check_cols(const char* fn, int64_t cols) {
+  if (cols <= 0 || cols % kMxBlock != 0)
+    throw_arg(fn, "cols", to_str(cols), "must be a positive multiple of 32 (MX blocks run along it)");
+}
+
+void fill_outputs(detail::QuantizeParams& p, const MxOut* rowwise, const MxOut* colwise) {
+  if (rowwise) {
+    p.row_data = rowwise->data;
+    p.row_scales = rowwise->scales;
+    p.row_fast_data = rowwise->fast_data;
+    p.row_fast_scales = rowwise->fast_scales;
+  }
+  if (colwise) {
+    p.col_data = colwise->data;
+    p.col_scales = colwise->scales;
+    p.col_fast_data = colwise->fast_data;
+    p.col_fast_scales = colwise->fast_scales;
+  }
+}
+
+}  // namespace
+
+void quantize_mxfp8(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols,
+                    const MxOut* rowwise, const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
+  const char* fn = "quantize_mxfp8";
+  check_not_null(fn, "x", x);
+  check_aligned(fn, "x", x, 16);
+  if (batch < 1 || batch > kMaxGridY) throw_arg(fn, "batch", to_str(batch), "must be in [1, 65535]");
+  if (rows < 1 || rows > kMaxGridY * kTile)
+    throw_arg(fn, "rows", to_str(rows), "must be in [1, " + to_str(kMaxGridY * kTile) + "]");
+  check_cols(fn, cols);
+  check_mode(fn, mode);
+  if (!rowwise && !colwise) throw_arg(fn, "rowwise", "null", "at least one of rowwise, colwise must be given");
+  if (rowwise) check_out(fn, "rowwise", *rowwise);
+  if (colwise) {
+    check_out(fn, "colwise", *colwise);
+    if (rows % kMxBlock != 0)
+      throw_arg(fn, "rows", to_str(rows), "must be a multiple of 32 for colwise (blocks run along rows)");
+  }
+  detail::QuantizeParams p;
+  p.x = reinterpret_cast<const uint16_t*>(x);
+  p.batch = batch;
+  p.rows_out = rows;
+  p.x_rows = rows;
+  p.cols = cols;
+  p.mode = mode;
+  fill_outputs(p, rowwise, colwise);
+  detail::launch_quantize_mxfp8(p, stream);
+}
+
+void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
+                            const int32_t* offsets, const int32_t* padded_offsets, int num_groups,
+                            int64_t out_rows, const MxOut* rowwise, const MxOut* colwise,
+                            ScaleMode mode, cudaStream_t stream) {
+  const char* fn = "quantize_mxfp8_grouped";
+  if (x_rows < 0) throw_arg(fn, "x_rows", to_str(x_rows), "must be >= 0");
+  if (x_rows > 0) check_not_null(fn, "x", x);
+  check_aligned(fn, "x", x, 16);
+  check_cols(fn, cols);
+  check_not_null(fn, "offsets", offsets);
+  check_aligned(fn, "offsets", offsets, 4);
+  check_not_null(fn, "padded_offsets", padded_offsets);
+  check_aligned(fn, "padded_offsets", padded_offsets, 4);
+  if (num_groups < 1 || num_groups > kMaxGroups)
+    throw_arg(fn, "num_groups", to_str(num_groups), "must be in [1, " + to_str(kMaxGroups) + "]");
+  if (out_rows < kTile || out_rows % kTile != 0 || out_rows > kMaxGridY * kTile)
+    throw_arg(fn, "out_rows", to_str(out_rows),
+              "must be a positive multiple of 128 (the padded capacity), at most " + to_str(kMaxGridY * kTile));
+  check_mode(fn, mode);
+  if (!rowwise && !colwise) throw_arg(fn, "rowwise", "null", "at least one of rowwise, colwise must be given");
+  if (rowwise) check_out(fn, "rowwise", *rowwise);
+  if (colwise) check_out(fn, "colwise", *colwise);
+  detail::QuantizeParams p;
+  p.x = reinterpret_cast<const uint16_t*>(x);
+  p.batch = 1;
+  p.rows_out = out_rows;
+  p.x_rows = x_rows;
+  p.cols = cols;
+  p.offsets = offsets;
+  p.padded_offsets = padded_offsets;
+  p.num_groups = num_groups;
+  p.mode = mode;
+  fill_outputs(p, rowwise, colwise);
+  detail::launch_quantize_mxfp8(p, stream);
+}
+
+void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
+                            int align, cudaStream_t stream) {
+  const char* fn = "compute_padded_offsets";
+  check_not_null(fn, "offsets", offsets);
+  check_aligned(fn, "offsets", offsets, 4);
+  check_not_null(fn, "padded_offsets", padded_offsets);
+  check_aligned(fn, "padded_offsets", padded_offsets, 4);
+  if (num_groups < 1 || num_groups > kMaxGroups)
+    throw_arg(fn, "num_groups", to_str(num_groups), "must be in [1, " + to_str(kMaxGroups) + "]");
+  if (align < 1 || align > (1 << 20)) throw_arg(fn, "align", to_str(align), "must be in [1, 2^20]");
+  detail::launch_compute_padded_offsets(offsets, padded_offsets, num_groups, align, stream);
+}
+
+}  // namespace mxmoe

@@ -1,0 +1,42 @@
+// Host-side TMA descriptor encoding; see tensor_map.h.
+#include "kernels/gemm/tensor_map.h"
+
+#include <cudaTypedefs.h>
+
+namespace mxmoe::detail {
+
+static PFN_cuTensorMapEncodeTiled_v12000 get_encode_fn(const char* fn) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MXMOE_CUDA_CHECK(fn, cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                          cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || p == nullptr)
+      throw CudaError(std::string("mxmoe::") + fn + ": cuTensorMapEncodeTiled not found in the driver");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }
+  return encode;
+}
+
+CUtensorMap make_tensor_map_2d_u8(const char* fn, const void* base, uint64_t rows, uint64_t cols,
+                                  uint64_t row_stride, uint32_t box_rows, uint32_t box_cols,
+                                  CUtensorMapSwizzle swizzle) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {row_stride};  // bytes, dimension 1
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUresult r = get_encode_fn(fn)(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base),
+                                 dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw CudaError(std::string("mxmoe::") + fn + ": cuTensorMapEncodeTiled failed (CUresult " +
+                    std::to_string(int(r)) + ") for a [" + std::to_string(rows) + ", " +
+                    std::to_string(cols) + "] u8 tensor, box [" + std::to_string(box_rows) +
+                    ", " + std::to_string(box_cols) + "]");
+  return map;
+}
+
+}  // namespace mxmoe::detail

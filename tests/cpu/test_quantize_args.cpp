@@ -1,0 +1,87 @@
+// Argument checks of the quantizers: every bad argument throws mxmoe::Error naming it, before any
+// CUDA call (so these run on machines without a GPU). Pointers here are never dereferenced.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "mxmoe/quantize.h"
+
+using namespace mxmoe;
+
+namespace {
+
+template <class T = uint8_t>
+T* fake(uintptr_t addr) { return reinterpret_cast<T*>(addr); }
+
+const __nv_bfloat16* X = fake<const __nv_bfloat16>(0x10000);
+
+MxOut good_out() {
+  MxOut o;
+  o.data = fake(0x20000);
+  o.scales = fake(0x30000);
+  return o;
+}
+
+void expect_error_naming(const std::function<void()>& f, const std::string& arg) {
+  try {
+    f();
+    FAIL() << "no error; expected one naming '" << arg << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + arg + "'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(QuantizeArgs, DenseRejectsBadArguments) {
+  const MxOut o = good_out();
+  expect_error_naming([&] { quantize_mxfp8(nullptr, 1, 128, 128, &o, nullptr); }, "x");
+  expect_error_naming([&] { quantize_mxfp8(fake<const __nv_bfloat16>(0x10002), 1, 128, 128, &o, nullptr); }, "x");
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 100, &o, nullptr); }, "cols");
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 2880 + 16, &o, nullptr); }, "cols");
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 0, 128, &o, nullptr); }, "rows");
+  expect_error_naming([&] { quantize_mxfp8(X, 0, 128, 128, &o, nullptr); }, "batch");
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 100, 128, nullptr, &o); }, "rows");  // colwise: rows % 32
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, nullptr, nullptr); }, "rowwise");
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &o, nullptr, ScaleMode(7)); }, "mode");
+  MxOut bad = o;
+  bad.data = fake(0x20008);
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &bad, nullptr); }, "rowwise.data");
+  bad = o;
+  bad.scales = nullptr;
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, nullptr, &bad); }, "colwise.scales");
+  bad = o;
+  bad.fast_data = fake(0x40000);
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &bad, nullptr); }, "rowwise.fast_scales");
+  bad.fast_data = fake(0x40004);
+  bad.fast_scales = fake(0x50000);
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &bad, nullptr); }, "rowwise.fast_data");
+}
+
+TEST(QuantizeArgs, GroupedRejectsBadArguments) {
+  const MxOut o = good_out();
+  const int32_t* offs = fake<const int32_t>(0x60000);
+  const int32_t* pad = fake<const int32_t>(0x70000);
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 96 + 8, offs, pad, 4, 512, &o, nullptr); }, "cols");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 128, nullptr, pad, 4, 512, &o, nullptr); }, "offsets");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 128, offs, nullptr, 4, 512, &o, nullptr); }, "padded_offsets");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 128, offs, pad, 0, 512, &o, nullptr); }, "num_groups");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 128, offs, pad, kMaxGroups + 1, 512, &o, nullptr); }, "num_groups");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 128, offs, pad, 4, 500, &o, nullptr); }, "out_rows");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, -1, 128, offs, pad, 4, 512, &o, nullptr); }, "x_rows");
+  expect_error_naming([&] { quantize_mxfp8_grouped(X, 256, 128, offs, pad, 4, 512, nullptr, nullptr); }, "rowwise");
+  expect_error_naming([&] { compute_padded_offsets(offs, nullptr, 4); }, "padded_offsets");
+  expect_error_naming([&] { compute_padded_offsets(offs, fake<int32_t>(0x70000), 2000); }, "num_groups");
+}
+
+TEST(QuantizeArgs, MessageNamesFunctionArgumentAndValue) {
+  const MxOut o = good_out();
+  try {
+    quantize_mxfp8(X, 1, 128, 100, &o, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "mxmoe::quantize_mxfp8: argument 'cols' = 100: must be a positive multiple of 32 "
+                           "(MX blocks run along it)");
+  }
+}

@@ -1,0 +1,233 @@
+// GPU quantizers against the CPU reference, bit for bit: every BF16 pattern, random shapes and
+// distributions (both scale modes, row counts that are not multiples of 128, K = 2880), batched
+// weights, expert-grouped inputs with empty and overloaded groups, NaN/Inf policy, determinism.
+// Outputs are poisoned before each launch so an unwritten byte fails the comparison.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/gpu_test_util.h"
+#include "mxmoe/quantize.h"
+#include "ref/mx_ref.h"
+
+using namespace mxmoe;
+using namespace mxmoe::test;
+
+namespace {
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Device outputs of one quantized copy [n_rows, n_cols] x batch.
+struct CopyBufs {
+  DevBuf<uint8_t> data, scales, fast_data, fast_scales;
+  CopyBufs(int64_t batch, int64_t n_rows, int64_t n_cols, bool fast, uint8_t poison = 0xA5)
+      : data(size_t(batch * n_rows * n_cols), poison),
+        scales(size_t(batch * n_rows * n_cols / 32), poison),
+        fast_data(fast ? size_t(batch * n_rows * n_cols) : 0, poison),
+        fast_scales(fast ? size_t(batch * cdiv(n_cols, 128) * n_rows) : 0, poison) {}
+  MxOut out(bool fast) const {
+    MxOut o;
+    o.data = data.p;
+    o.scales = scales.p;
+    if (fast) {
+      o.fast_data = fast_data.p;
+      o.fast_scales = fast_scales.p;
+    }
+    return o;
+  }
+};
+
+// Compare batch entry b of a device copy with the reference MX matrix (and its fast form).
+void expect_copy(const std::string& what, const CopyBufs& d, bool fast, int64_t b, const ref::MxMatrix& want) {
+  const int64_t R = want.rows, C = want.cols;
+  const auto data = d.data.download(), scales = d.scales.download();
+  EXPECT_TRUE(bytes_equal((what + " data").c_str(), data.data() + b * R * C, C, want.data.data(), C, R, C));
+  EXPECT_TRUE(bytes_equal((what + " scales").c_str(), scales.data() + b * R * (C / 32), C / 32,
+                          want.scales.data(), C / 32, R, C / 32));
+  if (!fast) return;
+  const ref::FastMatrix f = ref::rebase_fast(want);
+  const auto fd = d.fast_data.download(), fs = d.fast_scales.download();
+  EXPECT_TRUE(bytes_equal((what + " fast_data").c_str(), fd.data() + b * R * C, C, f.data.data(), C, R, C));
+  const int64_t nck = cdiv(C, 128);
+  EXPECT_TRUE(bytes_equal((what + " fast_scales").c_str(), fs.data() + b * nck * R, R, f.scales.data(), R, nck, R));
+}
+
+struct DenseCase {
+  int64_t batch, rows, cols;
+  bool row, col, fast;
+};
+
+void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
+  SCOPED_TRACE(label + " batch=" + std::to_string(c.batch) + " rows=" + std::to_string(c.rows) +
+               " cols=" + std::to_string(c.cols) + " mode=" + (mode == ScaleMode::kRceil ? "rceil" : "floor"));
+  DevBuf<uint16_t> dx(x.size());
+  dx.upload(x);
+  CopyBufs rw(c.batch, c.rows, c.cols, c.fast), cw(c.batch, c.cols, c.rows, c.fast);
+  const MxOut ro = rw.out(c.fast), co = cw.out(c.fast);
+  quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), c.batch, c.rows, c.cols, c.row ? &ro : nullptr,
+                 c.col ? &co : nullptr, mode, nullptr);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const uint16_t* xb = x.data() + b * c.rows * c.cols;
+    if (c.row) expect_copy("rowwise", rw, c.fast, b, ref::quantize_rows(xb, c.rows, c.cols, mode));
+    if (c.col) expect_copy("colwise", cw, c.fast, b, ref::quantize_cols(xb, c.rows, c.cols, mode));
+  }
+}
+
+}  // namespace
+
+TEST(QuantizeGpu, EveryBf16PatternAsElementAndAsAmax) {
+  MXMOE_REQUIRE_GPU();
+  // (a) [2048, 32]: the 65,536 patterns in order (blocks of 32 neighbours, both directions).
+  std::vector<uint16_t> a(65536);
+  std::iota(a.begin(), a.end(), 0);
+  // (b) [65536, 32]: row i holds pattern i alone at column i % 32, so every pattern is an amax.
+  std::vector<uint16_t> b(size_t(65536) * 32, 0);
+  for (int i = 0; i < 65536; ++i) b[size_t(i) * 32 + i % 32] = uint16_t(i);
+  for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor}) {
+    run_dense({1, 2048, 32, true, true, true}, mode, a, "patterns in order");
+    run_dense({1, 65536, 32, true, true, true}, mode, b, "isolated patterns");
+  }
+}
+
+TEST(QuantizeGpu, RandomShapesBitExact) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const DenseCase cases[] = {
+      {1, 1000, 2880, true, false, true},   // rows not a multiple of 32, K = 2880 (partial chunk)
+      {1, 4000, 2880, true, true, true},    // rows a multiple of 32 but not of 128
+      {1, 33, 32, true, false, false},
+      {1, 96, 64, false, true, true},
+      {1, 2048, 2048, true, true, false},
+      {1, 1024, 7168, true, true, true},
+      {1, 160, 160, true, true, true},      // partial tiles both ways
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const Dist dist = Dist(i % 4);
+    const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
+    run_dense(c, mode, random_bf16(c.batch * c.rows, c.cols, dist, rng), dist_name(dist));
+    ++i;
+  }
+}
+
+TEST(QuantizeGpu, BatchedWeightsBothDirectionsOnePass) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  // Weights [E, N, K]: rowwise [E, N, K] and colwise [E, K, N], plus fast forms, one launch.
+  const DenseCase cases[] = {{4, 384, 2880, true, true, true}, {3, 2880, 256, true, true, true},
+                             {8, 256, 512, true, true, false}};
+  for (const auto& c : cases)
+    for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor})
+      run_dense(c, mode, random_bf16(c.batch * c.rows, c.cols, Dist::kOutlierChannels, rng), "weights");
+}
+
+TEST(QuantizeGpu, NanAndInfPoisonBlocksAndChunks) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t R = 256, C = 384;
+  auto x = random_bf16(R, C, Dist::kGaussian, rng);
+  const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+  for (int k = 0; k < 40; ++k) x[size_t(rng() % (R * C))] = bad[k % 5];
+  run_dense({1, R, C, true, true, true}, ScaleMode::kRceil, x, "nan/inf");
+  run_dense({1, R, C, true, true, true}, ScaleMode::kFloor, x, "nan/inf");
+}
+
+TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t R = 1024, C = 2880;
+  auto x = random_bf16(R, C, Dist::kHeavyTailed, rng);
+  DevBuf<uint16_t> dx(x.size());
+  dx.upload(x);
+  CopyBufs a1(1, R, C, true, 0x11), b1(1, C, R, true, 0x11), a2(1, R, C, true, 0x22), b2(1, C, R, true, 0x22);
+  const MxOut ra1 = a1.out(true), cb1 = b1.out(true), ra2 = a2.out(true), cb2 = b2.out(true);
+  quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ra1, &cb1);
+  quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ra2, &cb2);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(a1.data.download(), a2.data.download());
+  EXPECT_EQ(a1.fast_data.download(), a2.fast_data.download());
+  EXPECT_EQ(b1.data.download(), b2.data.download());
+  EXPECT_EQ(b1.scales.download(), b2.scales.download());
+  EXPECT_EQ(b1.fast_scales.download(), b2.fast_scales.download());
+}
+
+namespace {
+
+void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, std::mt19937& rng) {
+  const int G = int(counts.size());
+  std::vector<int32_t> offs(G + 1, 0), padded(G + 1, 0);
+  for (int g = 0; g < G; ++g) {
+    offs[g + 1] = offs[g] + counts[g];
+    padded[g + 1] = padded[g] + (counts[g] + 127) / 128 * 128;
+  }
+  const int64_t x_rows = offs[G], used = padded[G];
+  const int64_t out_rows = std::max<int64_t>(128, used + extra_rows);
+  SCOPED_TRACE("groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
+               " padded=" + std::to_string(used) + " cols=" + std::to_string(cols));
+  auto x = random_bf16(std::max<int64_t>(x_rows, 1), cols, Dist::kGaussian, rng);
+  DevBuf<uint16_t> dx(x.size());
+  dx.upload(x);
+  DevBuf<int32_t> doffs(offs.size()), dpadded(padded.size(), 0xEE);
+  doffs.upload(offs);
+  compute_padded_offsets(doffs.p, dpadded.p, G);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_EQ(dpadded.download(), padded);
+
+  CopyBufs rw(1, out_rows, cols, true), cw(1, cols, out_rows, true);
+  const MxOut ro = rw.out(true), co = cw.out(true);
+  quantize_mxfp8_grouped(reinterpret_cast<const __nv_bfloat16*>(dx.p), x_rows, cols, doffs.p, dpadded.p, G,
+                         out_rows, &ro, &co);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+
+  // Reference: the padded matrix (pad rows zero), quantized both ways over its used rows.
+  std::vector<uint16_t> xp(size_t(std::max<int64_t>(used, 32) * cols), 0);
+  for (int g = 0; g < G; ++g)
+    for (int32_t j = 0; j < counts[g]; ++j)
+      std::copy_n(&x[size_t((offs[g] + j) * cols)], cols, &xp[size_t((padded[g] + j) * cols)]);
+  if (used > 0) {
+    const auto rref = ref::quantize_rows(xp.data(), used, cols, ScaleMode::kRceil);
+    const auto rfast = ref::rebase_fast(rref);
+    const auto d = rw.data.download(), s = rw.scales.download(), fd = rw.fast_data.download(),
+               fs = rw.fast_scales.download();
+    EXPECT_TRUE(bytes_equal("grouped rowwise data", d.data(), cols, rref.data.data(), cols, used, cols));
+    EXPECT_TRUE(bytes_equal("grouped rowwise scales", s.data(), cols / 32, rref.scales.data(), cols / 32, used, cols / 32));
+    EXPECT_TRUE(bytes_equal("grouped rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
+    EXPECT_TRUE(bytes_equal("grouped rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used,
+                            cdiv(cols, 128), used));
+    const auto cref = ref::quantize_cols(xp.data(), used, cols, ScaleMode::kRceil);
+    const auto cfast = ref::rebase_fast(cref);
+    const auto cd = cw.data.download(), cs = cw.scales.download(), cfd = cw.fast_data.download(),
+               cfs = cw.fast_scales.download();
+    EXPECT_TRUE(bytes_equal("grouped colwise data", cd.data(), out_rows, cref.data.data(), used, cols, used));
+    EXPECT_TRUE(bytes_equal("grouped colwise scales", cs.data(), out_rows / 32, cref.scales.data(), used / 32,
+                            cols, used / 32));
+    EXPECT_TRUE(bytes_equal("grouped colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
+    EXPECT_TRUE(bytes_equal("grouped colwise fast_scales", cfs.data(), cols, cfast.scales.data(), cols,
+                            used / 128, cols));
+  }
+  // Nothing at or beyond padded[G] is written: the poison must survive.
+  const std::vector<uint8_t> poison_row(size_t(cols), 0xA5);
+  const auto d = rw.data.download();
+  for (int64_t r = used; r < out_rows; ++r)
+    ASSERT_TRUE(std::equal(poison_row.begin(), poison_row.end(), d.begin() + r * cols)) << "row " << r << " written";
+  const auto cd = cw.data.download();
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = used; r < out_rows; ++r)
+      ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written";
+}
+
+}  // namespace
+
+TEST(QuantizeGpu, GroupedRaggedEmptyAndOverloaded) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_grouped({0, 1, 127, 128, 129, 300, 0, 1000}, 2880, 256, rng);  // ragged, empty, K = 2880
+  run_grouped({5000}, 512, 0, rng);                                   // one group takes every row
+  run_grouped({0, 0, 0, 4096, 0}, 256, 384, rng);                     // one loaded among empties
+  run_grouped({0, 0, 0}, 256, 128, rng);                              // nothing routed at all
+  std::vector<int32_t> many(384);
+  for (auto& c : many) c = int32_t(rng() % 40 == 0 ? 700 : rng() % 90);
+  run_grouped(many, 128, 128, rng);                                   // E = 384, skewed
+}
