@@ -1,0 +1,218 @@
+"""MXFP8 quantization benchmark: mxmoe's kernels against plain-PyTorch quantization and the
+device-to-device copy bandwidth, all measured in this process and run.
+
+Each line: kernel, shape, time (us, median), GB/s (bytes read + written, scales included),
+% of the measured copy bandwidth, the plain-PyTorch time for the same outputs and the speed-up,
+and whether mxmoe's timed output matched the PyTorch output bit for bit.
+Usage: python3 bench/bench_quant.py [--json out.json] [--quick]
+"""
+import argparse
+import sys
+
+import torch
+
+from common import Timer, check, copy_bandwidth, device_info, load_lib, print_table, ptr, require_gpu, write_json
+
+RCEIL = 0
+
+
+# ---- plain-PyTorch baseline (the same numerics: RCEIL scale, RNE, satfinite) ------------------
+def torch_scale_bytes(amax):
+    """E8M0 byte of ceil(log2(amax/448)) via the FP32 bits of amax/448 (exact for BF16 amax)."""
+    bits = (amax / 448.0).view(torch.int32)
+    exp, man = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    e = torch.where(exp > 0, exp - 127 + (man != 0).int(),
+                    torch.where(man > 0x400000, torch.full_like(exp, -126), torch.full_like(exp, -127)))
+    return (e.clamp(-127, 127) + 127).to(torch.int32)
+
+
+def pow2_from_field(field):
+    """FP32 2^(field-127) for an exponent field in [1, 254] (int32 tensor)."""
+    return (field << 23).view(torch.float32)
+
+
+def torch_quant_rows(x):
+    """x [..., R, C] bf16 -> (data fp8 [..., R, C], scales uint8 [..., R, C/32])."""
+    *lead, R, C = x.shape
+    xb = x.reshape(*lead, R, C // 32, 32).float()
+    sb = torch_scale_bytes(xb.abs().amax(-1))
+    inv = torch.where(sb <= 253, pow2_from_field((254 - sb).clamp(min=1)), torch.full_like(xb[..., 0], 2.0 ** -127))
+    q = (xb * inv.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.reshape(*lead, R, C), sb.to(torch.uint8)
+
+
+def torch_rebase(q, sb):
+    """Fast form from (data, block scale bytes): chunk exponent = max of 4 block exponents."""
+    *lead, R, C = q.shape
+    nb = C // 32
+    nck = (C + 127) // 128
+    sbi = sb.to(torch.int32)
+    pad = nck * 4 - nb
+    sbp = torch.nn.functional.pad(sbi, (0, pad)) if pad else sbi
+    cmax = sbp.reshape(*lead, R, nck, 4).amax(-1)  # [.., R, nck]
+    d = sbi - cmax.repeat_interleave(4, dim=-1)[..., :nb]
+    mult = torch.where(d >= -126, pow2_from_field((d + 127).clamp(min=1)), torch.zeros_like(d, dtype=torch.float32))
+    qf = q.reshape(*lead, R, nb, 32).float() * mult.unsqueeze(-1)
+    fq = qf.to(torch.float8_e4m3fn).reshape(*lead, R, C)
+    return fq, cmax.transpose(-1, -2).contiguous().to(torch.uint8)  # [.., nck, R]
+
+
+def torch_quant(x, row, col, fast):
+    out = {}
+    if row:
+        out["row"] = torch_quant_rows(x)
+    if col:
+        out["col"] = torch_quant_rows(x.transpose(-1, -2).contiguous())
+    if fast:
+        for k in list(out):
+            out[k + "_fast"] = torch_rebase(*out[k])
+    return out
+
+
+# ---- mxmoe through the C ABI -----------------------------------------------------------------
+class MxOutputs:
+    def __init__(self, batch, rows, cols, row, col, fast):
+        dev = "cuda"
+        u8 = torch.uint8
+        self.row = self.col = None
+        if row:
+            self.row = [torch.empty(batch, rows, cols, dtype=u8, device=dev),
+                        torch.empty(batch, rows, cols // 32, dtype=u8, device=dev)]
+            if fast:
+                self.row += [torch.empty(batch, rows, cols, dtype=u8, device=dev),
+                             torch.empty(batch, (cols + 127) // 128, rows, dtype=u8, device=dev)]
+        if col:
+            self.col = [torch.empty(batch, cols, rows, dtype=u8, device=dev),
+                        torch.empty(batch, cols, rows // 32, dtype=u8, device=dev)]
+            if fast:
+                self.col += [torch.empty(batch, cols, rows, dtype=u8, device=dev),
+                             torch.empty(batch, (rows + 127) // 128, cols, dtype=u8, device=dev)]
+
+    def args(self):
+        r = (self.row or []) + [None] * (4 - len(self.row or []))
+        c = (self.col or []) + [None] * (4 - len(self.col or []))
+        return [ptr(t) for t in r + c]
+
+    def nbytes(self):
+        return sum(t.numel() for t in (self.row or []) + (self.col or []))
+
+
+def compare(mx, ref):
+    """Count mismatching bytes between mxmoe's outputs and the PyTorch baseline's."""
+    bad = 0
+    pairs = []
+    if mx.row:
+        pairs += [(mx.row[0], ref["row"][0]), (mx.row[1], ref["row"][1])]
+        if len(mx.row) == 4:
+            pairs += [(mx.row[2], ref["row_fast"][0]), (mx.row[3], ref["row_fast"][1])]
+    if mx.col:
+        pairs += [(mx.col[0], ref["col"][0]), (mx.col[1], ref["col"][1])]
+        if len(mx.col) == 4:
+            pairs += [(mx.col[2], ref["col_fast"][0]), (mx.col[3], ref["col_fast"][1])]
+    for a, b in pairs:
+        bad += int((a.reshape(-1) != b.reshape(-1).view(torch.uint8)).sum().item())
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="fewer reps (smoke test)")
+    args = ap.parse_args()
+    require_gpu()
+    lib = load_lib()
+    timer = Timer(reps=5 if args.quick else 15)
+    torch.manual_seed(0)
+    copy_gbs = copy_bandwidth(timer)
+    results = {"device": device_info(), "copy_GBps": copy_gbs, "rows": []}
+    print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write), {device_info()['name']}")
+
+    cases = []
+    for (b, r, c) in [(1, 16384, 7168), (1, 65536, 2048), (1, 32768, 2880)]:
+        cases += [("rowwise", b, r, c, True, False, False), ("colwise", b, r, c, False, True, False),
+                  ("row+col", b, r, c, True, True, False), ("row+col+fast", b, r, c, True, True, True)]
+    cases += [("weights row+col", 128, 1536, 2048, True, True, False),       # Qwen3-30B W1 [E, 2I, H]
+              ("weights row+col+fast", 128, 1536, 2048, True, True, True),
+              ("weights row+col+fast", 32, 7168, 2048, True, True, True)]    # DeepSeek-V3 EP8 W2 [E, H, I]
+    table = []
+    for name, b, r, c, row, col, fast in cases:
+        x = (torch.randn(b, r, c, device="cuda") * torch.rand(b, r, 1, device="cuda") * 10).to(torch.bfloat16)
+        mx = MxOutputs(b, r, c, row, col, fast)
+        a = mx.args()
+
+        def run():
+            check(lib, lib.mxmoe_quantize_mxfp8(ptr(x), b, r, c, *a, RCEIL, None))
+
+        us = timer(run)
+        ref = torch_quant(x, row, col, fast)
+        bad = compare(mx, ref)
+        t_us = timer(lambda: torch_quant(x, row, col, fast))
+        nbytes = x.numel() * 2 + mx.nbytes()
+        gbs = nbytes / (us * 1e-6) / 1e9
+        shape = f"{b}x{r}x{c}" if b > 1 else f"{r}x{c}"
+        row_out = {"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
+                   "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad}
+        results["rows"].append(row_out)
+        table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{t_us:.1f}",
+                      f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+        del x, mx, ref
+        torch.cuda.empty_cache()
+
+    # Grouped (expert segments, padded to 128): tokens sorted by expert, skewed routing with empties.
+    E, C, T = 128, 2048, 65536
+    g = torch.Generator().manual_seed(1)
+    w = torch.rand(E, generator=g) ** 4
+    w[torch.randperm(E, generator=g)[:8]] = 0.0  # empty experts
+    w[3] = w.sum()                               # one hot expert (~half the tokens)
+    counts = torch.distributions.Multinomial(T, w / w.sum()).sample().to(torch.int32)
+    offs = torch.zeros(E + 1, dtype=torch.int32)
+    offs[1:] = counts.cumsum(0)
+    padded = torch.zeros(E + 1, dtype=torch.int32)
+    padded[1:] = ((counts + 127) // 128 * 128).cumsum(0)
+    used = int(padded[-1])
+    cap = T + E * 128
+    x = (torch.randn(T, C, device="cuda")).to(torch.bfloat16)
+    d_offs, d_pad = offs.cuda(), torch.empty(E + 1, dtype=torch.int32, device="cuda")
+    check(lib, lib.mxmoe_compute_padded_offsets(ptr(d_offs), ptr(d_pad), E, 128, None))
+    torch.cuda.synchronize()
+    assert torch.equal(d_pad.cpu(), padded), "compute_padded_offsets disagrees with the host prefix sum"
+    for name, row, col in [("grouped colwise", False, True), ("grouped row+col", True, True)]:
+        mx = MxOutputs(1, cap, C, row, col, False)
+        a = mx.args()
+        us = timer(lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None)))
+        # baseline: gather into the padded layout with index ops, then quantize
+        idx = torch.cat([torch.arange(int(offs[e]), int(offs[e + 1])) for e in range(E)])
+        dst = torch.cat([torch.arange(int(padded[e]), int(padded[e]) + int(counts[e])) for e in range(E)])
+        idx, dst = idx.cuda(), dst.cuda()
+
+        def torch_grouped():
+            xp = torch.zeros(used, C, dtype=torch.bfloat16, device="cuda")
+            xp[dst] = x[idx]
+            return torch_quant(xp, row, col, False)
+
+        ref = torch_grouped()
+        bad = 0
+        if row:
+            bad += int((mx.row[0][0, :used] != ref["row"][0].view(torch.uint8)).sum())
+            bad += int((mx.row[1][0, :used] != ref["row"][1]).sum())
+        bad += int((mx.col[0][0, :, :used] != ref["col"][0].view(torch.uint8)).sum())
+        bad += int((mx.col[1][0, :, :used // 32] != ref["col"][1]).sum())
+        t_us = timer(torch_grouped)
+        nbytes = T * C * 2 + used * C * (int(row) + int(col)) * (1 + 1 / 32)
+        gbs = nbytes / (us * 1e-6) / 1e9
+        shape = f"{T}x{C} E={E} skewed"
+        results["rows"].append({"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
+                                "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad})
+        table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{t_us:.1f}",
+                      f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+
+    print_table(f"MXFP8 quantization (RCEIL), copy ceiling {copy_gbs:.0f} GB/s; baseline: plain PyTorch, same run",
+                ["kernel", "shape", "us", "GB/s", "% copy", "torch us", "x torch", "output check"], table)
+    write_json(args.json, results)
+    if any(r["mismatched_bytes"] for r in results["rows"]):
+        print("ERROR: mxmoe output differs from the PyTorch baseline", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Shared benchmark machinery: load libmxmoe_c.so, time with CUDA events (warm-up, L2 flush,
+median), measure the copy-bandwidth ceiling in the same run, print tables, write JSON."""
+import ctypes
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def require_gpu():
+    if not torch.cuda.is_available():
+        print("mxmoe: this benchmark needs a CUDA GPU and none was found; "
+              "run the tests instead: ./scripts/test.sh", file=sys.stderr)
+        sys.exit(2)
+
+
+def load_lib(path=None):
+    path = path or os.path.join(ROOT, "build", "libmxmoe_c.so")
+    lib = ctypes.CDLL(path)
+    lib.mxmoe_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def check(lib, rc):
+    if rc != 0:
+        raise RuntimeError(lib.mxmoe_last_error().decode())
+
+
+def ptr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+class Timer:
+    """Median of CUDA-event timings; the L2 (60 MB on H200) is flushed before every rep by
+    writing a 256 MB buffer, outside the timed region."""
+
+    def __init__(self, warmup=3, reps=15, flush_bytes=256 << 20):
+        self.warmup, self.reps = warmup, reps
+        self.flush_buf = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn):
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.reps):
+            self.flush_buf.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)  # us
+        return statistics.median(times)
+
+
+def copy_bandwidth(timer, nbytes=1 << 30):
+    """Device-to-device copy (torch copy_), bytes read + written per second."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    us = timer(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * nbytes / (us * 1e-6) / 1e9  # GB/s
+
+
+def device_info():
+    p = torch.cuda.get_device_properties(0)
+    return {"name": p.name, "sms": p.multi_processor_count, "torch": torch.__version__}
+
+
+def print_table(title, header, rows):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)] if rows else [len(h) for h in header]
+    line = " | ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(f"\n{title}\n{line}\n" + "-+-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    sys.stdout.flush()
+
+
+def write_json(path, obj):
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine: build with all cores, run every test (GPU ones included) and every
+# benchmark, writing logs and JSON results under OUT (default ./out). Prints a short summary last.
+#   scripts/gpu_run.sh OUT [--quick]
+# Files written (at most 8, so a remote run can bring them all back):
+#   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-out}
+QUICK=${2:-}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+{ nvidia-smi; nvcc --version; } > "$OUT/build.log" 2>&1
+./scripts/deps.sh >> "$OUT/build.log" 2>&1
+BUILD=build-gpu
+start=$(date +%s)
+cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DMXMOE_PTXAS_VERBOSE=ON >> "$OUT/build.log" 2>&1 &&
+  cmake --build $BUILD -j"$(nproc)" >> "$OUT/build.log" 2>&1
+build_rc=$?
+echo "build rc=$build_rc in $(( $(date +%s) - start )) s"
+tests_rc=-1
+if [ $build_rc -eq 0 ]; then
+  (cd $BUILD && timeout 900 ctest --output-on-failure -j1 --timeout 600) > "$OUT/tests.log" 2>&1
+  tests_rc=$?
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -20
+fi
+run_bench() {  # name
+  local b=$1
+  [ -f bench/$b.py ] || return 0
+  [ $build_rc -eq 0 ] || return 0
+  timeout 900 python3 bench/$b.py --json "$OUT/$b.json" $QUICK > "$OUT/$b.log" 2>&1
+  echo "$b rc=$?"
+  tail -40 "$OUT/$b.log"
+}
+[ -e build ] || ln -s $BUILD build
+run_bench bench_quant
+run_bench bench_gemm
+python3 - "$OUT" "$build_rc" "$tests_rc" <<'PY'
+import json, re, sys, os
+out, b, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = {"build_rc": b, "tests_rc": t}
+p = os.path.join(out, "tests.log")
+if os.path.exists(p):
+    m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", open(p).read())
+    if m:
+        s.update(tests_failed=int(m.group(2)), tests_total=int(m.group(3)))
+json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
+print("summary:", s)
+PY
