@@ -17,6 +17,7 @@
 // Registers: ~64-90 a thread (no spills; checked with -Xptxas -v). Shared: 32 KB (+512 B fast).
 // Roofline: memory-bound. Bytes per element: read 2; write 1 + 1/32 per copy (+1 + 1/128 fast).
 // Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
+#include <algorithm>
 #include <cstdint>
 
 #include "device/mx_convert.cuh"
@@ -43,52 +44,65 @@ static_assert(kVecPerRow * 8 == kTileCols && kMxBlock % 8 == 0, "a 16-byte vecto
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-constexpr int smem_bytes(bool col, bool fast) {
-  return col ? kTileRows * kTileCols * 2 + (fast ? kRowBlocks * kTileCols : 0) : 0;
-}
+constexpr int smem_bytes(bool col) { return col ? kTileRows * kTileCols * 2 : 0; }
 
-// Where the tile's rows come from. Dense: row r of batch entry b. Grouped: the tile lies inside
-// one group's padded range; rows past the group's real count are padding (read as zeros).
-struct TileRows {
+// Tile order: groups of kGroupRowTiles row tiles; inside a group, consecutive tiles walk the row
+// tiles of one column tile, then the next column tile. So the 32-byte sectors of both scale
+// layouts (8 consecutive blocks along a row, or along a column) are completed by CTAs that run
+// at the same time, instead of by CTAs far apart in time.
+constexpr int kGroupRowTiles = 8;
+
+struct Tile {
+  int64_t b = 0, r0 = 0, c0 = 0;
   const uint16_t* src = nullptr;  // x row of tile row 0
   int64_t src_valid = 0;          // tile rows [0, src_valid) have source data
-  int64_t out_valid = 0;          // tile rows [0, out_valid) are written
+  int64_t out_valid = 0;          // tile rows [0, out_valid) are written; 0: nothing to do
 };
 
+// Grouped tiles: each thread finds the group itself (binary search over the offsets, which stay
+// in L1 after the first tile), so no barrier is needed before the next tile's loads go out.
 template <bool kGrouped>
-__device__ __forceinline__ bool map_tile_rows(const QuantizeParams& p, int64_t r0, int64_t b,
-                                              TileRows& t) {
+__device__ __forceinline__ Tile tile_at(const QuantizeParams& p, int64_t id, int64_t tiles_r, int64_t tiles_c) {
+  Tile t;
+  const int64_t per_batch = tiles_r * tiles_c;
+  t.b = id / per_batch;
+  const int64_t in_b = id - t.b * per_batch;
+  const int64_t per_group = kGroupRowTiles * tiles_c;
+  const int64_t g = in_b / per_group, rem = in_b - g * per_group;
+  const int64_t rows_in_group = min64(kGroupRowTiles, tiles_r - g * kGroupRowTiles);
+  t.r0 = (g * kGroupRowTiles + rem % rows_in_group) * kTileRows;
+  t.c0 = (rem / rows_in_group) * kTileCols;
   if constexpr (!kGrouped) {
-    t.src = p.x + (b * p.rows_out + r0) * p.cols;
-    t.out_valid = min64(kTileRows, p.rows_out - r0);
+    t.src = p.x + (t.b * p.rows_out + t.r0) * p.cols;
+    t.out_valid = min64(kTileRows, p.rows_out - t.r0);
     t.src_valid = t.out_valid;
-    return true;
   } else {
-    __shared__ int s_group;
-    if (threadIdx.x == 0) {
-      // Last group whose padded start is <= r0 (upper_bound - 1); empty groups are skipped.
-      int lo = 0, hi = p.num_groups;  // invariant: padded[lo] <= r0 < padded[hi] (if r0 in range)
-      const int64_t end = p.padded_offsets[p.num_groups];
-      if (r0 >= end) {
-        lo = -1;
-      } else {
-        while (hi - lo > 1) {
-          const int mid = (lo + hi) / 2;
-          if (p.padded_offsets[mid] <= r0) lo = mid; else hi = mid;
-        }
-      }
-      s_group = lo;
+    const int32_t* pad = p.padded_offsets;
+    if (t.r0 >= __ldg(pad + p.num_groups)) return t;  // past the used rows: nothing to write
+    int lo = 0, hi = p.num_groups;  // padded[lo] <= r0 < padded[hi]; empty groups are skipped
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (__ldg(pad + mid) <= t.r0) lo = mid; else hi = mid;
     }
-    __syncthreads();
-    const int g = s_group;
-    if (g < 0) return false;
-    const int64_t pad_start = p.padded_offsets[g], pad_end = p.padded_offsets[g + 1];
-    const int64_t src_start = p.offsets[g], count = p.offsets[g + 1] - src_start;
-    const int64_t j0 = r0 - pad_start;  // tile row 0 is row j0 of the group
+    const int64_t pad_start = __ldg(pad + lo), pad_end = __ldg(pad + lo + 1);
+    const int64_t src_start = __ldg(p.offsets + lo), count = __ldg(p.offsets + lo + 1) - src_start;
+    const int64_t j0 = t.r0 - pad_start;  // tile row 0 is row j0 of the group
     t.src = p.x + (src_start + j0) * p.cols;
-    t.out_valid = min64(kTileRows, min64(pad_end, p.rows_out) - r0);
+    t.out_valid = min64(kTileRows, min64(pad_end, p.rows_out) - t.r0);
     t.src_valid = max64(0, min64(t.out_valid, min64(count, p.x_rows - src_start) - j0));
-    return true;
+  }
+  return t;
+}
+
+// Each thread loads 8 vectors of 8 BF16: rows i*16 + tid/16, columns (tid%16)*8.
+__device__ __forceinline__ void load_tile(const QuantizeParams& p, const Tile& t, uint4 (&v)[kLoads]) {
+  const int64_t col = t.c0 + (threadIdx.x % kVecPerRow) * 8;
+  const bool col_ok = col < p.cols;
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+    v[i] = (col_ok && r < t.src_valid) ? __ldcs(reinterpret_cast<const uint4*>(t.src + r * p.cols + col))
+                                       : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -139,7 +153,12 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, uint4 v,
   }
 }
 
-// ---- column-wise: one thread = columns (2j, 2j+1) of the tile over row block rb (32 rows) -------
+// ---- column-wise through shared memory ---------------------------------------------------------
+// The tile is stored row-major with its 16-byte vectors XOR-swizzled by row block:
+// vector v of row r sits at v ^ (2 * (r / 32 % 4)). Readers below take 4-byte words; lanes that
+// read the same word column in the 4 row blocks then hit 4 different banks.
+__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((row >> 5) & 3)); }
+
 __device__ __forceinline__ void quantize_column32(const uint32_t (&w)[kMxBlock], bool hi,
                                                   uint32_t sbyte, uint32_t (&q)[8]) {
   const float rcp = dev::e8m0_reciprocal(sbyte);
@@ -159,15 +178,18 @@ __device__ __forceinline__ void store32(uint8_t* dst, const uint32_t (&q)[8]) {
   reinterpret_cast<uint4*>(dst)[1] = make_uint4(q[4], q[5], q[6], q[7]);
 }
 
+// Thread = (column pair j, row block rb) with rb = lane % 4: the 4 lanes of a pair write the 4
+// consecutive 32-byte runs of one 128-byte output line, and exchange chunk exponents by shuffle.
 template <bool kFast>
 __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint32_t* tile_words,
-                                             uint8_t* s_exp, int64_t r0, int64_t c0,
-                                             const TileRows& t, int64_t b) {
-  const int pair = threadIdx.x % (kTileCols / 2);  // lanes of a warp: 32 consecutive pairs
-  const int rb = threadIdx.x / (kTileCols / 2);
-  uint32_t w[kMxBlock];  // [32 rows] x 2 BF16
+                                             const Tile& t) {
+  const int lane = threadIdx.x % 32;
+  const int rb = lane & 3;
+  const int pair = (threadIdx.x / 32) * 8 + (lane >> 2);
+  const int word = pair ^ (8 * rb);  // swz_vec in 4-byte words
+  uint32_t w[kMxBlock];              // [32 rows] x 2 BF16
 #pragma unroll
-  for (int i = 0; i < kMxBlock; ++i) w[i] = tile_words[(rb * kMxBlock + i) * (kTileCols / 2) + pair];
+  for (int i = 0; i < kMxBlock; ++i) w[i] = tile_words[(rb * kMxBlock + i) * (kTileCols / 2) + word];
   uint32_t m = 0;
 #pragma unroll
   for (int i = 0; i < kMxBlock; ++i) m = dev::abs_max_bf16x2(m, w[i]);
@@ -177,26 +199,24 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
   quantize_column32(w, false, s0, q0);
   quantize_column32(w, true, s1, q1);
 
-  const int64_t col = c0 + 2 * pair;
+  const int64_t col = t.c0 + 2 * pair;
   const bool ok = col < p.cols && rb * kMxBlock < t.out_valid;
-  const int64_t out_r = r0 + rb * kMxBlock;
+  const int64_t out_r = t.r0 + rb * kMxBlock;
   const int64_t nblk = p.rows_out / kMxBlock;
+  uint8_t* out0 = p.col_data + (t.b * p.cols + col) * p.rows_out + out_r;
   if (ok) {
-    store32(p.col_data + (b * p.cols + col) * p.rows_out + out_r, q0);
-    store32(p.col_data + (b * p.cols + col + 1) * p.rows_out + out_r, q1);
-    p.col_scales[(b * p.cols + col) * nblk + out_r / kMxBlock] = uint8_t(s0);
-    p.col_scales[(b * p.cols + col + 1) * nblk + out_r / kMxBlock] = uint8_t(s1);
+    store32(out0, q0);
+    store32(out0 + p.rows_out, q1);
+    p.col_scales[(t.b * p.cols + col) * nblk + out_r / kMxBlock] = uint8_t(s0);
+    p.col_scales[(t.b * p.cols + col + 1) * nblk + out_r / kMxBlock] = uint8_t(s1);
   }
-  if (kFast && p.col_fast_data != nullptr) {  // uniform across the CTA: the barrier is safe
-    s_exp[rb * kTileCols + 2 * pair] = uint8_t(s0);
-    s_exp[rb * kTileCols + 2 * pair + 1] = uint8_t(s1);
-    __syncthreads();
-    uint32_t e0 = 0, e1 = 0;  // row blocks past the valid rows hold zeros → byte 0
-#pragma unroll
-    for (int k = 0; k < kRowBlocks; ++k) {
-      e0 = max(e0, uint32_t(s_exp[k * kTileCols + 2 * pair]));
-      e1 = max(e1, uint32_t(s_exp[k * kTileCols + 2 * pair + 1]));
-    }
+  if (kFast && p.col_fast_data != nullptr) {
+    // Chunk exponent over the 4 row blocks = the 4 lanes of this pair; row blocks past the valid
+    // rows hold zeros (byte 0); a NaN block's 0xFF dominates.
+    uint32_t e0 = max(s0, __shfl_xor_sync(0xFFFFFFFFu, s0, 1));
+    e0 = max(e0, __shfl_xor_sync(0xFFFFFFFFu, e0, 2));
+    uint32_t e1 = max(s1, __shfl_xor_sync(0xFFFFFFFFu, s1, 1));
+    e1 = max(e1, __shfl_xor_sync(0xFFFFFFFFu, e1, 2));
     const float pw0 = dev::exp2_nonpositive(int(s0) - int(e0));
     const float pw1 = dev::exp2_nonpositive(int(s1) - int(e1));
 #pragma unroll
@@ -205,11 +225,12 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
       q1[i] = e1 == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_rebase(q1[i], pw1);
     }
     if (ok) {
-      store32(p.col_fast_data + (b * p.cols + col) * p.rows_out + out_r, q0);
-      store32(p.col_fast_data + (b * p.cols + col + 1) * p.rows_out + out_r, q1);
+      uint8_t* f0 = p.col_fast_data + (t.b * p.cols + col) * p.rows_out + out_r;
+      store32(f0, q0);
+      store32(f0 + p.rows_out, q1);
       if (rb == 0) {
         const int64_t nrk = (p.rows_out + kFastChunk - 1) / kFastChunk;
-        uint8_t* fs = p.col_fast_scales + (b * nrk + r0 / kFastChunk) * p.cols + col;
+        uint8_t* fs = p.col_fast_scales + (t.b * nrk + t.r0 / kFastChunk) * p.cols + col;
         fs[0] = uint8_t(e0);
         fs[1] = uint8_t(e1);
       }
@@ -217,50 +238,77 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
   }
 }
 
+// Persistent CTAs: each walks tiles id = blockIdx.x + k·gridDim.x and loads tile k+1 into
+// registers before it converts and stores tile k, so a CTA always has 32 KB of reads in flight.
 template <bool kRow, bool kCol, bool kFast, bool kGrouped>
-__global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p) {
+__global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
+                                                                            int64_t tiles_r, int64_t tiles_c) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const int64_t c0 = int64_t(blockIdx.x) * kTileCols;
-  const int64_t r0 = int64_t(blockIdx.y) * kTileRows;
-  const int64_t b = blockIdx.z;
-  TileRows t;
-  if (!map_tile_rows<kGrouped>(p, r0, b, t)) return;
-
+  const int64_t num_tiles = p.batch * tiles_r * tiles_c;
+  int64_t id = blockIdx.x;
+  if (id >= num_tiles) return;
+  Tile t = tile_at<kGrouped>(p, id, tiles_r, tiles_c);
+  uint4 v[kLoads];  // [8 passes] 8 BF16 each: the current tile
+  load_tile(p, t, v);
   const int vec = threadIdx.x % kVecPerRow;
-  const int64_t col = c0 + vec * 8;
-  const bool col_ok = col < p.cols;
-  uint4 v[kLoads];  // [8 passes] 8 BF16 each
-#pragma unroll
-  for (int i = 0; i < kLoads; ++i) {
-    const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-    v[i] = (col_ok && r < t.src_valid) ? __ldcs(reinterpret_cast<const uint4*>(t.src + r * p.cols + col))
-                                       : make_uint4(0, 0, 0, 0);
-  }
-  if constexpr (kCol) {
-    uint4* tile = reinterpret_cast<uint4*>(smem);  // [128 rows][16 vectors] BF16, unswizzled
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) tile[(i * kRowsPerPass + threadIdx.x / kVecPerRow) * kVecPerRow + vec] = v[i];
-  }
-  if constexpr (kRow) {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-      rowwise_vector<kFast>(p, v[i], r0 + r, r < t.out_valid, col, col_ok, b);
+  while (true) {
+    const int64_t next_id = id + gridDim.x;
+    const bool has_next = next_id < num_tiles;
+    Tile tn;
+    uint4 vn[kLoads];  // the next tile, in flight while this one is processed
+    if (has_next) {
+      tn = tile_at<kGrouped>(p, next_id, tiles_r, tiles_c);
+      load_tile(p, tn, vn);
     }
-  }
-  if constexpr (kCol) {
-    __syncthreads();
-    colwise_tile<kFast>(p, reinterpret_cast<const uint32_t*>(smem), smem + kTileRows * kTileCols * 2,
-                        r0, c0, t, b);
+    if (t.out_valid > 0) {
+      if constexpr (kCol) {
+        uint4* tile = reinterpret_cast<uint4*>(smem);  // [128 rows][16 vectors] BF16, swizzled
+        __syncthreads();  // the previous tile's readers are done
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+          tile[r * kVecPerRow + swz_vec(r, vec)] = v[i];
+        }
+      }
+      if constexpr (kRow) {
+        const int64_t col = t.c0 + vec * 8;
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+          rowwise_vector<kFast>(p, v[i], t.r0 + r, r < t.out_valid, col, col < p.cols, t.b);
+        }
+      }
+      if constexpr (kCol) {
+        __syncthreads();
+        colwise_tile<kFast>(p, reinterpret_cast<const uint32_t*>(smem), t);
+      }
+    }
+    if (!has_next) break;
+    id = next_id;
+    t = tn;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) v[i] = vn[i];
   }
 }
 
 template <bool kRow, bool kCol, bool kFast, bool kGrouped>
 void launch(const QuantizeParams& p, cudaStream_t stream) {
-  const dim3 grid(unsigned((p.cols + kTileCols - 1) / kTileCols),
-                  unsigned((p.rows_out + kTileRows - 1) / kTileRows), unsigned(p.batch));
-  quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kGrouped>
-      <<<grid, kThreads, smem_bytes(kCol, kFast), stream>>>(p);
+  auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kGrouped>;
+  constexpr int kSmem = smem_bytes(kCol);
+  static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once
+  if (ctas_per_sm == 0) {
+    int dev = 0;
+    MXMOE_CUDA_CHECK("quantize_mxfp8", cudaGetDevice(&dev));
+    MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MXMOE_CUDA_CHECK("quantize_mxfp8",
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kThreads, kSmem));
+    if (ctas_per_sm < 1) ctas_per_sm = 1;
+  }
+  const int64_t tiles_r = (p.rows_out + kTileRows - 1) / kTileRows;
+  const int64_t tiles_c = (p.cols + kTileCols - 1) / kTileCols;
+  const int64_t num_tiles = p.batch * tiles_r * tiles_c;
+  const int64_t grid = std::min<int64_t>(num_tiles, int64_t(sms) * ctas_per_sm);
+  kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, tiles_r, tiles_c);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
