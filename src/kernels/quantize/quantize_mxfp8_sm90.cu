@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "device/cp_async.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "kernels/quantize/quantize_launch.h"
@@ -44,7 +45,8 @@ static_assert(kVecPerRow * 8 == kTileCols && kMxBlock % 8 == 0, "a 16-byte vecto
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-constexpr int smem_bytes(bool col) { return col ? kTileRows * kTileCols * 2 : 0; }
+constexpr int kStages = 3;  // tiles in the cp.async ring: kStages-1 in flight while one is converted
+constexpr int kSmemBytes = kStages * kTileRows * kTileCols * 2;  // 96 KB: 2 CTAs per SM
 
 // Tile order: groups of kGroupRowTiles row tiles; inside a group, consecutive tiles walk the row
 // tiles of one column tile, then the next column tile. So the 32-byte sectors of both scale
@@ -94,15 +96,24 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, int64_t id, int
   return t;
 }
 
-// Each thread loads 8 vectors of 8 BF16: rows i*16 + tid/16, columns (tid%16)*8.
-__device__ __forceinline__ void load_tile(const QuantizeParams& p, const Tile& t, uint4 (&v)[kLoads]) {
-  const int64_t col = t.c0 + (threadIdx.x % kVecPerRow) * 8;
+// The tile is stored row-major with its 16-byte vectors XOR-swizzled by row block:
+// vector v of row r sits at v ^ (2 * (r / 32 % 4)). The column-wise readers take 4-byte words;
+// lanes that read the same word column in the 4 row blocks then hit 4 different banks.
+__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((row >> 5) & 3)); }
+
+// Each thread copies 8 vectors of 8 BF16 (rows i*16 + tid/16, columns (tid%16)*8) into a stage
+// with cp.async; rows without source data (past the matrix, or group padding) are zero-filled.
+// The row-wise pass later reads back exactly these slots, so it needs no barrier.
+__device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const Tile& t, uint4* stage) {
+  const int vec = threadIdx.x % kVecPerRow;
+  const int64_t col = t.c0 + vec * 8;
   const bool col_ok = col < p.cols;
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
     const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-    v[i] = (col_ok && r < t.src_valid) ? __ldcs(reinterpret_cast<const uint4*>(t.src + r * p.cols + col))
-                                       : make_uint4(0, 0, 0, 0);
+    const bool ok = col_ok && r < t.src_valid;
+    dev::cp_async_cg_shared_global_16_zfill(&stage[r * kVecPerRow + swz_vec(r, vec)],
+                                            ok ? static_cast<const void*>(t.src + r * p.cols + col) : p.x, ok);
   }
 }
 
@@ -154,11 +165,6 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, uint4 v,
 }
 
 // ---- column-wise through shared memory ---------------------------------------------------------
-// The tile is stored row-major with its 16-byte vectors XOR-swizzled by row block:
-// vector v of row r sits at v ^ (2 * (r / 32 % 4)). Readers below take 4-byte words; lanes that
-// read the same word column in the 4 row blocks then hit 4 different banks.
-__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((row >> 5) & 3)); }
-
 __device__ __forceinline__ void quantize_column32(const uint32_t (&w)[kMxBlock], bool hi,
                                                   uint32_t sbyte, uint32_t (&q)[8]) {
   const float rcp = dev::e8m0_reciprocal(sbyte);
@@ -238,65 +244,59 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
   }
 }
 
-// Persistent CTAs: each walks tiles id = blockIdx.x + k·gridDim.x and loads tile k+1 into
-// registers before it converts and stores tile k, so a CTA always has 32 KB of reads in flight.
+// Persistent CTAs: each walks tiles id = blockIdx.x + k·gridDim.x through a kStages-deep
+// cp.async pipeline, so kStages-1 tiles (32 KB each) are in flight while one is converted.
 template <bool kRow, bool kCol, bool kFast, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
                                                                             int64_t tiles_r, int64_t tiles_c) {
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint4* stages = reinterpret_cast<uint4*>(smem);  // [kStages][128 rows][16 vectors] BF16, swizzled
+  constexpr int kStageVecs = kTileRows * kVecPerRow;
   const int64_t num_tiles = p.batch * tiles_r * tiles_c;
-  int64_t id = blockIdx.x;
-  if (id >= num_tiles) return;
-  Tile t = tile_at<kGrouped>(p, id, tiles_r, tiles_c);
-  uint4 v[kLoads];  // [8 passes] 8 BF16 each: the current tile
-  load_tile(p, t, v);
+  const int64_t first = blockIdx.x, step = gridDim.x;
+  auto issue = [&](int64_t k) {  // loads of this CTA's k-th tile, one commit group per tile
+    const int64_t id = first + k * step;
+    if (id < num_tiles) {
+      const Tile t = tile_at<kGrouped>(p, id, tiles_r, tiles_c);
+      if (t.out_valid > 0) load_tile_async(p, t, stages + (k % kStages) * kStageVecs);
+    }
+    dev::cp_async_commit_group();  // empty groups keep the count uniform
+  };
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
   const int vec = threadIdx.x % kVecPerRow;
-  while (true) {
-    const int64_t next_id = id + gridDim.x;
-    const bool has_next = next_id < num_tiles;
-    Tile tn;
-    uint4 vn[kLoads];  // the next tile, in flight while this one is processed
-    if (has_next) {
-      tn = tile_at<kGrouped>(p, next_id, tiles_r, tiles_c);
-      load_tile(p, tn, vn);
-    }
-    if (t.out_valid > 0) {
-      if constexpr (kCol) {
-        uint4* tile = reinterpret_cast<uint4*>(smem);  // [128 rows][16 vectors] BF16, swizzled
-        __syncthreads();  // the previous tile's readers are done
+  for (int64_t k = 0; first + k * step < num_tiles; ++k) {
+    issue(k + kStages - 1);
+    dev::cp_async_wait_group<kStages - 1>();  // this thread's part of tile k has landed
+    const Tile t = tile_at<kGrouped>(p, first + k * step, tiles_r, tiles_c);
+    if (t.out_valid <= 0) continue;  // uniform across the CTA
+    const uint4* stage = stages + (k % kStages) * kStageVecs;
+    if constexpr (kRow) {
+      const int64_t col = t.c0 + vec * 8;
 #pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-          const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-          tile[r * kVecPerRow + swz_vec(r, vec)] = v[i];
-        }
-      }
-      if constexpr (kRow) {
-        const int64_t col = t.c0 + vec * 8;
-#pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-          const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-          rowwise_vector<kFast>(p, v[i], t.r0 + r, r < t.out_valid, col, col < p.cols, t.b);
-        }
-      }
-      if constexpr (kCol) {
-        __syncthreads();
-        colwise_tile<kFast>(p, reinterpret_cast<const uint32_t*>(smem), t);
+      for (int i = 0; i < kLoads; ++i) {
+        const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+        rowwise_vector<kFast>(p, stage[r * kVecPerRow + swz_vec(r, vec)], t.r0 + r, r < t.out_valid, col,
+                              col < p.cols, t.b);
       }
     }
-    if (!has_next) break;
-    id = next_id;
-    t = tn;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) v[i] = vn[i];
+    if constexpr (kCol) {
+      __syncthreads();  // every thread's part of tile k is visible
+      colwise_tile<kFast>(p, reinterpret_cast<const uint32_t*>(stage), t);
+      __syncthreads();  // readers done before iteration k+1 refills this stage
+    }
   }
+  dev::cp_async_wait_group<0>();
 }
 
 template <bool kRow, bool kCol, bool kFast, bool kGrouped>
 void launch(const QuantizeParams& p, cudaStream_t stream) {
   auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kGrouped>;
-  constexpr int kSmem = smem_bytes(kCol);
+  constexpr int kSmem = kSmemBytes;
   static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once
   if (ctas_per_sm == 0) {
+    MXMOE_CUDA_CHECK("quantize_mxfp8",
+                     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     int dev = 0;
     MXMOE_CUDA_CHECK("quantize_mxfp8", cudaGetDevice(&dev));
     MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
