@@ -4,6 +4,7 @@
 #   scripts/gpu_run.sh OUT [--quick]
 # Files written (at most 8, so a remote run can bring them all back):
 #   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
+#   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}
@@ -35,6 +36,11 @@ run_bench() {  # name
 [ -e build ] || ln -s $BUILD build
 run_bench bench_quant
 run_bench bench_gemm
+if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
+  (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+     --section WarpStateStats --section Occupancy -k regex:quantize_mxfp8 python3 profile_quant.py) > "$OUT/ncu_quant.txt" 2>&1
+  echo "ncu rc=$?"
+fi
 python3 - "$OUT" "$build_rc" "$tests_rc" <<'PY'
 import json, re, sys, os
 out, b, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -23,28 +23,19 @@ __device__ __forceinline__ uint32_t abs_max_bf16x2(uint32_t acc, uint32_t w) {
 }
 __device__ __forceinline__ uint32_t halves_max(uint32_t m) { return max(m & 0xFFFFu, m >> 16); }
 
-// E8M0 scale byte (e + 127) for a block whose amax has BF16 bits `amax_bits` (sign cleared).
-// Inf/NaN → 0xFF.
-//  rceil: e = ceil(log2(amax/448)). The FP32 quotient fl(amax/448) is on the same side of every
-//         power of two as the exact one: a BF16 amax has 8 significant bits, so amax/448 is either
-//         exactly a power of two or at least 2^-9 (relative) away from one, far beyond the 2^-24
-//         rounding of the division. So the exponent field plus one when the mantissa is non-zero
-//         is exact; FP32-subnormal quotients give -126 above 2^-127 and clamp to -127 otherwise.
-//  floor: e = floor(log2 amax) - 8, from the exponent field (leading bit for subnormals).
+// E8M0 scale byte (e + 127) for a block whose amax has BF16 bits `amax_bits` (sign cleared),
+// in integer operations only. Inf/NaN → 0xFF. With amax = 1.m · 2^E (BF16 exponent field f,
+// E = f - 127, 7 mantissa bits m7):
+//  rceil: amax/448 = (1.m / 1.75) · 2^(E-8), and 1.m/1.75 lies in [0.571, 1.143), so
+//         e = ceil(log2(amax/448)) = E - 8 + (1.m > 1.75) = f - 135 + (m7 > 96)   (1.75 = 1 + 96/128).
+//  floor: e = floor(log2 amax) - 8 = f - 135.
+//  BF16 subnormals (f = 0) are below 2^-126, so both rules give e < -127 there: clamp to -127.
 __device__ __forceinline__ uint32_t e8m0_scale_byte(uint32_t amax_bits, ScaleMode mode) {
   if (amax_bits >= 0x7F80u) return kE8M0Nan;
-  const float amax = __uint_as_float(amax_bits << 16);
-  int e;
-  if (mode == ScaleMode::kRceil) {
-    const uint32_t u = __float_as_uint(__fdiv_rn(amax, 448.0f));
-    const uint32_t exp = u >> 23, man = u & 0x7FFFFFu;
-    e = exp ? int(exp) - 127 + (man != 0) : (man > 0x400000u ? -126 : -127);
-  } else {
-    const uint32_t u = __float_as_uint(amax);
-    const uint32_t exp = u >> 23, man = u & 0x7FFFFFu;
-    e = exp ? int(exp) - 127 - 8 : (man ? (31 - __clz(man)) - 149 - 8 : -127);
-  }
-  return uint32_t(max(e, -127) + 127);  // finite BF16 amax never exceeds e = 120
+  const int f = int(amax_bits >> 7);
+  const int up = (mode == ScaleMode::kRceil && (amax_bits & 0x7Fu) > 96u) ? 1 : 0;
+  const int e = f == 0 ? -127 : max(f - 135 + up, -127);
+  return uint32_t(e + 127);  // finite BF16 amax never exceeds e = 120
 }
 
 // 2^-e for scale byte b = e + 127 (b != 0xFF), as the FP32 whose exponent field is 254 - b;

@@ -61,8 +61,7 @@ struct Tile {
   int64_t out_valid = 0;          // tile rows [0, out_valid) are written; 0: nothing to do
 };
 
-// Grouped tiles: each thread finds the group itself (binary search over the offsets, which stay
-// in L1 after the first tile), so no barrier is needed before the next tile's loads go out.
+// Grouped tiles: binary search of the tile's first row over the padded offsets.
 template <bool kGrouped>
 __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, int64_t id, int64_t tiles_r, int64_t tiles_c) {
   Tile t;
@@ -254,12 +253,28 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(cons
   constexpr int kStageVecs = kTileRows * kVecPerRow;
   const int64_t num_tiles = p.batch * tiles_r * tiles_c;
   const int64_t first = blockIdx.x, step = gridDim.x;
-  auto issue = [&](int64_t k) {  // loads of this CTA's k-th tile, one commit group per tile
+  // Grouped tiles need a search over the offsets: thread 0 does it once per tile into a ring of
+  // kStages slots (slot k % kStages holds tile k from its issue until it has been converted).
+  __shared__ Tile s_tiles[kGrouped ? kStages : 1];
+  auto tile_k = [&](int64_t k) {
     const int64_t id = first + k * step;
-    if (id < num_tiles) {
-      const Tile t = tile_at<kGrouped>(p, id, tiles_r, tiles_c);
-      if (t.out_valid > 0) load_tile_async(p, t, stages + (k % kStages) * kStageVecs);
+    if constexpr (kGrouped) {
+      return s_tiles[k % kStages];
+    } else {
+      Tile t;
+      if (id < num_tiles) t = tile_at<false>(p, id, tiles_r, tiles_c);
+      return t;
     }
+  };
+  auto issue = [&](int64_t k) {  // loads of this CTA's k-th tile, one commit group per tile
+    if constexpr (kGrouped) {
+      const int64_t id = first + k * step;
+      __syncthreads();  // the slot's previous tile (k - kStages) has been converted
+      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<true>(p, id, tiles_r, tiles_c) : Tile{};
+      __syncthreads();
+    }
+    const Tile t = tile_k(k);
+    if (t.out_valid > 0) load_tile_async(p, t, stages + (k % kStages) * kStageVecs);
     dev::cp_async_commit_group();  // empty groups keep the count uniform
   };
 #pragma unroll
@@ -268,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(cons
   for (int64_t k = 0; first + k * step < num_tiles; ++k) {
     issue(k + kStages - 1);
     dev::cp_async_wait_group<kStages - 1>();  // this thread's part of tile k has landed
-    const Tile t = tile_at<kGrouped>(p, first + k * step, tiles_r, tiles_c);
+    const Tile t = tile_k(k);
     if (t.out_valid <= 0) continue;  // uniform across the CTA
     const uint4* stage = stages + (k % kStages) * kStageVecs;
     if constexpr (kRow) {
