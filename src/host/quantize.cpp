@@ -38,6 +38,14 @@ void check_mode(const char* fn, ScaleMode mode) {
 void check_cols(const char* fn, int64_t cols) {
   if (cols <= 0 || cols % kMxBlock != 0)
     throw_arg(fn, "cols", to_str(cols), "must be a positive multiple of 32 (MX blocks run along it)");
+  if (cols > (int64_t(1) << 24)) throw_arg(fn, "cols", to_str(cols), "must be at most 2^24");
+}
+
+// The kernels index tiles with 32-bit integers.
+void check_tiles(const char* fn, int64_t batch, int64_t rows, int64_t cols) {
+  const int64_t tiles = batch * ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+  if (tiles >= (int64_t(1) << 31))
+    throw_arg(fn, "batch", to_str(batch), "tensor too large: more than 2^31 tiles of 128x128");
 }
 
 void fill_outputs(detail::QuantizeParams& p, const MxOut* rowwise, const MxOut* colwise) {
@@ -74,6 +82,7 @@ void quantize_mxfp8(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t
     if (rows % kMxBlock != 0)
       throw_arg(fn, "rows", to_str(rows), "must be a multiple of 32 for colwise (blocks run along rows)");
   }
+  check_tiles(fn, batch, rows, cols);
   detail::QuantizeParams p;
   p.x = reinterpret_cast<const uint16_t*>(x);
   p.batch = batch;

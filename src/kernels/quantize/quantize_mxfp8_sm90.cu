@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "device/cp_async.cuh"
+#include "device/fast_divmod.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "kernels/quantize/quantize_launch.h"
@@ -54,28 +55,39 @@ constexpr int kSmemBytes = kStages * kTileRows * kTileCols * 2;  // 96 KB: 2 CTA
 // at the same time, instead of by CTAs far apart in time.
 constexpr int kGroupRowTiles = 8;
 
+// Tile raster, built on the host: id → (batch entry, row tile, column tile) without divisions.
+struct TileGrid {
+  int32_t tiles_r = 0, tiles_c = 0, num_tiles = 0, full_groups = 0;
+  FastDivmod per_batch, per_group, last_group_rows;
+};
+
 struct Tile {
-  int64_t b = 0, r0 = 0, c0 = 0;
-  const uint16_t* src = nullptr;  // x row of tile row 0
-  int64_t src_valid = 0;          // tile rows [0, src_valid) have source data
-  int64_t out_valid = 0;          // tile rows [0, out_valid) are written; 0: nothing to do
+  int32_t b = 0, r0 = 0, c0 = 0;
+  int32_t src_valid = 0;          // tile rows [0, src_valid) have source data
+  int32_t out_valid = 0;          // tile rows [0, out_valid) are written; 0: nothing to do
+  const uint16_t* src = nullptr;  // x row of tile row 0, column c0
 };
 
 // Grouped tiles: binary search of the tile's first row over the padded offsets.
 template <bool kGrouped>
-__device__ __forceinline__ Tile tile_at(const QuantizeParams& p, int64_t id, int64_t tiles_r, int64_t tiles_c) {
+__device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid& g, uint32_t id) {
   Tile t;
-  const int64_t per_batch = tiles_r * tiles_c;
-  t.b = id / per_batch;
-  const int64_t in_b = id - t.b * per_batch;
-  const int64_t per_group = kGroupRowTiles * tiles_c;
-  const int64_t g = in_b / per_group, rem = in_b - g * per_group;
-  const int64_t rows_in_group = min64(kGroupRowTiles, tiles_r - g * kGroupRowTiles);
-  t.r0 = (g * kGroupRowTiles + rem % rows_in_group) * kTileRows;
-  t.c0 = (rem / rows_in_group) * kTileCols;
+  t.b = int32_t(g.per_batch.div(id));
+  const uint32_t in_b = id - uint32_t(t.b) * g.per_batch.d;
+  const uint32_t grp = g.per_group.div(in_b), rem = in_b - grp * g.per_group.d;
+  uint32_t tr_in, tc;
+  if (int32_t(grp) < g.full_groups) {
+    tr_in = rem % kGroupRowTiles;
+    tc = rem / kGroupRowTiles;
+  } else {
+    tc = g.last_group_rows.div(rem);
+    tr_in = rem - tc * g.last_group_rows.d;
+  }
+  t.r0 = int32_t((grp * kGroupRowTiles + tr_in) * kTileRows);
+  t.c0 = int32_t(tc * kTileCols);
   if constexpr (!kGrouped) {
-    t.src = p.x + (t.b * p.rows_out + t.r0) * p.cols;
-    t.out_valid = min64(kTileRows, p.rows_out - t.r0);
+    t.src = p.x + (int64_t(t.b) * p.rows_out + t.r0) * p.cols + t.c0;
+    t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
     t.src_valid = t.out_valid;
   } else {
     const int32_t* pad = p.padded_offsets;
@@ -88,11 +100,33 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, int64_t id, int
     const int64_t pad_start = __ldg(pad + lo), pad_end = __ldg(pad + lo + 1);
     const int64_t src_start = __ldg(p.offsets + lo), count = __ldg(p.offsets + lo + 1) - src_start;
     const int64_t j0 = t.r0 - pad_start;  // tile row 0 is row j0 of the group
-    t.src = p.x + (src_start + j0) * p.cols;
-    t.out_valid = min64(kTileRows, min64(pad_end, p.rows_out) - t.r0);
-    t.src_valid = max64(0, min64(t.out_valid, min64(count, p.x_rows - src_start) - j0));
+    t.src = p.x + (src_start + j0) * p.cols + t.c0;
+    t.out_valid = int32_t(min64(kTileRows, min64(pad_end, p.rows_out) - t.r0));
+    t.src_valid = int32_t(max64(0, min64(t.out_valid, min64(count, p.x_rows - src_start) - j0)));
   }
   return t;
+}
+
+// Where a tile's outputs start; offsets inside a tile fit in 32 bits (host checks the sizes).
+struct TileOut {
+  uint8_t *rd, *rs, *rfd, *rfs;  // rowwise data, scales, fast data, fast scales
+  uint8_t *cd, *cs, *cfd, *cfs;  // colwise
+};
+
+__device__ __forceinline__ TileOut tile_out(const QuantizeParams& p, const Tile& t) {
+  const int64_t rows = p.rows_out, cols = p.cols, b = t.b;
+  const int64_t nck = (cols + kFastChunk - 1) / kFastChunk, nrk = (rows + kFastChunk - 1) / kFastChunk;
+  const int64_t row0 = b * rows + t.r0, col0 = b * cols + t.c0;
+  TileOut o;
+  o.rd = p.row_data + row0 * cols + t.c0;
+  o.rs = p.row_scales + row0 * (cols / kMxBlock) + t.c0 / kMxBlock;
+  o.rfd = p.row_fast_data + row0 * cols + t.c0;
+  o.rfs = p.row_fast_scales + (b * nck + t.c0 / kFastChunk) * rows + t.r0;
+  o.cd = p.col_data + col0 * rows + t.r0;
+  o.cs = p.col_scales + col0 * (rows / kMxBlock) + t.r0 / kMxBlock;
+  o.cfd = p.col_fast_data + col0 * rows + t.r0;
+  o.cfs = p.col_fast_scales + (b * nrk + t.r0 / kFastChunk) * cols + t.c0;
+  return o;
 }
 
 // The tile is stored row-major with its 16-byte vectors XOR-swizzled by row block:
@@ -105,21 +139,22 @@ __device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((r
 // The row-wise pass later reads back exactly these slots, so it needs no barrier.
 __device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const Tile& t, uint4* stage) {
   const int vec = threadIdx.x % kVecPerRow;
-  const int64_t col = t.c0 + vec * 8;
-  const bool col_ok = col < p.cols;
+  const bool col_ok = t.c0 + vec * 8 < p.cols;
+  const int32_t cols = int32_t(p.cols);
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
     const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
     const bool ok = col_ok && r < t.src_valid;
     dev::cp_async_cg_shared_global_16_zfill(&stage[r * kVecPerRow + swz_vec(r, vec)],
-                                            ok ? static_cast<const void*>(t.src + r * p.cols + col) : p.x, ok);
+                                            ok ? static_cast<const void*>(t.src + r * cols + vec * 8) : p.x, ok);
   }
 }
 
 // ---- row-wise: one 16-byte vector = 8 values of one row; 4 lanes = one 32-block ----------------
+// r: tile row, vec: 16-byte vector of the row (8 columns), store: row and columns in range.
 template <bool kFast>
-__device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, uint4 v, int64_t out_row,
-                                               bool row_ok, int64_t col, bool col_ok, int64_t b) {
+__device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, const TileOut& o, uint4 v, int r,
+                                               int vec, bool store) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t m = 0;
 #pragma unroll
@@ -135,11 +170,11 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, uint4 v,
                              dev::bf16_lo(w[3]) * rcp, dev::bf16_hi(w[3]) * rcp);
   if (sbyte == kE8M0Nan) q = make_uint2(dev::kE4M3NanX4, dev::kE4M3NanX4);
 
-  const bool store = row_ok && col_ok;
-  const int64_t nblk = p.cols / kMxBlock;
+  const int32_t cols = int32_t(p.cols), nblk = cols / kMxBlock;
+  const int32_t off = r * cols + vec * 8;
   if (store) {
-    *reinterpret_cast<uint2*>(p.row_data + (b * p.rows_out + out_row) * p.cols + col) = q;
-    if ((threadIdx.x & 3) == 0) p.row_scales[(b * p.rows_out + out_row) * nblk + col / kMxBlock] = uint8_t(sbyte);
+    *reinterpret_cast<uint2*>(o.rd + off) = q;
+    if ((vec & 3) == 0) o.rs[r * nblk + vec / 4] = uint8_t(sbyte);
   }
   if (kFast && p.row_fast_data != nullptr) {
     // Chunk exponent: max over the 16 lanes of this row (out-of-range columns read zeros and
@@ -154,11 +189,8 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, uint4 v,
       f = make_uint2(dev::e4m3x4_rebase(q.x, pw), dev::e4m3x4_rebase(q.y, pw));
     }
     if (store) {
-      *reinterpret_cast<uint2*>(p.row_fast_data + (b * p.rows_out + out_row) * p.cols + col) = f;
-      if ((threadIdx.x & 15) == 0) {
-        const int64_t nck = (p.cols + kFastChunk - 1) / kFastChunk;
-        p.row_fast_scales[(b * nck + col / kFastChunk) * p.rows_out + out_row] = uint8_t(cmax);
-      }
+      *reinterpret_cast<uint2*>(o.rfd + off) = f;
+      if (vec == 0) o.rfs[r] = uint8_t(cmax);
     }
   }
 }
@@ -186,8 +218,8 @@ __device__ __forceinline__ void store32(uint8_t* dst, const uint32_t (&q)[8]) {
 // Thread = (column pair j, row block rb) with rb = lane % 4: the 4 lanes of a pair write the 4
 // consecutive 32-byte runs of one 128-byte output line, and exchange chunk exponents by shuffle.
 template <bool kFast>
-__device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint32_t* tile_words,
-                                             const Tile& t) {
+__device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const TileOut& o,
+                                             const uint32_t* tile_words, const Tile& t) {
   const int lane = threadIdx.x % 32;
   const int rb = lane & 3;
   const int pair = (threadIdx.x / 32) * 8 + (lane >> 2);
@@ -204,16 +236,14 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
   quantize_column32(w, false, s0, q0);
   quantize_column32(w, true, s1, q1);
 
-  const int64_t col = t.c0 + 2 * pair;
-  const bool ok = col < p.cols && rb * kMxBlock < t.out_valid;
-  const int64_t out_r = t.r0 + rb * kMxBlock;
-  const int64_t nblk = p.rows_out / kMxBlock;
-  uint8_t* out0 = p.col_data + (t.b * p.cols + col) * p.rows_out + out_r;
+  const int32_t rows = int32_t(p.rows_out), nblk = rows / kMxBlock;
+  const bool ok = t.c0 + 2 * pair < p.cols && rb * kMxBlock < t.out_valid;
+  const int32_t off0 = 2 * pair * rows + rb * kMxBlock;  // output row c0 + 2·pair, column r0 + 32·rb
   if (ok) {
-    store32(out0, q0);
-    store32(out0 + p.rows_out, q1);
-    p.col_scales[(t.b * p.cols + col) * nblk + out_r / kMxBlock] = uint8_t(s0);
-    p.col_scales[(t.b * p.cols + col + 1) * nblk + out_r / kMxBlock] = uint8_t(s1);
+    store32(o.cd + off0, q0);
+    store32(o.cd + off0 + rows, q1);
+    o.cs[2 * pair * nblk + rb] = uint8_t(s0);
+    o.cs[(2 * pair + 1) * nblk + rb] = uint8_t(s1);
   }
   if (kFast && p.col_fast_data != nullptr) {
     // Chunk exponent over the 4 row blocks = the 4 lanes of this pair; row blocks past the valid
@@ -230,14 +260,11 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
       q1[i] = e1 == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_rebase(q1[i], pw1);
     }
     if (ok) {
-      uint8_t* f0 = p.col_fast_data + (t.b * p.cols + col) * p.rows_out + out_r;
-      store32(f0, q0);
-      store32(f0 + p.rows_out, q1);
+      store32(o.cfd + off0, q0);
+      store32(o.cfd + off0 + rows, q1);
       if (rb == 0) {
-        const int64_t nrk = (p.rows_out + kFastChunk - 1) / kFastChunk;
-        uint8_t* fs = p.col_fast_scales + (t.b * nrk + t.r0 / kFastChunk) * p.cols + col;
-        fs[0] = uint8_t(e0);
-        fs[1] = uint8_t(e1);
+        o.cfs[2 * pair] = uint8_t(e0);
+        o.cfs[2 * pair + 1] = uint8_t(e1);
       }
     }
   }
@@ -247,30 +274,27 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const uint
 // cp.async pipeline, so kStages-1 tiles (32 KB each) are in flight while one is converted.
 template <bool kRow, bool kCol, bool kFast, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
-                                                                            int64_t tiles_r, int64_t tiles_c) {
+                                                                            const TileGrid g) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint4* stages = reinterpret_cast<uint4*>(smem);  // [kStages][128 rows][16 vectors] BF16, swizzled
   constexpr int kStageVecs = kTileRows * kVecPerRow;
-  const int64_t num_tiles = p.batch * tiles_r * tiles_c;
-  const int64_t first = blockIdx.x, step = gridDim.x;
+  const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
   // Grouped tiles need a search over the offsets: thread 0 does it once per tile into a ring of
   // kStages slots (slot k % kStages holds tile k from its issue until it has been converted).
   __shared__ Tile s_tiles[kGrouped ? kStages : 1];
-  auto tile_k = [&](int64_t k) {
-    const int64_t id = first + k * step;
+  auto tile_k = [&](uint32_t k) {
     if constexpr (kGrouped) {
       return s_tiles[k % kStages];
     } else {
-      Tile t;
-      if (id < num_tiles) t = tile_at<false>(p, id, tiles_r, tiles_c);
-      return t;
+      const uint32_t id = first + k * step;
+      return id < num_tiles ? tile_at<false>(p, g, id) : Tile{};
     }
   };
-  auto issue = [&](int64_t k) {  // loads of this CTA's k-th tile, one commit group per tile
+  auto issue = [&](uint32_t k) {  // loads of this CTA's k-th tile, one commit group per tile
     if constexpr (kGrouped) {
-      const int64_t id = first + k * step;
+      const uint32_t id = first + k * step;
       __syncthreads();  // the slot's previous tile (k - kStages) has been converted
-      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<true>(p, id, tiles_r, tiles_c) : Tile{};
+      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<true>(p, g, id) : Tile{};
       __syncthreads();
     }
     const Tile t = tile_k(k);
@@ -280,24 +304,24 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(cons
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
   const int vec = threadIdx.x % kVecPerRow;
-  for (int64_t k = 0; first + k * step < num_tiles; ++k) {
+  for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
     issue(k + kStages - 1);
     dev::cp_async_wait_group<kStages - 1>();  // this thread's part of tile k has landed
     const Tile t = tile_k(k);
     if (t.out_valid <= 0) continue;  // uniform across the CTA
+    const TileOut o = tile_out(p, t);
     const uint4* stage = stages + (k % kStages) * kStageVecs;
     if constexpr (kRow) {
-      const int64_t col = t.c0 + vec * 8;
+      const bool col_ok = t.c0 + vec * 8 < p.cols;
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-        rowwise_vector<kFast>(p, stage[r * kVecPerRow + swz_vec(r, vec)], t.r0 + r, r < t.out_valid, col,
-                              col < p.cols, t.b);
+        rowwise_vector<kFast>(p, o, stage[r * kVecPerRow + swz_vec(r, vec)], r, vec, col_ok && r < t.out_valid);
       }
     }
     if constexpr (kCol) {
       __syncthreads();  // every thread's part of tile k is visible
-      colwise_tile<kFast>(p, reinterpret_cast<const uint32_t*>(stage), t);
+      colwise_tile<kFast>(p, o, reinterpret_cast<const uint32_t*>(stage), t);
       __syncthreads();  // readers done before iteration k+1 refills this stage
     }
   }
@@ -319,11 +343,16 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
                      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kThreads, kSmem));
     if (ctas_per_sm < 1) ctas_per_sm = 1;
   }
-  const int64_t tiles_r = (p.rows_out + kTileRows - 1) / kTileRows;
-  const int64_t tiles_c = (p.cols + kTileCols - 1) / kTileCols;
-  const int64_t num_tiles = p.batch * tiles_r * tiles_c;
-  const int64_t grid = std::min<int64_t>(num_tiles, int64_t(sms) * ctas_per_sm);
-  kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, tiles_r, tiles_c);
+  TileGrid g;
+  g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
+  g.tiles_c = int32_t((p.cols + kTileCols - 1) / kTileCols);
+  g.num_tiles = int32_t(p.batch * g.tiles_r * g.tiles_c);  // < 2^31: checked by the host wrapper
+  g.full_groups = g.tiles_r / kGroupRowTiles;
+  g.per_batch = FastDivmod(uint32_t(g.tiles_r * g.tiles_c));
+  g.per_group = FastDivmod(uint32_t(kGroupRowTiles * g.tiles_c));
+  g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % kGroupRowTiles)));
+  const int64_t grid = std::min<int64_t>(g.num_tiles, int64_t(sms) * ctas_per_sm);
+  kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, g);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
