@@ -21,7 +21,7 @@ build_rc=$?
 echo "build rc=$build_rc in $(( $(date +%s) - start )) s"
 tests_rc=-1
 if [ $build_rc -eq 0 ]; then
-  (cd $BUILD && timeout 900 ctest --output-on-failure -j1 --timeout 600) > "$OUT/tests.log" 2>&1
+  (cd $BUILD && timeout ${MXMOE_TESTS_TIMEOUT:-420} ctest --output-on-failure -j1 --timeout 90) > "$OUT/tests.log" 2>&1
   tests_rc=$?
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -20
 fi
@@ -29,7 +29,7 @@ run_bench() {  # name
   local b=$1
   [ -f bench/$b.py ] || return 0
   [ $build_rc -eq 0 ] || return 0
-  timeout 900 python3 bench/$b.py --json "$OUT/$b.json" $QUICK > "$OUT/$b.log" 2>&1
+  timeout ${MXMOE_BENCH_TIMEOUT:-300} python3 bench/$b.py --json "$OUT/$b.json" $QUICK > "$OUT/$b.log" 2>&1
   echo "$b rc=$?"
   tail -40 "$OUT/$b.log"
 }

@@ -15,11 +15,15 @@
 //   kFast (default): reads the fast GEMM-ready form (fast_data [rows, K], fast_scales chunk-major
 //     [ceil(K/128), rows]; for B per expert, i.e. [E, N, K] and [E, ceil(K/128), N]). FP8 wgmma over
 //     one 128-chunk of K into a fresh accumulator, then promoted into FP32 registers times
-//     2^ea[m] · 2^eb[n] (DeepSeek's 1×128 recipe with per-row scales on both operands).
+//     2^ea[m] · 2^eb[n] (DeepSeek's 1×128 recipe with per-row scales on both operands). A fast
+//     scale byte 0x00 is read as 0 (exact for zero chunks; it drops chunks whose amax is below
+//     448·2^-127) and 0xFF as +Inf (its chunk's data are NaN, so NaN propagates).
 //   kExact: reads the MX form (data, scales [rows, K/32]). Same kernel with promotion after every
 //     32 of K: each block product Σ_{32} qa·qb (exact E4M3 products, summed by the FP8 tensor
 //     core into a fresh accumulator) is scaled by 2^(ea+eb) and added in FP32. See
 //     docs/notes/gemm.md for how this differs from a strictly FP32-accumulated sum.
+//
+// Both modes can add into the output instead (GemmOptions::accumulate).
 //
 // Requirements (checked on the host before any CUDA call; a violation throws mxmoe::Error naming
 // the argument): K % 32 == 0, N % 32 == 0, K >= 32, N >= 32, M_total % 128 == 0 (M_total may be 0),
@@ -62,6 +66,8 @@ struct GemmOptions {
   GemmMode mode = GemmMode::kFast;
   GemmOutDtype out_dtype = GemmOutDtype::kBF16;
   int num_sms = 0;                // persistent CTAs to launch; 0 = every SM of the device
+  bool accumulate = false;        // out += result (read, add in FP32, round once, write) instead
+                                  // of out = result; pad rows then stay as they were
   cudaStream_t stream = nullptr;
 };
 
@@ -69,5 +75,20 @@ struct GemmOptions {
 void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperand& b,
                              int num_experts, int64_t n, int64_t k, const int32_t* offsets,
                              void* y, const GemmOptions& opts = {});
+
+// k-grouped (wgrad): dW[e] = Σ_{t in segment e} dY[t, :]ᵀ · X[t, :]   i.e. dW[e][n, k] =
+// Σ_t deq(dYᵀ)[n, t] · deq(Xᵀ)[k, t] — the same "NT" form with tokens as the reduced dimension.
+//   a = dYᵀ, column-wise MX of dY [M_total, N]: data [N, M_total] (blocks of 32 along tokens),
+//       scales [N, M_total/32]; fast: fast_data [N, M_total], fast_scales [M_total/128, N].
+//   b = Xᵀ,  column-wise MX of X [M_total, K]:  data [K, M_total], scales [K, M_total/32];
+//       fast: fast_data [K, M_total], fast_scales [M_total/128, K].
+//   offsets int32 [E+1], DEVICE memory, token segment bounds as for the m-grouped GEMM (multiples
+//       of 128, offsets[0] = 0, offsets[E] <= M_total; pad tokens are zero in both operands).
+//   dw [E, N, K] row-major BF16 or FP32. Every expert's dW is written: an empty expert gets zeros
+//       (or is left as it was with opts.accumulate).
+// Same requirements as above (N, K multiples of 32; M_total a multiple of 128).
+void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_total,
+                             int num_experts, int64_t n, int64_t k, const int32_t* offsets,
+                             void* dw, const GemmOptions& opts = {});
 
 }  // namespace mxmoe

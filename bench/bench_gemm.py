@@ -1,0 +1,380 @@
+"""m-grouped MXFP8 GEMM benchmark (forward / dgrad shape: Y[M, N] = X[M, K] · W[e][N, K]ᵀ per
+expert segment), mxmoe's fast and exact modes against, in the same process and run:
+  * torch._grouped_mm            BF16 operands, BF16 out (offs = cumulative int32 segment ends)
+  * torch._scaled_grouped_mm     FP8 E4M3 with row-wise FP32 scales (scale_a [M], scale_b [E, N])
+  * Triton tl.dot_scaled         MXFP8 (E4M3 + E8M0 per 32), a small grouped kernel below
+                                 (emulated on Hopper: upcast to BF16 before the MMA)
+All four compute on the same padded layout (segments rounded up to 128 rows, pad rows zero), so
+FLOPs = 2 · M_padded · N · K for everyone.
+
+Timing: warm-up, L2 flush (zero a 512 MB buffer) before each rep, CUDA events, median.
+Verification: mxmoe's timed output against the BF16 baseline, relative Frobenius norm over the
+token rows < 0.08 (MX quantization of both operands alone gives ~3.7% on Gaussian data, DESIGN §2;
+fast and exact differ from each other by far less).
+
+Each line: shape | mode | us | TFLOP/s | ×BF16 | ×FP8-rowwise | ×triton (ratios > 1: mxmoe faster).
+With --wgrad, also the k-grouped wgrad GEMM (dW[e] = Σ dY[t]ᵀ X[t]) against torch._grouped_mm
+2-D × 2-D (BF16, groups along the reduced dimension).
+Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--shapes Qwen3-30B] [--reps 15]
+"""
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Timer, device_info, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
+from bench_quant import torch_quant_rows, torch_rebase  # noqa: E402  (MX quantizer in plain PyTorch)
+
+import ctypes  # noqa: E402
+
+FAST, EXACT = 0, 1
+BF16_OUT = 0
+VERIFY_TOL = 0.08
+MEM_BUDGET = 90e9  # bytes of GPU memory a case may use
+
+# (name, E, N, K): model shapes of DESIGN.md §6. gate-up: N = 2·I, K = H; down: N = H, K = I.
+SHAPES = [
+    ("Qwen3-30B gate-up", 128, 1536, 2048),
+    ("Qwen3-30B down", 128, 2048, 768),
+    ("Qwen3-235B gate-up", 128, 3072, 4096),
+    ("Qwen3-235B down", 128, 4096, 1536),
+    ("DSV3-EP8 gate-up", 32, 4096, 7168),
+    ("DSV3-EP8 down", 32, 7168, 2048),
+]
+TOKENS_PER_EXPERT = [512, 2048, 8192]
+
+
+def setup_lib(lib):
+    f = lib.mxmoe_m_grouped_mxfp8_gemm_nt
+    vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    f.argtypes = [vp, vp, vp, vp, i64, vp, vp, vp, vp, i32, i64, i64, vp, vp, i32, i32, i32, vp]
+    f.restype = i32
+    g = lib.mxmoe_k_grouped_mxfp8_gemm_nt
+    g.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, vp]
+    g.restype = i32
+    lib.mxmoe_gemm_last_error.restype = ctypes.c_char_p
+
+
+def routing_counts(E, tokens_per_expert, skewed, gen):
+    """Tokens per expert. Uniform: all equal. Skewed: the same total, 3 hot experts take 40%,
+    ~15% of experts empty, the rest drawn from a long-tailed distribution."""
+    total = E * tokens_per_expert
+    if not skewed:
+        return [tokens_per_expert] * E
+    perm = torch.randperm(E, generator=gen).tolist()
+    hot, empty = perm[:3], set(perm[3:3 + max(1, (15 * E) // 100)])
+    counts = [0] * E
+    for h in hot:
+        counts[h] = int(0.4 * total / 3)
+    rest = [e for e in range(E) if e not in empty and e not in hot]
+    w = torch.rand(len(rest), generator=gen) ** 3 + 0.01
+    left = total - sum(counts)
+    share = (w / w.sum() * left).floor().long().tolist()
+    for e, s in zip(rest, share):
+        counts[e] = s
+    counts[rest[0]] += total - sum(counts)
+    return counts
+
+
+def padded_offsets(counts):
+    offs = [0]
+    for c in counts:
+        offs.append(offs[-1] + (c + 127) // 128 * 128)
+    return offs
+
+
+def quant_rows_chunked(x, rows_per_chunk=16384):
+    """MX row-wise quantization of x [R, K] bf16 in row chunks (bounded temporaries):
+    data u8 [R, K], scales u8 [R, K/32], fast data u8 [R, K], fast scales u8 [ceil(K/128), R]."""
+    R, K = x.shape
+    nck = (K + 127) // 128
+    data = torch.empty(R, K, dtype=torch.uint8, device="cuda")
+    scales = torch.empty(R, K // 32, dtype=torch.uint8, device="cuda")
+    fdata = torch.empty(R, K, dtype=torch.uint8, device="cuda")
+    fscales = torch.empty(nck, R, dtype=torch.uint8, device="cuda")
+    for r0 in range(0, R, rows_per_chunk):
+        r1 = min(R, r0 + rows_per_chunk)
+        q, sb = torch_quant_rows(x[r0:r1])
+        fq, fs = torch_rebase(q, sb)
+        data[r0:r1] = q.view(torch.uint8)
+        scales[r0:r1] = sb
+        fdata[r0:r1] = fq.view(torch.uint8)
+        fscales[:, r0:r1] = fs
+    return data, scales, fdata, fscales
+
+
+def rowwise_fp8(x):
+    """Per-row FP8 E4M3 with FP32 scale = amax/448 (1 for zero rows): (fp8 [R, K], scale [R])."""
+    R = x.shape[0]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device="cuda")
+    s = torch.empty(R, dtype=torch.float32, device="cuda")
+    for r0 in range(0, R, 16384):
+        xs = x[r0:r0 + 16384].float()
+        amax = xs.abs().amax(-1)
+        sc = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        q[r0:r0 + 16384] = (xs / sc[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        s[r0:r0 + 16384] = sc
+    return q, s
+
+
+# ---- Triton MXFP8 baseline -----------------------------------------------------------------------
+_triton_kernel = None
+_triton_error = None
+
+
+def get_triton_kernel():
+    global _triton_kernel, _triton_error
+    if _triton_kernel is not None or _triton_error is not None:
+        return _triton_kernel
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def mx_grouped_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, y_ptr, tile_expert_ptr, N, K,
+                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+            pid_m = tl.program_id(0)
+            pid_n = tl.program_id(1)
+            e = tl.load(tile_expert_ptr + pid_m)
+            rm = pid_m * BM + tl.arange(0, BM)
+            rn = pid_n * BN + tl.arange(0, BN)
+            rk = tl.arange(0, BK)
+            rs = tl.arange(0, BK // 32)
+            K32 = K // 32
+            brow = e * N + rn
+            nmask = rn < N
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for k0 in range(0, K, BK):
+                kmask = (k0 + rk) < K
+                smask = (k0 // 32 + rs) < K32
+                a = tl.load(a_ptr + rm[:, None].to(tl.int64) * K + (k0 + rk)[None, :], mask=kmask[None, :], other=0.0)
+                a_s = tl.load(as_ptr + rm[:, None].to(tl.int64) * K32 + (k0 // 32 + rs)[None, :], mask=smask[None, :], other=0)
+                b = tl.load(b_ptr + brow[None, :].to(tl.int64) * K + (k0 + rk)[:, None],
+                            mask=nmask[None, :] & kmask[:, None], other=0.0)
+                b_s = tl.load(bs_ptr + brow[:, None].to(tl.int64) * K32 + (k0 // 32 + rs)[None, :],
+                              mask=nmask[:, None] & smask[None, :], other=0)
+                acc = tl.dot_scaled(a, a_s, "e4m3", b, b_s, "e4m3", acc)
+            y = acc.to(tl.bfloat16)
+            tl.store(y_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], y, mask=nmask[None, :])
+
+        _triton_kernel = mx_grouped_kernel
+    except Exception as ex:  # noqa: BLE001
+        _triton_error = f"{type(ex).__name__}: {ex}"
+    return _triton_kernel
+
+
+def triton_mx(a_data, a_scales, b_data, b_scales, y, offsets_dev, E, N, K):
+    kern = get_triton_kernel()
+    M = a_data.shape[0]
+    mt = torch.arange(0, M, 128, device="cuda", dtype=torch.int32)
+    tile_expert = (torch.searchsorted(offsets_dev[1:].contiguous(), mt, right=True)).to(torch.int32)
+    a8, b8 = a_data.view(torch.float8_e4m3fn), b_data.view(torch.float8_e4m3fn)
+    grid = (M // 128, (N + 127) // 128)
+
+    def run():
+        kern[grid](a8, a_scales, b8, b_scales, y, tile_expert, N, K, BM=128, BN=128, BK=128,
+                   num_warps=8, num_stages=3)
+    return run
+
+
+# ---- one case ------------------------------------------------------------------------------------
+def rel_frob(x, ref, rows):
+    d = (x[rows].float() - ref[rows].float()).norm()
+    return float(d / ref[rows].float().norm().clamp(min=1e-30))
+
+
+def case_bytes(M, E, N, K):
+    return (M * K * (2 + 1 + 1 + 1 + 1 / 16) + E * N * K * (2 + 1 + 1 + 1 + 1 / 16)
+            + M * N * 2 * 5 + 2 * M * K * 4 / 8)
+
+
+def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table):
+    counts = routing_counts(E, tpe, skewed, gen)
+    offs = padded_offsets(counts)
+    M = offs[-1]
+    note = ""
+    while case_bytes(M, E, N, K) > MEM_BUDGET and E > 8:  # shrink E for the largest cases
+        E //= 2
+        counts = routing_counts(E, tpe, skewed, gen)
+        offs = padded_offsets(counts)
+        M = offs[-1]
+        note = f" (E reduced to {E} to fit {MEM_BUDGET / 1e9:.0f} GB)"
+    shape = f"{name} E={E} N={N} K={K} T/e={tpe} {'skewed' if skewed else 'uniform'}{note}"
+    flops = 2.0 * M * N * K
+    token_rows = torch.zeros(M, dtype=torch.bool, device="cuda")
+    for e in range(E):
+        token_rows[offs[e]:offs[e] + counts[e]] = True
+
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    x[~token_rows] = 0
+    w = (torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * (1.0 / math.sqrt(K))).to(torch.bfloat16)
+    offsets_dev = torch.tensor(offs, dtype=torch.int32, device="cuda")
+    ends = offsets_dev[1:].contiguous()
+
+    # MX operands (both forms) for mxmoe and Triton.
+    a_d, a_s, a_fd, a_fs = quant_rows_chunked(x)
+    b_d, b_s, b_fd, b_fs_rows = quant_rows_chunked(w.view(E * N, K))
+    nck = (K + 127) // 128
+    b_fs = b_fs_rows.view(nck, E, N).permute(1, 0, 2).contiguous()  # [E, nck, N]
+    del b_fs_rows
+
+    row = {"shape": shape, "name": name, "E": E, "N": N, "K": K, "tokens_per_expert": tpe,
+           "skewed": skewed, "M_padded": M, "tokens": sum(counts), "flops": flops}
+
+    # Baselines.
+    y_bf16 = torch._grouped_mm(x, w.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16)
+    t_bf16 = timer(lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16))
+    row["bf16_us"] = t_bf16
+    xq, xs = rowwise_fp8(x)
+    wq, ws = rowwise_fp8(w.view(E * N, K))
+    wq, ws = wq.view(E, N, K), ws.view(E, N)
+    t_fp8 = None
+    try:
+        torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16)
+        t_fp8 = timer(lambda: torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), xs, ws, offs=ends,
+                                                       out_dtype=torch.bfloat16))
+    except Exception as ex:  # noqa: BLE001
+        row["fp8_rowwise_error"] = f"{type(ex).__name__}: {ex}"
+    row["fp8_rowwise_us"] = t_fp8
+    t_tri = None
+    y_tri = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    if get_triton_kernel() is not None:
+        try:
+            tri = triton_mx(a_d, a_s, b_d, b_s, y_tri, offsets_dev, E, N, K)
+            tri()
+            torch.cuda.synchronize()
+            t_tri = timer(tri)
+            row["triton_vs_bf16_relfrob"] = rel_frob(y_tri, y_bf16, token_rows)
+        except Exception as ex:  # noqa: BLE001
+            row["triton_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+    else:
+        row["triton_error"] = _triton_error
+    row["triton_us"] = t_tri
+    del y_tri
+
+    def ratio(t_base, t):
+        return f"{t_base / t:.2f}" if t_base else "n/a"
+
+    for base_name, t in (("torch-bf16", t_bf16), ("torch-fp8-rowwise", t_fp8), ("triton-mxfp8", t_tri)):
+        if t:
+            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", ""])
+
+    y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    for mode, mname in ((FAST, "mxmoe-fast"), (EXACT, "mxmoe-exact")):
+        def call():
+            rc = lib.mxmoe_m_grouped_mxfp8_gemm_nt(
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), M, ptr(b_d), ptr(b_s), ptr(b_fd), ptr(b_fs),
+                E, N, K, ptr(offsets_dev), ptr(y), mode, BF16_OUT, 0,
+                ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            if rc != 0:
+                raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
+        y.fill_(float("nan"))
+        t = timer(call)  # the output of the last timed rep is verified below
+        err = rel_frob(y, y_bf16, token_rows)
+        ok = err < VERIFY_TOL and not bool(torch.isnan(y[:M]).any())
+        row[f"{mname}_us"] = t
+        row[f"{mname}_TFLOPs"] = flops / t / 1e6
+        row[f"{mname}_vs_bf16_relfrob"] = err
+        row[f"{mname}_ok"] = ok
+        table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", ratio(t_bf16, t), ratio(t_fp8, t),
+                      ratio(t_tri, t) + ("" if ok else f"  VERIFY FAILED relfrob={err:.3g}")])
+        if mode == FAST:
+            y_fast = y.clone()
+        else:
+            row["fast_vs_exact_relfrob"] = rel_frob(y_fast, y, token_rows)
+    results["rows"].append(row)
+    print(f"  done: {shape}", file=sys.stderr, flush=True)
+
+
+def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table):
+    """k-grouped wgrad: dW[e] [N, K] = Σ_{t in e} dY[t]ᵀ X[t]; baseline torch._grouped_mm 2-D × 2-D
+    (dYᵀ [N, M] with groups along M, X [M, K]); mxmoe reads the column-wise MX copies."""
+    counts = routing_counts(E, tpe, skewed, gen)
+    offs = padded_offsets(counts)
+    M = offs[-1]
+    shape = f"wgrad {name} E={E} N={N} K={K} T/e={tpe} {'skewed' if skewed else 'uniform'}"
+    flops = 2.0 * M * N * K
+    token_rows = torch.zeros(M, dtype=torch.bool, device="cuda")
+    for e in range(E):
+        token_rows[offs[e]:offs[e] + counts[e]] = True
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    dy[~token_rows] = 0
+    x[~token_rows] = 0
+    offsets_dev = torch.tensor(offs, dtype=torch.int32, device="cuda")
+    ends = offsets_dev[1:].contiguous()
+    dyt = dy.t().contiguous()  # [N, M]
+    xt = x.t().contiguous()    # [K, M]
+    a_d, a_s, a_fd, a_fs = quant_rows_chunked(dyt)  # column-wise MX of dY: fast scales [M/128, N]
+    b_d, b_s, b_fd, b_fs = quant_rows_chunked(xt)
+    row = {"shape": shape, "kind": "wgrad", "name": name, "E": E, "N": N, "K": K,
+           "tokens_per_expert": tpe, "skewed": skewed, "M_padded": M, "flops": flops}
+    ref = torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16)
+    t_bf16 = timer(lambda: torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16))
+    row["bf16_us"] = t_bf16
+    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", ""])
+    dw = torch.empty(E, N, K, device="cuda", dtype=torch.bfloat16)
+    for mode, mname in ((FAST, "mxmoe-fast"), (EXACT, "mxmoe-exact")):
+        def call():
+            rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(b_d), ptr(b_s), ptr(b_fd), ptr(b_fs),
+                M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0,
+                ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            if rc != 0:
+                raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
+        dw.fill_(float("nan"))
+        t = timer(call)
+        err = float((dw.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
+        ok = err < VERIFY_TOL and not bool(torch.isnan(dw).any())
+        row[f"{mname}_us"], row[f"{mname}_TFLOPs"] = t, flops / t / 1e6
+        row[f"{mname}_vs_bf16_relfrob"], row[f"{mname}_ok"] = err, ok
+        table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", f"{t_bf16 / t:.2f}", "n/a",
+                      "n/a" + ("" if ok else f"  VERIFY FAILED relfrob={err:.3g}")])
+    results["rows"].append(row)
+    print(f"  done: {shape}", file=sys.stderr, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--lib", default=None, help="path of libmxmoe_c.so (default build/libmxmoe_c.so)")
+    ap.add_argument("--quick", action="store_true", help="one tokens-per-expert value (2048), uniform + skewed")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--shapes", default=None, help="comma-separated substrings of shape names to run")
+    ap.add_argument("--wgrad", action="store_true", help="also run the k-grouped wgrad GEMM (issue 4)")
+    args = ap.parse_args()
+    require_gpu()
+    lib = load_lib(args.lib)
+    setup_lib(lib)
+    timer = Timer(warmup=3, reps=args.reps, flush_bytes=512 << 20)
+    gen = torch.Generator().manual_seed(1234)
+    torch.manual_seed(1234)
+    results = {"device": device_info(), "verify_tol_relfrob_vs_bf16": VERIFY_TOL, "rows": []}
+    table = []
+    tpes = [2048] if args.quick else TOKENS_PER_EXPERT
+    for name, E, N, K in SHAPES:
+        if args.shapes and not any(s.strip() in name for s in args.shapes.split(",")):
+            continue
+        for tpe in tpes:
+            for skewed in (False, True):
+                run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table)
+                torch.cuda.empty_cache()  # the case's tensors died with its frame
+                if args.wgrad:
+                    run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table)
+                    torch.cuda.empty_cache()
+    if _triton_error:
+        results["triton_error"] = _triton_error
+        print(f"triton baseline unavailable: {_triton_error}", file=sys.stderr)
+    print_table("m-grouped MXFP8 GEMM (Y = X·Wᵀ per expert, BF16 out); ratios = baseline time / mxmoe time",
+                ["shape", "mode", "us", "TFLOP/s", "xBF16", "xFP8-rowwise", "xtriton"], table)
+    write_json(args.json, results)
+    if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") for r in results["rows"]):
+        print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

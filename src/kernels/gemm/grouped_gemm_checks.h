@@ -1,0 +1,51 @@
+// Host argument checks shared by the grouped GEMM launchers (contract: include/mxmoe/gemm.h).
+// They run before any CUDA call and throw mxmoe::Error naming the argument.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "host/check.h"
+#include "mxmoe/gemm.h"
+
+namespace mxmoe::detail {
+
+// The pointers a mode reads: fast = fast_data (16-byte aligned, TMA) + fast_scales (16-byte
+// aligned, TMA); exact = data (16-byte aligned, TMA) + scales (byte loads, any alignment).
+inline void check_grouped_operand(const char* fn, const char* name, const MxOperand& x,
+                                  GemmMode mode) {
+  const std::string s(name);
+  if (mode == GemmMode::kFast) {
+    check_not_null(fn, (s + ".fast_data").c_str(), x.fast_data);
+    check_not_null(fn, (s + ".fast_scales").c_str(), x.fast_scales);
+    check_aligned(fn, (s + ".fast_data").c_str(), x.fast_data, 16);
+    check_aligned(fn, (s + ".fast_scales").c_str(), x.fast_scales, 16);
+  } else {
+    check_not_null(fn, (s + ".data").c_str(), x.data);
+    check_not_null(fn, (s + ".scales").c_str(), x.scales);
+    check_aligned(fn, (s + ".data").c_str(), x.data, 16);
+  }
+}
+
+// Scalars and options shared by both groupings.
+inline void check_grouped_common(const char* fn, int num_experts, int64_t n, int64_t k,
+                                 int64_t m_total, const int32_t* offsets, const GemmOptions& opts) {
+  if (opts.mode != GemmMode::kFast && opts.mode != GemmMode::kExact)
+    throw_arg(fn, "opts.mode", to_str(int(opts.mode)), "must be GemmMode::kFast or kExact");
+  if (opts.out_dtype != GemmOutDtype::kBF16 && opts.out_dtype != GemmOutDtype::kFP32)
+    throw_arg(fn, "opts.out_dtype", to_str(int(opts.out_dtype)), "must be kBF16 or kFP32");
+  if (opts.num_sms < 0) throw_arg(fn, "opts.num_sms", to_str(opts.num_sms), "must be >= 0");
+  if (num_experts < 1 || num_experts > kMaxGemmExperts)
+    throw_arg(fn, "num_experts", to_str(num_experts),
+              "must be in [1, " + to_str(kMaxGemmExperts) + "]");
+  if (k < 32 || k % 32 != 0) throw_arg(fn, "k", to_str(k), "must be a positive multiple of 32");
+  if (n < 32 || n % 32 != 0) throw_arg(fn, "n", to_str(n), "must be a positive multiple of 32");
+  if (k > (int64_t(1) << 30)) throw_arg(fn, "k", to_str(k), "must be < 2^30");
+  if (int64_t(num_experts) * n > (int64_t(1) << 30))
+    throw_arg(fn, "n", to_str(n), "num_experts * n must be < 2^30 (TMA coordinates)");
+  if (m_total < 0 || m_total % 128 != 0 || m_total >= (int64_t(1) << 31))
+    throw_arg(fn, "m_total", to_str(m_total), "must be a non-negative multiple of 128, < 2^31");
+  check_not_null(fn, "offsets", offsets);
+  check_aligned(fn, "offsets", offsets, 4);
+}
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,556 @@
+// Grouped MXFP8 GEMM for MoE, sm_90a, persistent and warp-specialised (TMA producer + 2 wgmma
+// warpgroups). One kernel template, two schedules (the only difference is where tiles come from):
+//
+//   m-grouped (forward, dgrad):  Y[r, n] = Σ_k deq(A)[r, k] · deq(B[e])[n, k],  offsets[e] <= r < offsets[e+1]
+//   k-grouped (wgrad):           dW[e][n, k] = Σ_{t = offsets[e]}^{offsets[e+1]-1} deq(dYᵀ)[n, t] · deq(Xᵀ)[k, t]
+//
+// Both are "NT": A [rows_a, kdim] and B [rows_b, kdim] K-major E4M3 (kdim contiguous), read through
+// 2-D TMA maps built on the host without reading offsets:
+//   m-grouped: A = X [M_total, K] (box [128, 128]), B = W [E·N, K] (box [kBlockN, 128]), kdim = K.
+//              A tile never crosses experts (segments are 128-aligned); the last N-tile's B box may
+//              reach into expert e+1's rows, which only feed output columns >= N (never stored).
+//   k-grouped: A = dYᵀ [N, M_total], B = Xᵀ [K, M_total], kdim = M_total (tokens); a tile sums the
+//              128-token chunks of its expert's segment.
+//   All boxes: 128 bytes along kdim, 128B swizzle; out-of-bounds elements are zero-filled.
+// Scales (E8M0):
+//   fast:  chunk-major [kdim/128 chunks, rows] — one byte per (row, 128-chunk); TMA boxes [1, 128].
+//          m-grouped: A [ceil(K/128), M_total], B [E·ceil(K/128), N]; k-grouped: [M_total/128, N|K].
+//   exact: MX [rows, kdim/32], gathered by the producer warpgroup with plain loads (rows of kdim/32
+//          bytes are not 16-byte multiples, so TMA cannot read them) into FP32 [4, rows] per stage.
+//   offsets: int32 [E+1] device, copied to shared memory once per CTA.
+// Output: BF16 or FP32, row-major (m-grouped Y [M_total, N]; k-grouped dW [E, N, K]); 4/8-byte
+// stores straight from the accumulator fragment, masked to the valid rows and columns; optional
+// accumulate (read, add in FP32, write — each element owned by one thread, no atomics).
+//
+// Tiles: 128 (A rows) × kBlockN (B rows); the reduced dimension in 128-chunks. Per chunk:
+//   fast:  4 × wgmma m64n128k32 into a fresh FP32 accumulator, then tot += acc · sa[row] · sb[col]
+//          (DeepSeek 1×128 promotion with per-row scales on both operands). In a K-tail chunk the
+//          zero-filled k-steps are issued anyway (they add exact zeros).
+//   exact: per 32-block 1 × wgmma m64n128k32 into a fresh accumulator, then the same promotion
+//          with the block scales (4× the promotion work). Two accumulators in ping-pong: block
+//          b+1's wgmma runs while block b is promoted. Tail blocks are issued on zero fill too.
+//
+// Warp roles (384 threads, 1 CTA/SM):
+//   warpgroup 0: producer, setmaxnreg 40 (uses 35). Thread 0 issues TMA; in exact mode all 128
+//                threads also gather the stage's block scales and arrive on the full barrier.
+//   warpgroups 1, 2: math, setmaxnreg 232. Each owns 64 rows: fast acc 64 + tot 64 + 32 scale
+//                regs (ptxas: up to R205); exact 2 × acc 64 + tot 64 (up to R223). No spills.
+// Pipeline: kNumStages × [A 16 KB | B 16 KB | scales]; full barrier = TMA tx (+128 gatherer
+// arrivals in exact mode), empty barrier = one arrival per math warp.
+//
+// Roofline: FLOPs = 2·M·N·K; fewest bytes = M·K + E·N·K (+1/128 or 1/32 for scales) + output.
+// Every model shape in docs/notes/gemm.md is compute-bound (>= 395 FLOP/byte). Ceilings: FP8
+// dense ~1250 TFLOP/s (fast); exact mode does 4× the promotion FMAs (~BF16 rate expected).
+// Tests: tests/gpu/test_gemm_gpu.cpp, tests/cpu/test_gemm_ref.cpp. Bench: bench/bench_gemm.py.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "host/check.h"
+
+#include "device/cp_async_bulk_tensor.cuh"
+#include "device/mbarrier.cuh"
+#include "device/setmaxnreg.cuh"
+#include "device/wgmma_mma_async.cuh"
+
+namespace mxmoe::gemm_sm90 {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockK = 128;        // one fast-mode scale chunk
+constexpr int kMxK = 32;            // one MX block, one wgmma k-step
+constexpr int kKSteps = kBlockK / kMxK;
+constexpr int kNumMathWarpgroups = 2;
+constexpr int kNumThreads = 128 * (1 + kNumMathWarpgroups);
+constexpr int kProducerRegs = 40;
+constexpr int kMathRegs = 232;
+constexpr int kMaxExperts = 512;    // == mxmoe::kMaxGemmExperts
+constexpr int kGroupM = 8;          // m-tiles per raster band
+
+static_assert(kProducerRegs * 128 + kMathRegs * 128 * kNumMathWarpgroups <= 65536,
+              "register file: producer + math warpgroups");
+static_assert(kBlockM == 64 * kNumMathWarpgroups, "each math warpgroup owns 64 rows");
+
+// Run-time problem description shared by both groupings. "Rows" are the rows of the A and B
+// tiles (the M and N of the output tile); "kdim" is the contiguous, reduced dimension.
+struct Params {
+  const int32_t* offsets;   // [E+1] device: segment bounds (rows for m-grouped, tokens for k-grouped)
+  const uint8_t* a_scales;  // exact: E8M0 [A rows, kdim/32]
+  const uint8_t* b_scales;  // exact: E8M0 [B rows, kdim/32]
+  void* y;                  // output
+  int num_experts;
+  int n, k;                 // m-grouped: N, K. k-grouped: N, K of dW[e] [N, K]
+  int kdim;                 // reduced length: K (m-grouped) or M_total (k-grouped)
+  int m_tiles_cap;          // m-grouped: M_total / 128
+  bool accumulate;          // k-grouped: y += result (read, add, write; no atomics)
+};
+
+// One output tile as the roles see it: where its operands are, how many 128-chunks of the reduced
+// dimension it sums, where its result goes.
+struct Tile {
+  int a_row, b_row;            // TMA row coordinates of the [128, 128] A and [kBlockN, 128] B boxes
+  int k0;                      // element coordinate of chunk 0 along kdim
+  int num_chunks;              // 128-chunks to reduce (may be 0: the tile is all zeros)
+  int sa_x, sa_y0, sb_x, sb_y0;  // fast scales: boxes at (x, y0 + chunk)
+  int a_rows_valid, b_rows_valid;  // rows of the tile that exist (exact-mode scale gather)
+  int64_t out_offset;          // element offset of the tile's (0, 0) in y
+  int out_ld;                  // row stride of y (elements)
+  int out_rows_valid, out_cols_valid;
+};
+
+template <int kBlockN, int kNumStages, bool kExact>
+struct SmemLayout {
+  static constexpr int kTileA = kBlockM * kBlockK;                        // [128, 128] fp8, 128B swizzle
+  static constexpr int kTileB = kBlockN * kBlockK;                        // [kBlockN, 128] fp8, 128B swizzle
+  static constexpr int kScaleA = kExact ? kKSteps * kBlockM * 4 : kBlockM;  // exact f32 [4, 128]; fast u8 [128]
+  static constexpr int kScaleB = kExact ? kKSteps * kBlockN * 4 : kBlockN;  // exact f32 [4, N]; fast u8 [N]
+  static constexpr int kOffA = 0;
+  static constexpr int kOffB = kOffA + kNumStages * kTileA;
+  static constexpr int kOffScaleA = kOffB + kNumStages * kTileB;
+  static constexpr int kOffScaleB = kOffScaleA + kNumStages * kScaleA;
+  static constexpr int kOffBarriers = kOffScaleB + kNumStages * kScaleB;
+  static constexpr int kOffOffsets = kOffBarriers + 2 * kNumStages * 8;
+  static constexpr int kBytes = kOffOffsets + (kMaxExperts + 1) * 4;
+  static constexpr int kAlloc = kBytes + 1024;  // slack to align the base to 1024 B (swizzle atoms)
+  static constexpr uint32_t kTxBytes = kTileA + kTileB + (kExact ? 0 : kScaleA + kScaleB);
+
+  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "kBlockN: multiple of 64, TMA box <= 256");
+  static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "swizzled tiles stay 1024-aligned");
+  static_assert(kExact || (kScaleA % 128 == 0 && kScaleB % 128 == 0), "TMA destinations 128-aligned");
+  static_assert(kOffBarriers % 8 == 0, "mbarriers 8-aligned");
+  static_assert(kAlloc <= 232448, "227 KB of shared memory per CTA");
+};
+
+// 2^(byte-127) as FP32: byte 0 is 2^-127 (subnormal), 0xFF is NaN (mx_format.h).
+__device__ __forceinline__ float e8m0_to_float(uint32_t byte) {
+  const uint32_t bits = byte == 0 ? 0x00400000u : (byte == 0xFFu ? 0x7FC00000u : byte << 23);
+  return __uint_as_float(bits);
+}
+
+// Fast-mode decode on the math warps' critical path: 2^(byte-127) for bytes 1..254, with byte 0
+// read as 0 (not 2^-127: only all-zero blocks, pad rows and zero-filled tails have it, unless a
+// block's amax is below 448·2^-127 ≈ 2.6e-36) and 0xFF as +Inf (its chunk's data are NaN, so the
+// product stays NaN). Two integer ops instead of four.
+__device__ __forceinline__ float e8m0_to_float_fast(uint32_t byte_in_low_bits) {
+  return __uint_as_float((byte_in_low_bits & 0xFFu) << 23);
+}
+
+// m-grouped schedule (forward, dgrad): tiles (m-tile, n-tile) over the segments, identical in
+// every role of every CTA (a pure function of the offsets in shared memory).
+template <int kBlockN>
+struct MGroupedScheduler {
+  const int32_t* s_off;
+  const Params* p;
+  int m_tile_begin, num_m_tiles, num_n_tiles, num_tiles, num_kc;
+
+  __device__ MGroupedScheduler(const int32_t* s_off_, const Params& p_) : s_off(s_off_), p(&p_) {
+    m_tile_begin = s_off[0] / kBlockM;
+    const int m_tile_end = min(s_off[p_.num_experts] / kBlockM, p_.m_tiles_cap);
+    num_m_tiles = max(0, m_tile_end - m_tile_begin);
+    num_n_tiles = (p_.n + kBlockN - 1) / kBlockN;
+    num_tiles = num_m_tiles * num_n_tiles;  // host checks m_tiles_cap · num_n_tiles < 2^31
+    num_kc = (p_.k + kBlockK - 1) / kBlockK;
+  }
+
+  // Largest e in [0, E) with off[e] <= row (skips empty experts).
+  __device__ int expert_of_row(int row) const {
+    int lo = 0, hi = p->num_experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_off[mid] <= row) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  // Bands of kGroupM m-tiles; inside a band m runs fastest, so concurrent CTAs share A rows and
+  // one expert's B.
+  __device__ Tile tile(int t) const {
+    const int per_band = kGroupM * num_n_tiles;
+    const int band = t / per_band;
+    const int r = t - band * per_band;
+    const int m0 = band * kGroupM;
+    const int rows_in_band = min(kGroupM, num_m_tiles - m0);
+    const int m_tile = m_tile_begin + m0 + r % rows_in_band;
+    const int n_tile = r / rows_in_band;
+    const int row0 = m_tile * kBlockM, n0 = n_tile * kBlockN;
+    const int e = expert_of_row(row0);
+    Tile x;
+    x.a_row = row0;
+    x.b_row = e * p->n + n0;  // may reach into expert e+1's rows: only columns >= N, never stored
+    x.k0 = 0;
+    x.num_chunks = num_kc;
+    x.sa_x = row0;
+    x.sa_y0 = 0;
+    x.sb_x = n0;
+    x.sb_y0 = e * num_kc;
+    x.a_rows_valid = kBlockM;
+    x.b_rows_valid = p->n - n0;
+    x.out_offset = int64_t(row0) * p->n + n0;
+    x.out_ld = p->n;
+    x.out_rows_valid = kBlockM;
+    x.out_cols_valid = p->n - n0;
+    return x;
+  }
+};
+
+// k-grouped schedule (wgrad): dW[e] [N, K] = Σ_{t in segment e} dYᵀ[:, t] · Xᵀ[:, t]ᵀ. A = dYᵀ
+// [N, M_total] and B = Xᵀ [K, M_total] are K-major along tokens; tiles (e, n-tile, k-tile), expert
+// by expert so that concurrent CTAs share one segment of both operands. Chunks of 128 tokens never
+// cross experts (segments are 128-aligned). An empty expert's tiles reduce nothing and store zeros.
+template <int kBlockN>
+struct KGroupedScheduler {
+  const int32_t* s_off;
+  const Params* p;
+  int num_n_tiles, num_k_tiles, num_tiles;
+
+  __device__ KGroupedScheduler(const int32_t* s_off_, const Params& p_) : s_off(s_off_), p(&p_) {
+    num_n_tiles = (p_.n + kBlockM - 1) / kBlockM;
+    num_k_tiles = (p_.k + kBlockN - 1) / kBlockN;
+    num_tiles = p_.num_experts * num_n_tiles * num_k_tiles;  // host checks < 2^31
+  }
+
+  __device__ Tile tile(int t) const {
+    const int per_e = num_n_tiles * num_k_tiles;
+    const int e = t / per_e;
+    const int r = t - e * per_e;
+    const int n_tile = r / num_k_tiles, k_tile = r - n_tile * num_k_tiles;
+    const int n0 = n_tile * kBlockM, k0 = k_tile * kBlockN;
+    const int t0 = min(s_off[e], p->kdim), t1 = min(max(s_off[e + 1], t0), p->kdim);
+    Tile x;
+    x.a_row = n0;
+    x.b_row = k0;
+    x.k0 = t0;
+    x.num_chunks = (t1 - t0) / kBlockK;
+    x.sa_x = n0;
+    x.sa_y0 = t0 / kBlockK;
+    x.sb_x = k0;
+    x.sb_y0 = t0 / kBlockK;
+    x.a_rows_valid = p->n - n0;
+    x.b_rows_valid = p->k - k0;
+    x.out_offset = (int64_t(e) * p->n + n0) * p->k + k0;
+    x.out_ld = p->k;
+    x.out_rows_valid = p->n - n0;
+    x.out_cols_valid = p->k - k0;
+    return x;
+  }
+};
+
+// Exact mode: one producer thread's share of the stage's 32-block scales, stored as FP32
+// [4, rows]. Rows past the tile's valid rows and blocks past kdim read as byte 0 (their data is
+// zero-filled by TMA or their output is never stored).
+template <int kBlockN>
+__device__ __forceinline__ void gather_block_scales(const Params& p, const Tile& x, int pt,
+                                                    int chunk, float* s_sa, float* s_sb) {
+  constexpr int kPerThreadB = (kBlockN + 127) / 128;
+  const int ld = p.kdim / kMxK;                        // scale bytes per row
+  const int kb0 = (x.k0 + chunk * kBlockK) / kMxK;     // first block of the chunk
+  const int nb = min(kKSteps, ld - kb0);
+  uint32_t va[kKSteps], vb[kPerThreadB][kKSteps];
+  const bool a_ok = pt < x.a_rows_valid;
+  const uint8_t* pa = p.a_scales + int64_t(x.a_row + pt) * ld + kb0;
+#pragma unroll
+  for (int b = 0; b < kKSteps; ++b) va[b] = (a_ok && b < nb) ? __ldg(pa + b) : 0u;
+#pragma unroll
+  for (int i = 0; i < kPerThreadB; ++i) {
+    const int nl = pt + 128 * i;
+    const bool ok = nl < kBlockN && nl < x.b_rows_valid;
+    const uint8_t* pb = p.b_scales + int64_t(x.b_row + nl) * ld + kb0;
+#pragma unroll
+    for (int b = 0; b < kKSteps; ++b) vb[i][b] = (ok && b < nb) ? __ldg(pb + b) : 0u;
+  }
+#pragma unroll
+  for (int b = 0; b < kKSteps; ++b) s_sa[b * kBlockM + pt] = e8m0_to_float(va[b]);
+#pragma unroll
+  for (int i = 0; i < kPerThreadB; ++i) {
+    const int nl = pt + 128 * i;
+    if (nl < kBlockN) {
+#pragma unroll
+      for (int b = 0; b < kKSteps; ++b) s_sb[b * kBlockN + nl] = e8m0_to_float(vb[i][b]);
+    }
+  }
+}
+
+template <int kBlockN, int kNumStages, bool kExact, class Scheduler>
+__device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensorMap* tm_b,
+                                         const CUtensorMap* tm_sa, const CUtensorMap* tm_sb,
+                                         const Params& p, uint8_t* smem, const Scheduler& sched,
+                                         uint64_t* full, uint64_t* empty) {
+  using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  const int pt = threadIdx.x;  // 0..127
+  const bool lead = pt == 0;
+  if (!kExact && !lead) return;  // fast mode: one thread does everything
+  if (lead) {
+    device::prefetch_tensormap(tm_a);
+    device::prefetch_tensormap(tm_b);
+    if (!kExact) {
+      device::prefetch_tensormap(tm_sa);
+      device::prefetch_tensormap(tm_sb);
+    }
+  }
+  int s = 0;
+  uint32_t phase = 0;
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const Tile x = sched.tile(t);
+    for (int c = 0; c < x.num_chunks; ++c) {
+      device::mbarrier_wait_parity(&empty[s], phase ^ 1u);
+      uint8_t* sa = smem + L::kOffScaleA + s * L::kScaleA;
+      uint8_t* sb = smem + L::kOffScaleB + s * L::kScaleB;
+      if (lead) {
+        if (kExact) device::mbarrier_expect_tx(&full[s], L::kTxBytes);
+        else device::mbarrier_arrive_expect_tx(&full[s], L::kTxBytes);
+        const int kc = x.k0 + c * kBlockK;
+        device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffA + s * L::kTileA, tm_a,
+                                                         &full[s], kc, x.a_row);
+        device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffB + s * L::kTileB, tm_b,
+                                                         &full[s], kc, x.b_row);
+        if (!kExact) {
+          device::cp_async_bulk_tensor_2d_global_to_shared(sa, tm_sa, &full[s], x.sa_x, x.sa_y0 + c);
+          device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], x.sb_x, x.sb_y0 + c);
+        }
+      }
+      if (kExact) {
+        gather_block_scales<kBlockN>(p, x, pt, c, reinterpret_cast<float*>(sa),
+                                     reinterpret_cast<float*>(sb));
+        device::mbarrier_arrive(&full[s]);  // release: the scale stores above
+      }
+      if (++s == kNumStages) { s = 0; phase ^= 1u; }
+    }
+  }
+}
+
+// tot += acc · sa[row] · sb[col] over the thread's fragment (see wgmma_mma_async.cuh).
+template <int kBlockN>
+__device__ __forceinline__ void promote(float (&tot)[kBlockN / 2], const float (&acc)[kBlockN / 2],
+                                        float sa0, float sa1, const float2* sb_pairs) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const float2 sb = sb_pairs[j];
+    tot[4 * j + 0] = fmaf(acc[4 * j + 0], sa0 * sb.x, tot[4 * j + 0]);
+    tot[4 * j + 1] = fmaf(acc[4 * j + 1], sa0 * sb.y, tot[4 * j + 1]);
+    tot[4 * j + 2] = fmaf(acc[4 * j + 2], sa1 * sb.x, tot[4 * j + 2]);
+    tot[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * sb.y, tot[4 * j + 3]);
+  }
+}
+
+template <bool kOutF32>
+__device__ __forceinline__ void store_pair(void* y, int64_t i, float v0, float v1, bool accumulate) {
+  if constexpr (kOutF32) {
+    float2* q = reinterpret_cast<float2*>(static_cast<float*>(y) + i);
+    if (accumulate) {
+      const float2 old = *q;
+      v0 += old.x;
+      v1 += old.y;
+    }
+    *q = make_float2(v0, v1);
+  } else {
+    __nv_bfloat162* q = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(y) + i);
+    if (accumulate) {
+      const float2 old = __bfloat1622float2(*q);
+      v0 += old.x;
+      v1 += old.y;
+    }
+    *q = __floats2bfloat162_rn(v0, v1);
+  }
+}
+
+// Rows r, r + 8 and column pairs (8j + c, +1) of the fragment; columns and rows masked to the
+// tile's valid extent (column counts are even, so a pair is all in or all out).
+template <int kBlockN, bool kOutF32>
+__device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
+                                           const float (&tot)[kBlockN / 2], int r, int c) {
+  const bool row0_ok = r < x.out_rows_valid, row1_ok = r + 8 < x.out_rows_valid;
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const int col = c + 8 * j;
+    if (col < x.out_cols_valid) {
+      const int64_t i0 = x.out_offset + int64_t(r) * x.out_ld + col;
+      if (row0_ok) store_pair<kOutF32>(p.y, i0, tot[4 * j + 0], tot[4 * j + 1], p.accumulate);
+      if (row1_ok)
+        store_pair<kOutF32>(p.y, i0 + int64_t(8) * x.out_ld, tot[4 * j + 2], tot[4 * j + 3],
+                            p.accumulate);
+    }
+  }
+}
+
+template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, class Scheduler>
+__device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Scheduler& sched,
+                                     uint64_t* full, uint64_t* empty) {
+  static_assert(kBlockN == 128, "the wgmma wrapper is m64n128k32");
+  using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  const int math_wg = threadIdx.x / 128 - 1;  // 0, 1
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int r_tile = math_wg * 64 + warp * 16 + lane / 4;  // fragment rows r_tile, r_tile + 8
+  const int c_frag = 2 * (lane % 4);                       // fragment columns 8j + c_frag (+1)
+
+  int s = 0;
+  uint32_t phase = 0;
+  float acc[kBlockN / 2], tot[kBlockN / 2];
+  float acc2[kExact ? kBlockN / 2 : 1];  // exact mode's second accumulator (ping-pong)
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const Tile x = sched.tile(t);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) tot[i] = 0.0f;
+    for (int c = 0; c < x.num_chunks; ++c) {
+      device::mbarrier_wait_parity(&full[s], phase);
+      const uint64_t desc_a = device::make_wgmma_desc_kmajor_sw128(
+          device::smem_addr(smem + L::kOffA + s * L::kTileA + math_wg * 64 * kBlockK));
+      const uint64_t desc_b =
+          device::make_wgmma_desc_kmajor_sw128(device::smem_addr(smem + L::kOffB + s * L::kTileB));
+      if constexpr (!kExact) {
+        const uint8_t* sa = smem + L::kOffScaleA + s * L::kScaleA;  // [128] u8
+        const uint8_t* sb = smem + L::kOffScaleB + s * L::kScaleB;  // [kBlockN] u8
+        device::wgmma_fence_operand(acc);
+        device::wgmma_fence_sync_aligned();
+        // All four k-steps even in a tail chunk: TMA zero-filled both operands past kdim, so the
+        // extra steps add exact zeros, and an unconditional sequence keeps ptxas from fencing
+        // every wgmma. +2 in the descriptor's address field = 32 bytes along the swizzled row.
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks)
+          device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, desc_a + 2 * ks,
+                                                               desc_b + 2 * ks, ks > 0);
+        device::wgmma_commit_group_sync_aligned();
+        const float sa0 = e8m0_to_float_fast(sa[r_tile]), sa1 = e8m0_to_float_fast(sa[r_tile + 8]);
+        float2 sb_pairs[kBlockN / 8];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          const uint32_t v = *reinterpret_cast<const uint16_t*>(sb + 8 * j + c_frag);
+          sb_pairs[j] = make_float2(e8m0_to_float_fast(v), __uint_as_float((v & 0xFF00u) << 15));
+        }
+        device::wgmma_wait_group_sync_aligned<0>();
+        device::wgmma_fence_operand(acc);
+        // Stage s is no longer read (tiles by the finished wgmmas, scales already in registers;
+        // the arrive's release orders the loads above): hand it back before promoting.
+        __syncwarp();
+        if (lane == 0) device::mbarrier_arrive(&empty[s]);
+        promote<kBlockN>(tot, acc, sa0, sa1, sb_pairs);
+      } else {
+        // Exact: one k32 block per wgmma, two accumulators in ping-pong so that block b+1's
+        // wgmma runs while block b is promoted. All four blocks are issued even in a tail chunk:
+        // past kdim the data are TMA's zero fill and the gathered scales are byte 0, so those
+        // blocks add exact zeros (and no wgmma sits under a branch).
+        const float* sa = reinterpret_cast<const float*>(smem + L::kOffScaleA + s * L::kScaleA);
+        const float* sb = reinterpret_cast<const float*>(smem + L::kOffScaleB + s * L::kScaleB);
+        device::wgmma_fence_operand(acc);
+        device::wgmma_fence_sync_aligned();
+        device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, desc_a, desc_b, false);
+        device::wgmma_commit_group_sync_aligned();
+#pragma unroll
+        for (int b = 0; b < kKSteps; ++b) {
+          float(&cur)[kBlockN / 2] = (b % 2 == 0) ? acc : acc2;
+          float(&nxt)[kBlockN / 2] = (b % 2 == 0) ? acc2 : acc;
+          if (b + 1 < kKSteps) {
+            device::wgmma_fence_operand(nxt);
+            device::wgmma_fence_sync_aligned();
+            device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(nxt, desc_a + 2 * (b + 1),
+                                                                 desc_b + 2 * (b + 1), false);
+            device::wgmma_commit_group_sync_aligned();
+            device::wgmma_wait_group_sync_aligned<1>();  // block b done, b+1 in flight
+          } else {
+            device::wgmma_wait_group_sync_aligned<0>();
+          }
+          device::wgmma_fence_operand(cur);
+          const float sa0 = sa[b * kBlockM + r_tile], sa1 = sa[b * kBlockM + r_tile + 8];
+          const float* sb_row = sb + b * kBlockN + c_frag;  // pair j at sb_row[8j], [8j + 1]
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            const float2 v = *reinterpret_cast<const float2*>(sb_row + 8 * j);
+            tot[4 * j + 0] = fmaf(cur[4 * j + 0], sa0 * v.x, tot[4 * j + 0]);
+            tot[4 * j + 1] = fmaf(cur[4 * j + 1], sa0 * v.y, tot[4 * j + 1]);
+            tot[4 * j + 2] = fmaf(cur[4 * j + 2], sa1 * v.x, tot[4 * j + 2]);
+            tot[4 * j + 3] = fmaf(cur[4 * j + 3], sa1 * v.y, tot[4 * j + 3]);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) device::mbarrier_arrive(&empty[s]);  // this warp is done with stage s
+      }
+      if (++s == kNumStages) { s = 0; phase ^= 1u; }
+    }
+    store_tile<kBlockN, kOutF32>(p, x, tot, r_tile, c_frag);
+  }
+}
+
+// kKGrouped selects the schedule: false = m-grouped (forward/dgrad), true = k-grouped (wgrad).
+template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped>
+__global__ void __launch_bounds__(kNumThreads, 1)
+grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
+                                  const __grid_constant__ CUtensorMap tm_b,
+                                  const __grid_constant__ CUtensorMap tm_sa,
+                                  const __grid_constant__ CUtensorMap tm_sb, const Params p) {
+  using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  extern __shared__ uint8_t smem_raw[];
+  // Pointer arithmetic on the shared array itself, so the compiler keeps LDS/STS (not generic).
+  uint8_t* smem = smem_raw + ((1024u - (device::smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBarriers);
+  uint64_t* empty = full + kNumStages;
+  int32_t* s_off = reinterpret_cast<int32_t*>(smem + L::kOffOffsets);
+
+  for (int i = threadIdx.x; i <= p.num_experts; i += kNumThreads) s_off[i] = p.offsets[i];
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kNumStages; ++i) {
+      device::mbarrier_init(&full[i], kExact ? 128 : 1);    // exact: every producer thread arrives
+      device::mbarrier_init(&empty[i], 4 * kNumMathWarpgroups);  // one arrival per math warp
+    }
+    device::fence_mbarrier_init_release_cluster();
+    device::fence_proxy_async_shared_cta();
+  }
+  __syncthreads();
+
+  using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN>, MGroupedScheduler<kBlockN>>;
+  const Scheduler sched(s_off, p);
+  if (threadIdx.x < 128) {
+    device::setmaxnreg_dec_sync_aligned_u32<kProducerRegs>();
+    producer<kBlockN, kNumStages, kExact>(&tm_a, &tm_b, &tm_sa, &tm_sb, p, smem, sched, full, empty);
+  } else {
+    device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
+    math<kBlockN, kNumStages, kExact, kOutF32>(p, smem, sched, full, empty);
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------
+
+// Configuration (one for now; both groupings, both modes):
+//   kBlockN = 128: m64n128k32 wgmma per math warpgroup, 64 + 64 accumulator registers.
+//   kNumStages = 6: 6 × 32 KB operand tiles (+ scales) fit 227 KB in both modes.
+// To measure (docs/notes/gemm.md): kBlockN 192/256 for large N, 2-CTA multicast of the shared
+// operand, ping-pong accumulators (the math region may use up to 232 registers).
+constexpr int kConfigBlockN = 128;
+constexpr int kConfigStages = 6;
+
+template <bool kExact, bool kOutF32, bool kKGrouped>
+void launch_grouped(const char* fn, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
+                    const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
+                    cudaStream_t stream) {
+  using L = SmemLayout<kConfigBlockN, kConfigStages, kExact>;
+  auto kernel =
+      grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32, kKGrouped>;
+  MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            L::kAlloc));
+  kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
+  MXMOE_CHECK_LAUNCH(fn);
+}
+
+template <bool kKGrouped>
+void dispatch_grouped(const char* fn, bool exact, bool out_f32, const CUtensorMap& tm_a,
+                      const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
+                      const Params& p, int grid, cudaStream_t stream) {
+  if (exact) {
+    if (out_f32) launch_grouped<true, true, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<true, false, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+  } else {
+    if (out_f32) launch_grouped<false, true, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<false, false, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+  }
+}
+
+// Persistent grid: opts.num_sms if in (0, #SMs), else every SM.
+inline int persistent_grid(const char* fn, int num_sms) {
+  int device = 0, sms = 0;
+  MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));
+  MXMOE_CUDA_CHECK(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return num_sms > 0 && num_sms < sms ? num_sms : sms;
+}
+
+}  // namespace mxmoe::gemm_sm90

@@ -1,0 +1,71 @@
+// k-grouped MXFP8 GEMM (wgrad): host checks, tensor maps, launch. The kernel and its contract:
+// grouped_gemm_mxfp8_sm90_ws.cuh (KGroupedScheduler); public API: include/mxmoe/gemm.h.
+#include <cstdint>
+
+#include "host/check.h"
+#include "kernels/gemm/grouped_gemm_checks.h"
+#include "kernels/gemm/grouped_gemm_mxfp8_sm90_ws.cuh"
+#include "kernels/gemm/tensor_map.h"
+#include "mxmoe/gemm.h"
+
+namespace mxmoe {
+namespace {
+
+constexpr const char* kFn = "k_grouped_mxfp8_gemm_nt";
+constexpr int kBlockN = gemm_sm90::kConfigBlockN;
+using gemm_sm90::kBlockK;
+using gemm_sm90::kBlockM;
+
+}  // namespace
+
+void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_total,
+                             int num_experts, int64_t n, int64_t k, const int32_t* offsets,
+                             void* dw, const GemmOptions& opts) {
+  // ---- argument checks: no CUDA call before all of them pass ----
+  detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
+  if (int64_t(num_experts) * k > (int64_t(1) << 30))
+    detail::throw_arg(kFn, "k", detail::to_str(k), "num_experts * k must be < 2^30");
+  detail::check_not_null(kFn, "dw", dw);
+  detail::check_aligned(kFn, "dw", dw, 16);
+  const size_t out_bytes =
+      size_t(num_experts) * size_t(n) * size_t(k) * (opts.out_dtype == GemmOutDtype::kFP32 ? 4 : 2);
+  if (m_total == 0) {  // no tokens: dW = 0 (or unchanged when accumulating)
+    if (!opts.accumulate) MXMOE_CUDA_CHECK(kFn, cudaMemsetAsync(dw, 0, out_bytes, opts.stream));
+    return;
+  }
+  detail::check_grouped_operand(kFn, "a", a, opts.mode);
+  detail::check_grouped_operand(kFn, "b", b, opts.mode);
+
+  // ---- tensor maps (no offsets read) and launch ----
+  const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
+  const bool exact = opts.mode == GemmMode::kExact;
+  const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
+  const uint8_t* a_data = exact ? a.data : a.fast_data;
+  const uint8_t* b_data = exact ? b.data : b.fast_data;
+  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(
+      kFn, a_data, n, m_total, m_total, kBlockM, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // dYᵀ [128, 128]
+  const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
+      kFn, b_data, k, m_total, m_total, kBlockN, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // Xᵀ [kBlockN, 128]
+  CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
+  if (!exact) {
+    tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_tc, n, n, 1, kBlockM,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128] of [M/128, N]
+    tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_tc, k, k, 1, kBlockN,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, kBlockN] of [M/128, K]
+  }
+  gemm_sm90::Params p{};
+  p.offsets = offsets;
+  p.a_scales = a.scales;
+  p.b_scales = b.scales;
+  p.y = dw;
+  p.num_experts = num_experts;
+  p.n = int(n);
+  p.k = int(k);
+  p.kdim = int(m_total);
+  p.m_tiles_cap = 0;  // unused by the k-grouped schedule
+  p.accumulate = opts.accumulate;
+  gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, tm_a, tm_b,
+                                    tm_sa, tm_sb, p, grid, opts.stream);
+}
+
+}  // namespace mxmoe

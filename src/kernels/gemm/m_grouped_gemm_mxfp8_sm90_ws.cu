@@ -1,0 +1,71 @@
+// m-grouped MXFP8 GEMM (forward, dgrad): host checks, tensor maps, launch. The kernel and its
+// contract: grouped_gemm_mxfp8_sm90_ws.cuh; public API: include/mxmoe/gemm.h.
+#include <cstdint>
+#include <string>
+
+#include "host/check.h"
+#include "kernels/gemm/grouped_gemm_checks.h"
+#include "kernels/gemm/grouped_gemm_mxfp8_sm90_ws.cuh"
+#include "kernels/gemm/tensor_map.h"
+#include "mxmoe/gemm.h"
+
+namespace mxmoe {
+namespace {
+
+constexpr const char* kFn = "m_grouped_mxfp8_gemm_nt";
+constexpr int kBlockN = gemm_sm90::kConfigBlockN;
+using gemm_sm90::kBlockK;
+using gemm_sm90::kBlockM;
+
+}  // namespace
+
+
+void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperand& b,
+                             int num_experts, int64_t n, int64_t k, const int32_t* offsets,
+                             void* y, const GemmOptions& opts) {
+  using detail::throw_arg;
+  using detail::to_str;
+  // ---- argument checks: no CUDA call before all of them pass ----
+  detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
+  const int64_t n_tiles = (n + kBlockN - 1) / kBlockN;
+  if ((m_total / kBlockM) * n_tiles >= (int64_t(1) << 31))
+    throw_arg(kFn, "m_total", to_str(m_total), "(m_total/128)·ceil(n/128) must be < 2^31");
+  detail::check_grouped_operand(kFn, "b", b, opts.mode);
+  if (m_total == 0) return;  // nothing can be written
+  detail::check_grouped_operand(kFn, "a", a, opts.mode);
+  detail::check_not_null(kFn, "y", y);
+  detail::check_aligned(kFn, "y", y, 16);
+
+  // ---- tensor maps (no offsets read) and launch ----
+  const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
+  const bool exact = opts.mode == GemmMode::kExact;
+  const int64_t num_kc = (k + kBlockK - 1) / kBlockK;
+  const uint8_t* a_data = exact ? a.data : a.fast_data;
+  const uint8_t* b_data = exact ? b.data : b.fast_data;
+  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(
+      kFn, a_data, m_total, k, k, kBlockM, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // [128, 128]
+  const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
+      kFn, b_data, num_experts * n, k, k, kBlockN, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+  CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
+  if (!exact) {
+    tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_kc, m_total, m_total, 1,
+                                          kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128]
+    tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_experts * num_kc, n, n, 1,
+                                          kBlockN, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, kBlockN]
+  }
+  gemm_sm90::Params p{};
+  p.offsets = offsets;
+  p.a_scales = a.scales;
+  p.b_scales = b.scales;
+  p.y = y;
+  p.num_experts = num_experts;
+  p.n = int(n);
+  p.k = int(k);
+  p.kdim = int(k);
+  p.m_tiles_cap = int(m_total / kBlockM);
+  p.accumulate = opts.accumulate;
+  gemm_sm90::dispatch_grouped<false>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, tm_a, tm_b,
+                                     tm_sa, tm_sb, p, grid, opts.stream);
+}
+
+}  // namespace mxmoe

@@ -1,0 +1,569 @@
+// m-grouped MXFP8 GEMM (include/mxmoe/gemm.h) on the GPU against the FP64 CPU reference.
+// Operands are quantized on the CPU (ref::quantize_rows / rebase_fast) and uploaded, so these
+// tests do not depend on the GPU quantizer. Y is poisoned (0xFF bytes = NaN) before each launch:
+// rows inside the segments must all be written, rows at or beyond offsets[E] must stay poisoned,
+// pad rows must be exact zeros, reruns must be bitwise identical.
+//
+// Element-wise tolerance (derivation). Let p_i = deq(a_i)·deq(b_i) (exact in FP64 and on the
+// tensor core: E4M3×E4M3 products have 8 significant bits; the power-of-two scales are exact).
+//  * Tensor-core sums. Model of Hopper's FP8 wgmma (DeepSeek-V3 report §3.3.2: "around 14 bits"
+//    kept; we assume F = 13): one m64nNk32 instruction aligns its 32 products and the incoming
+//    accumulator to the largest exponent among them and truncates each to F bits below it, so its
+//    error is at most 33·2^-F·max(|acc_in|, max_i |p_i|). Exact mode starts every 32-block from a
+//    zero accumulator (acc_in = 0); fast mode chains the four k32 steps of a 128-chunk (acc_in =
+//    the chunk's partial sum). The reference evaluates this sum of per-instruction bounds.
+//  * FP32 promotion: tot = fma(acc, s, tot) once per block (exact) or chunk (fast): each rounding
+//    is at most 2^-24·|tot| <= 2^-24·S with S = Σ|p_i|, so (K/P + 1)·2^-24·S in all (P = 32 or 128).
+//  * Output: BF16 rounds once more, 2^-9 relative (half an ulp of an 8-bit significand); FP32 0.
+//  tol = tc + (K/P + 1)·2^-24·S, then (|y_ref| + tol)·2^-9 added for BF16.
+// Accuracy (brief): fast mode's error against the FP64 product of the unquantized BF16 inputs is
+// within 1.1× of exact mode's on Gaussian, heavy-tailed and outlier-channel data; fast-vs-exact
+// deviation (relative Frobenius, max ulps) is printed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "common/gpu_test_util.h"
+#include "mxmoe/gemm.h"
+#include "ref/gemm_ref.h"
+#include "ref/mx_ref.h"
+
+using namespace mxmoe;
+using namespace mxmoe::test;
+
+namespace {
+
+#define REQUIRE_GPU()                                                       \
+  do {                                                                      \
+    int n = 0;                                                              \
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)                    \
+      GTEST_SKIP() << "no CUDA GPU: the GEMM tests run on the GPU machine"; \
+  } while (0)
+
+constexpr double kTcFracBits = 13;  // F in the derivation above
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One m-grouped problem, quantized on the host, uploaded in both forms.
+struct Problem {
+  int E = 1;
+  int64_t n = 0, k = 0, m_total = 0;
+  std::vector<int> counts;        // true rows per expert
+  std::vector<int32_t> offsets;   // padded, [E+1]
+  std::vector<uint16_t> a_bf16, b_bf16;  // the unquantized inputs (pad rows of A are zero)
+  ref::MxMatrix qa, qb;           // qb: [E·N, K]
+  ref::FastMatrix fa, fb;         // fb.scales rearranged to [E, ceil(K/128), N]
+  std::unique_ptr<DevBuf<uint8_t>> a_data, a_scales, a_fdata, a_fscales, b_data, b_scales,
+      b_fdata, b_fscales;
+  std::unique_ptr<DevBuf<int32_t>> d_offsets;
+
+  MxOperand a_op() const { return {a_data->p, a_scales->p, a_fdata->p, a_fscales->p}; }
+  MxOperand b_op() const { return {b_data->p, b_scales->p, b_fdata->p, b_fscales->p}; }
+};
+
+void build(Problem& P, int E, int64_t n, int64_t k, const std::vector<int>& counts, Dist dist,
+           std::mt19937& rng, int64_t extra_rows = 256) {
+  P.E = E;
+  P.n = n;
+  P.k = k;
+  P.counts = counts;
+  P.offsets.assign(size_t(E + 1), 0);
+  for (int e = 0; e < E; ++e) P.offsets[e + 1] = P.offsets[e] + int32_t(cdiv(counts[e], 128) * 128);
+  P.m_total = P.offsets[E] + extra_rows;  // rows past offsets[E]: garbage A, must stay unwritten
+  // A: random rows for real tokens and for the tail past offsets[E]; zeros for pad rows.
+  std::vector<uint16_t> rnd = random_bf16(P.m_total, k, dist, rng);
+  P.a_bf16.assign(size_t(P.m_total * k), 0);
+  for (int e = 0; e < E; ++e)
+    for (int64_t r = P.offsets[e]; r < P.offsets[e] + counts[e]; ++r)
+      std::copy_n(&rnd[size_t(r * k)], k, &P.a_bf16[size_t(r * k)]);
+  for (int64_t r = P.offsets[E]; r < P.m_total; ++r)
+    std::copy_n(&rnd[size_t(r * k)], k, &P.a_bf16[size_t(r * k)]);
+  P.b_bf16 = random_bf16(int64_t(E) * n, k, dist, rng);
+
+  P.qa = ref::quantize_rows(P.a_bf16.data(), P.m_total, k, ScaleMode::kRceil);
+  P.qb = ref::quantize_rows(P.b_bf16.data(), int64_t(E) * n, k, ScaleMode::kRceil);
+  P.fa = ref::rebase_fast(P.qa);
+  P.fb = ref::rebase_fast(P.qb);
+  // B's fast scales: [ceil(K/128), E·N] -> [E, ceil(K/128), N] (per expert, chunk-major).
+  const int64_t kc = cdiv(k, 128);
+  std::vector<uint8_t> fbs(P.fb.scales.size());
+  for (int e = 0; e < E; ++e)
+    for (int64_t c = 0; c < kc; ++c)
+      for (int64_t j = 0; j < n; ++j)
+        fbs[size_t((e * kc + c) * n + j)] = P.fb.scales[size_t(c * E * n + e * n + j)];
+
+  auto up = [](std::unique_ptr<DevBuf<uint8_t>>& d, const std::vector<uint8_t>& h) {
+    d = std::make_unique<DevBuf<uint8_t>>(h.size());
+    d->upload(h);
+  };
+  up(P.a_data, P.qa.data);
+  up(P.a_scales, P.qa.scales);
+  up(P.a_fdata, P.fa.data);
+  up(P.a_fscales, P.fa.scales);
+  up(P.b_data, P.qb.data);
+  up(P.b_scales, P.qb.scales);
+  up(P.b_fdata, P.fb.data);
+  up(P.b_fscales, fbs);
+  P.d_offsets = std::make_unique<DevBuf<int32_t>>(P.offsets.size());
+  P.d_offsets->upload(P.offsets);
+}
+
+// One output element: s = Σ_i x[i]·y[i] in FP64 and the bound of the derivation at the top for a
+// kernel that promotes every `period` (32: exact, fresh accumulator per block; 128: fast, four
+// chained k32 instructions per chunk). Chunks start at i = 0 (callers pass 128-aligned starts).
+void dot_with_bound(const double* x, const double* y, int64_t len, int period, double& s,
+                    double& bound) {
+  const double tc = 33.0 * std::ldexp(1.0, -int(kTcFracBits));
+  double sabs = 0, btc = 0;
+  s = 0;
+  for (int64_t c0 = 0; c0 < len; c0 += period) {
+    double partial = 0;
+    for (int64_t g0 = c0; g0 < std::min(len, c0 + period); g0 += 32) {
+      double mx = 0, sg = 0;
+      for (int64_t i = g0; i < g0 + 32; ++i) {
+        const double p = x[i] * y[i];
+        sg += p;
+        sabs += std::fabs(p);
+        mx = std::max(mx, std::fabs(p));
+      }
+      btc += tc * std::max(std::fabs(partial), mx);
+      partial += sg;
+    }
+    s += partial;
+  }
+  bound = btc + double(len / period + 1) * std::ldexp(1.0, -24) * sabs;
+}
+
+template <class F>
+void parallel_rows(int64_t rows, F&& f) {
+  const int64_t nt = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t chunk = cdiv(rows, nt);
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < nt; ++t)
+    if (t * chunk < rows) pool.emplace_back(f, t * chunk, std::min(rows, (t + 1) * chunk));
+  for (auto& th : pool) th.join();
+}
+
+// FP64 reference of the m-grouped GEMM on dequantized operands plus per-element bounds.
+void reference_with_bound(const std::vector<double>& da, const std::vector<double>& db,
+                          const Problem& P, int period, std::vector<double>& y,
+                          std::vector<double>& bound) {
+  const int64_t n = P.n, k = P.k;
+  y.assign(size_t(P.m_total * n), 0.0);
+  bound.assign(y.size(), 0.0);
+  std::vector<int> expert(size_t(P.m_total), -1);
+  for (int e = 0; e < P.E; ++e)
+    for (int64_t r = P.offsets[e]; r < P.offsets[e + 1]; ++r) expert[size_t(r)] = e;
+  parallel_rows(P.m_total, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int e = expert[size_t(r)];
+      if (e < 0) continue;
+      for (int64_t j = 0; j < n; ++j)
+        dot_with_bound(&da[size_t(r * k)], &db[size_t((e * n + j) * k)], k, period,
+                       y[size_t(r * n + j)], bound[size_t(r * n + j)]);
+    }
+  });
+}
+
+// Runs the GEMM into a poisoned Y and returns it as double (NaN where poisoned); raw bytes too.
+std::vector<double> run(const Problem& P, GemmMode mode, GemmOutDtype out, std::vector<uint8_t>* raw = nullptr) {
+  const size_t elems = size_t(P.m_total * P.n);
+  const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
+  DevBuf<uint8_t> y(elems * esz, 0xFF);
+  GemmOptions o;
+  o.mode = mode;
+  o.out_dtype = out;
+  m_grouped_mxfp8_gemm_nt(P.a_op(), P.m_total, P.b_op(), P.E, P.n, P.k, P.d_offsets->p, y.p, o);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  std::vector<uint8_t> h = y.download();
+  std::vector<double> v(elems);
+  for (size_t i = 0; i < elems; ++i) {
+    if (esz == 4) {
+      float f;
+      std::memcpy(&f, &h[4 * i], 4);
+      v[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, &h[2 * i], 2);
+      v[i] = ref::bf16_to_float(b);
+    }
+  }
+  if (raw) *raw = std::move(h);
+  return v;
+}
+
+const char* mode_name(GemmMode m) { return m == GemmMode::kFast ? "fast" : "exact"; }
+const char* out_name(GemmOutDtype o) { return o == GemmOutDtype::kFP32 ? "fp32" : "bf16"; }
+
+// Checks one output against the reference and the bound, plus the row contracts.
+void check_output(const Problem& P, const std::vector<double>& got, const std::vector<double>& want,
+                  const std::vector<double>& bound, GemmOutDtype out, const std::string& what) {
+  const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -9) : 0.0;
+  int64_t bad = 0;
+  double worst_ratio = 0;
+  std::ostringstream first;
+  std::vector<char> real(size_t(P.m_total), 0), inside(size_t(P.m_total), 0);
+  for (int e = 0; e < P.E; ++e)
+    for (int64_t r = P.offsets[e]; r < P.offsets[e + 1]; ++r) {
+      inside[size_t(r)] = 1;
+      real[size_t(r)] = r < P.offsets[e] + P.counts[e];
+    }
+  for (int64_t r = 0; r < P.m_total; ++r) {
+    for (int64_t j = 0; j < P.n; ++j) {
+      const size_t i = size_t(r * P.n + j);
+      const double g = got[i];
+      bool ok;
+      double tol = 0;
+      if (!inside[size_t(r)]) {
+        ok = std::isnan(g);  // poison untouched
+      } else if (!real[size_t(r)]) {
+        ok = g == 0.0;  // pad row: exact zero
+      } else {
+        tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
+        const double err = std::fabs(g - want[i]);
+        ok = err <= tol;  // NaN fails
+        if (tol > 0) worst_ratio = std::max(worst_ratio, err / tol);
+      }
+      if (!ok && bad++ == 0)
+        first << "first mismatch at row " << r << " col " << j << ": got " << g << ", want "
+              << (inside[size_t(r)] ? (real[size_t(r)] ? want[i] : 0.0) : NAN) << " (tol " << tol
+              << ", " << (!inside[size_t(r)] ? "row past offsets[E], must stay unwritten"
+                                             : !real[size_t(r)] ? "pad row" : "token row")
+              << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
+  std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst_ratio);
+}
+
+struct Ref {
+  std::vector<double> y_exact, b_exact, y_fast, b_fast;
+};
+
+Ref make_ref(const Problem& P) {
+  Ref R;
+  reference_with_bound(ref::dequantize(P.qa), ref::dequantize(P.qb), P, 32, R.y_exact, R.b_exact);
+  reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, 128, R.y_fast, R.b_fast);
+  return R;
+}
+
+// Every mode × output dtype against the reference, plus a bitwise rerun of each.
+void check_all(const Problem& P, const std::string& name) {
+  const Ref R = make_ref(P);
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+      const std::string what = name + " " + mode_name(mode) + " " + out_name(out);
+      std::vector<uint8_t> raw1, raw2;
+      const auto got = run(P, mode, out, &raw1);
+      if (mode == GemmMode::kFast) check_output(P, got, R.y_fast, R.b_fast, out, what);
+      else check_output(P, got, R.y_exact, R.b_exact, out, what);
+      run(P, mode, out, &raw2);
+      EXPECT_TRUE(raw1 == raw2) << what << ": rerun is not bitwise identical";
+    }
+  }
+}
+
+std::vector<int> random_counts(std::mt19937& rng, int E, int lo, int hi) {
+  std::uniform_int_distribution<int> u(lo, hi);
+  std::vector<int> c(static_cast<size_t>(E));
+  for (auto& x : c) x = u(rng);
+  return c;
+}
+
+class GemmGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = fresh_seed();
+    rng_.seed(seed_);
+  }
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+#define TRACE_SEED() SCOPED_TRACE(::testing::Message() << "seed " << seed_)
+
+TEST_F(GemmGpu, EmptyExperts) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;
+  build(P, 8, 256, 512, {0, 300, 0, 0, 128, 1, 0, 500}, Dist::kGaussian, rng_);
+  check_all(P, "empty-experts");
+}
+
+TEST_F(GemmGpu, AllExpertsEmpty) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;
+  build(P, 4, 128, 256, {0, 0, 0, 0}, Dist::kGaussian, rng_);
+  check_all(P, "all-empty");  // every row past offsets[E] = 0: nothing may be written
+}
+
+TEST_F(GemmGpu, OneExpertTakesEveryRow) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  std::vector<int> counts(16, 0);
+  counts[5] = 1000;
+  Problem P;
+  build(P, 16, 384, 640, counts, Dist::kGaussian, rng_);
+  check_all(P, "one-expert");
+}
+
+TEST_F(GemmGpu, RaggedKTail) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;  // K % 128 == 96: partial last chunk
+  build(P, 6, 384, 608, random_counts(rng_, 6, 0, 400), Dist::kHeavyTailed, rng_);
+  check_all(P, "ragged-ktail");
+}
+
+TEST_F(GemmGpu, NTailCrossesExperts) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  // N = 160: the second N-tile reads B rows of the next expert (and past E·N for the last).
+  Problem P;
+  build(P, 3, 160, 96, {130, 0, 257}, Dist::kOutlierChannels, rng_);
+  check_all(P, "ntail-160");
+  Problem Q;  // N smaller than one tile, K = one block
+  build(Q, 5, 32, 32, random_counts(rng_, 5, 0, 200), Dist::kGaussian, rng_);
+  check_all(Q, "n32-k32");
+}
+
+TEST_F(GemmGpu, SingleExpert) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;
+  build(P, 1, 512, 1024, {777}, Dist::kGaussian, rng_);
+  check_all(P, "E=1");
+}
+
+TEST_F(GemmGpu, ManySmallExperts) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;
+  build(P, 384, 128, 256, random_counts(rng_, 384, 0, 40), Dist::kGaussian, rng_);
+  check_all(P, "E=384");
+}
+
+TEST_F(GemmGpu, Gpt_oss_2880) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;  // N = K = 2880 (not multiples of 128)
+  build(P, 4, 2880, 2880, {100, 0, 250, 40}, Dist::kGaussian, rng_);
+  check_all(P, "N=K=2880");
+}
+
+// Fast vs exact against the FP64 product of the unquantized inputs.
+TEST_F(GemmGpu, FastModeAccuracyMatchesExact) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  for (Dist d : {Dist::kGaussian, Dist::kHeavyTailed, Dist::kOutlierChannels}) {
+    Problem P;
+    build(P, 4, 512, 2048, {512, 384, 0, 300}, d, rng_, 0);
+    std::vector<double> a(P.a_bf16.size()), b(P.b_bf16.size());
+    for (size_t i = 0; i < a.size(); ++i) a[i] = ref::bf16_to_float(P.a_bf16[i]);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = ref::bf16_to_float(P.b_bf16[i]);
+    std::vector<double> y_true(size_t(P.m_total * P.n), 0.0);
+    ref::m_grouped_gemm_nt(a.data(), b.data(), P.m_total, P.E, P.n, P.k, P.offsets, y_true.data());
+    const auto y_fast = run(P, GemmMode::kFast, GemmOutDtype::kFP32);
+    const auto y_exact = run(P, GemmMode::kExact, GemmOutDtype::kFP32);
+    double e_fast = 0, e_exact = 0, ref2 = 0, dev = 0, exact2 = 0;
+    int64_t max_ulps = 0;
+    for (int e = 0; e < P.E; ++e)
+      for (int64_t r = P.offsets[e]; r < P.offsets[e] + P.counts[e]; ++r)
+        for (int64_t j = 0; j < P.n; ++j) {
+          const size_t i = size_t(r * P.n + j);
+          e_fast += (y_fast[i] - y_true[i]) * (y_fast[i] - y_true[i]);
+          e_exact += (y_exact[i] - y_true[i]) * (y_exact[i] - y_true[i]);
+          ref2 += y_true[i] * y_true[i];
+          dev += (y_fast[i] - y_exact[i]) * (y_fast[i] - y_exact[i]);
+          exact2 += y_exact[i] * y_exact[i];
+          const float f = float(y_fast[i]), x = float(y_exact[i]);
+          int32_t fi, xi;
+          std::memcpy(&fi, &f, 4);
+          std::memcpy(&xi, &x, 4);
+          if ((fi < 0) == (xi < 0)) max_ulps = std::max<int64_t>(max_ulps, std::llabs(int64_t(fi) - xi));
+        }
+    const double rf = std::sqrt(e_fast / ref2), rx = std::sqrt(e_exact / ref2);
+    std::printf("[ %s ] rel. Frobenius error vs unquantized: fast %.6g, exact %.6g (ratio %.4f); "
+                "fast-vs-exact: rel. Frobenius %.3g, max %lld fp32 ulps (same-sign pairs)\n",
+                dist_name(d), rf, rx, rf / rx, std::sqrt(dev / exact2), (long long)max_ulps);
+    EXPECT_LE(rf, 1.1 * rx) << dist_name(d) << ": fast mode error exceeds 1.1x exact mode error";
+  }
+}
+
+// ---- k-grouped (wgrad) -------------------------------------------------------------------------
+// dW[e] = Σ_{t in segment e} dY[t]ᵀ X[t]; operands column-wise quantized on the CPU.
+struct KProblem {
+  int E = 1;
+  int64_t n = 0, k = 0, m_total = 0;
+  std::vector<int> counts;
+  std::vector<int32_t> offsets;
+  ref::MxMatrix qa, qb;    // dYᵀ [N, M_total], Xᵀ [K, M_total]
+  ref::FastMatrix fa, fb;  // scales [M_total/128, N|K]
+  std::unique_ptr<DevBuf<uint8_t>> a_data, a_scales, a_fdata, a_fscales, b_data, b_scales,
+      b_fdata, b_fscales;
+  std::unique_ptr<DevBuf<int32_t>> d_offsets;
+  MxOperand a_op() const { return {a_data->p, a_scales->p, a_fdata->p, a_fscales->p}; }
+  MxOperand b_op() const { return {b_data->p, b_scales->p, b_fdata->p, b_fscales->p}; }
+};
+
+void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& counts, Dist dist,
+             std::mt19937& rng) {
+  P.E = E;
+  P.n = n;
+  P.k = k;
+  P.counts = counts;
+  P.offsets.assign(size_t(E + 1), 0);
+  for (int e = 0; e < E; ++e) P.offsets[e + 1] = P.offsets[e] + int32_t(cdiv(counts[e], 128) * 128);
+  P.m_total = P.offsets[E] + 128;  // one chunk past offsets[E] of garbage tokens: never read
+  std::vector<uint16_t> dy = random_bf16(P.m_total, n, dist, rng), x = random_bf16(P.m_total, k, dist, rng);
+  for (int e = 0; e < E; ++e)  // pad tokens are zero in both operands
+    for (int64_t t = P.offsets[e] + counts[e]; t < P.offsets[e + 1]; ++t) {
+      std::fill_n(&dy[size_t(t * n)], n, uint16_t(0));
+      std::fill_n(&x[size_t(t * k)], k, uint16_t(0));
+    }
+  P.qa = ref::quantize_cols(dy.data(), P.m_total, n, ScaleMode::kRceil);
+  P.qb = ref::quantize_cols(x.data(), P.m_total, k, ScaleMode::kRceil);
+  P.fa = ref::rebase_fast(P.qa);
+  P.fb = ref::rebase_fast(P.qb);
+  auto up = [](std::unique_ptr<DevBuf<uint8_t>>& d, const std::vector<uint8_t>& h) {
+    d = std::make_unique<DevBuf<uint8_t>>(h.size());
+    d->upload(h);
+  };
+  up(P.a_data, P.qa.data);
+  up(P.a_scales, P.qa.scales);
+  up(P.a_fdata, P.fa.data);
+  up(P.a_fscales, P.fa.scales);
+  up(P.b_data, P.qb.data);
+  up(P.b_scales, P.qb.scales);
+  up(P.b_fdata, P.fb.data);
+  up(P.b_fscales, P.fb.scales);
+  P.d_offsets = std::make_unique<DevBuf<int32_t>>(P.offsets.size());
+  P.d_offsets->upload(P.offsets);
+}
+
+void k_reference_with_bound(const std::vector<double>& da, const std::vector<double>& db,
+                            const KProblem& P, int period, std::vector<double>& y,
+                            std::vector<double>& bound) {
+  y.assign(size_t(P.E * P.n * P.k), 0.0);
+  bound.assign(y.size(), 0.0);
+  parallel_rows(P.n, [&](int64_t j0, int64_t j1) {
+    for (int e = 0; e < P.E; ++e)
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = 0; i < P.k; ++i) {
+          const int64_t t0 = P.offsets[e], len = P.offsets[e + 1] - t0;
+          const size_t o = size_t((e * P.n + j) * P.k + i);
+          dot_with_bound(&da[size_t(j * P.m_total + t0)], &db[size_t(i * P.m_total + t0)], len,
+                         period, y[o], bound[o]);
+        }
+  });
+}
+
+// Runs the k-grouped GEMM. With `init` the output starts from those values (accumulate test);
+// otherwise it is poisoned (every element must be written).
+std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bool accumulate,
+                          const std::vector<uint8_t>* init, std::vector<uint8_t>* raw) {
+  const size_t elems = size_t(P.E * P.n * P.k);
+  const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
+  DevBuf<uint8_t> y(elems * esz, 0xFF);
+  if (init) y.upload(*init);
+  GemmOptions o;
+  o.mode = mode;
+  o.out_dtype = out;
+  o.accumulate = accumulate;
+  k_grouped_mxfp8_gemm_nt(P.a_op(), P.b_op(), P.m_total, P.E, P.n, P.k, P.d_offsets->p, y.p, o);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  std::vector<uint8_t> h = y.download();
+  std::vector<double> v(elems);
+  for (size_t i = 0; i < elems; ++i) {
+    if (esz == 4) {
+      float f;
+      std::memcpy(&f, &h[4 * i], 4);
+      v[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, &h[2 * i], 2);
+      v[i] = ref::bf16_to_float(b);
+    }
+  }
+  if (raw) *raw = std::move(h);
+  return v;
+}
+
+void check_k_all(const KProblem& P, const std::string& name) {
+  std::vector<double> y_exact, b_exact, y_fast, b_fast;
+  k_reference_with_bound(ref::dequantize(P.qa), ref::dequantize(P.qb), P, 32, y_exact, b_exact);
+  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, 128, y_fast, b_fast);
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+      const std::string what = name + " wgrad " + mode_name(mode) + " " + out_name(out);
+      const auto& want = mode == GemmMode::kFast ? y_fast : y_exact;
+      const auto& bound = mode == GemmMode::kFast ? b_fast : b_exact;
+      const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -9) : 0.0;
+      std::vector<uint8_t> raw1, raw2;
+      const auto got = run_k(P, mode, out, false, nullptr, &raw1);
+      int64_t bad = 0;
+      double worst = 0;
+      std::ostringstream first;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
+        const double err = std::fabs(got[i] - want[i]);
+        if (tol > 0) worst = std::max(worst, err / tol);
+        if (!(err <= tol) && bad++ == 0) {
+          const int64_t e = int64_t(i) / (P.n * P.k), j = (int64_t(i) / P.k) % P.n, c = int64_t(i) % P.k;
+          first << "first mismatch at expert " << e << " row " << j << " col " << c << ": got "
+                << got[i] << ", want " << want[i] << " (tol " << tol << ")";
+        }
+      }
+      EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
+      std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst);
+      run_k(P, mode, out, false, nullptr, &raw2);
+      EXPECT_TRUE(raw1 == raw2) << what << ": rerun is not bitwise identical";
+      // Accumulate: dW += result, starting from the first result: doubles it (exact in FP32 and
+      // BF16 arithmetic up to one rounding of the sum).
+      const auto twice = run_k(P, mode, out, true, &raw1, nullptr);
+      int64_t bad_acc = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double want2 = out == GemmOutDtype::kFP32 ? double(float(got[i] + got[i])) : 2.0 * got[i];
+        if (!(twice[i] == want2)) ++bad_acc;
+      }
+      EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x";
+    }
+  }
+}
+
+TEST_F(GemmGpu, WgradEmptyAndRaggedExperts) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  KProblem P;
+  build_k(P, 6, 256, 384, {0, 300, 128, 0, 1, 520}, Dist::kGaussian, rng_);
+  check_k_all(P, "ragged");
+}
+
+TEST_F(GemmGpu, WgradTailsAndOneExpert) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  KProblem P;  // N, K not multiples of 128; all tokens in one expert
+  build_k(P, 3, 160, 96, {0, 700, 0}, Dist::kHeavyTailed, rng_);
+  check_k_all(P, "tails");
+}
+
+TEST_F(GemmGpu, WgradManyExperts) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  KProblem P;
+  build_k(P, 64, 128, 128, random_counts(rng_, 64, 0, 200), Dist::kOutlierChannels, rng_);
+  check_k_all(P, "E=64");
+}
+
+}  // namespace
