@@ -34,8 +34,7 @@ run_bench() {  # name
   tail -40 "$OUT/$b.log"
 }
 [ -e build ] || ln -s $BUILD build
-run_bench bench_quant
-run_bench bench_gemm
+for b in ${MXMOE_BENCHES:-bench_quant bench_gemm}; do run_bench $b; done
 if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
      --section WarpStateStats --section Occupancy -k regex:quantize_mxfp8 python3 profile_quant.py) > "$OUT/ncu_quant.txt" 2>&1

@@ -40,7 +40,7 @@ constexpr int kRowBlocks = kTileRows / kMxBlock;     // 4 column-wise blocks per
 constexpr int kMaxGroupsPow2 = 1024;                 // one thread per group in the offsets scan
 static_assert(kMaxGroups <= kMaxGroupsPow2, "padded_offsets_kernel scans with one thread per group");
 static_assert(kTileCols == kFastChunk && kTileRows == kFastChunk, "a tile is one fast chunk each way");
-static_assert(kThreads == (kTileCols / 2) * kRowBlocks, "colwise: one thread per (column pair, row block)");
+static_assert(kThreads == (kTileCols / 4) * (kTileRows / 16), "colwise: one thread per (column quad, 16-row group)");
 static_assert(kVecPerRow * 8 == kTileCols && kMxBlock % 8 == 0, "a 16-byte vector never straddles a block");
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -129,10 +129,11 @@ __device__ __forceinline__ TileOut tile_out(const QuantizeParams& p, const Tile&
   return o;
 }
 
-// The tile is stored row-major with its 16-byte vectors XOR-swizzled by row block:
-// vector v of row r sits at v ^ (2 * (r / 32 % 4)). The column-wise readers take 4-byte words;
-// lanes that read the same word column in the 4 row blocks then hit 4 different banks.
-__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((row >> 5) & 3)); }
+// The tile is stored row-major with its 16-byte vectors XOR-swizzled by 16-row group:
+// vector v of row r sits at v ^ (2 * (r / 16 % 4)). The column-wise readers take 8-byte words
+// from 4 row groups in each half-warp; the swizzle puts those 4 rows' 32-byte runs in 4
+// different bank ranges.
+__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((row >> 4) & 3)); }
 
 // Each thread copies 8 vectors of 8 BF16 (rows i*16 + tid/16, columns (tid%16)*8) into a stage
 // with cp.async; rows without source data (past the matrix, or group padding) are zero-filled.
@@ -196,75 +197,74 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, const Ti
 }
 
 // ---- column-wise through shared memory ---------------------------------------------------------
-__device__ __forceinline__ void quantize_column32(const uint32_t (&w)[kMxBlock], bool hi,
-                                                  uint32_t sbyte, uint32_t (&q)[8]) {
-  const float rcp = dev::e8m0_reciprocal(sbyte);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t* s = &w[4 * i];
-    q[i] = hi ? dev::e4m3x4_from_f32(dev::bf16_hi(s[0]) * rcp, dev::bf16_hi(s[1]) * rcp,
-                                     dev::bf16_hi(s[2]) * rcp, dev::bf16_hi(s[3]) * rcp)
-              : dev::e4m3x4_from_f32(dev::bf16_lo(s[0]) * rcp, dev::bf16_lo(s[1]) * rcp,
-                                     dev::bf16_lo(s[2]) * rcp, dev::bf16_lo(s[3]) * rcp);
-    if (sbyte == kE8M0Nan) q[i] = dev::kE4M3NanX4;
-  }
-}
-
-__device__ __forceinline__ void store32(uint8_t* dst, const uint32_t (&q)[8]) {
-  reinterpret_cast<uint4*>(dst)[0] = make_uint4(q[0], q[1], q[2], q[3]);
-  reinterpret_cast<uint4*>(dst)[1] = make_uint4(q[4], q[5], q[6], q[7]);
-}
-
-// Thread = (column pair j, row block rb) with rb = lane % 4: the 4 lanes of a pair write the 4
-// consecutive 32-byte runs of one 128-byte output line, and exchange chunk exponents by shuffle.
+// Thread = (column quad q: tile columns 4q..4q+3, row group h: tile rows 16h..16h+15), with
+// lane = 4·(h % 8) + q % 4. A 32-row block is two lanes (h, h^1): one shuffle completes its amax.
+// For each of its 4 columns a thread writes 16 bytes; the 8 lanes of a quad cover the 128 rows
+// of the tile, so every store instruction writes 4 whole 128-byte lines of the transposed output.
 template <bool kFast>
 __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const TileOut& o,
                                              const uint32_t* tile_words, const Tile& t) {
   const int lane = threadIdx.x % 32;
-  const int rb = lane & 3;
-  const int pair = (threadIdx.x / 32) * 8 + (lane >> 2);
-  const int word = pair ^ (8 * rb);  // swz_vec in 4-byte words
-  uint32_t w[kMxBlock];              // [32 rows] x 2 BF16
+  const int h = lane >> 2;                          // 16-row group
+  const int q = (threadIdx.x / 32) * 4 + (lane & 3);  // column quad
+  uint32_t w[32];  // [16 rows][2 words]: w[2i] = columns (4q, 4q+1), w[2i+1] = (4q+2, 4q+3)
 #pragma unroll
-  for (int i = 0; i < kMxBlock; ++i) w[i] = tile_words[(rb * kMxBlock + i) * (kTileCols / 2) + word];
-  uint32_t m = 0;
+  for (int i = 0; i < 16; ++i) {
+    const int row = 16 * h + i;
+    const uint2 v = *reinterpret_cast<const uint2*>(&tile_words[row * (kTileCols / 2) + 4 * swz_vec(row, q / 2) + 2 * (q % 2)]);
+    w[2 * i] = v.x;
+    w[2 * i + 1] = v.y;
+  }
+  uint32_t m01 = 0, m23 = 0;
 #pragma unroll
-  for (int i = 0; i < kMxBlock; ++i) m = dev::abs_max_bf16x2(m, w[i]);
-  const uint32_t s0 = dev::e8m0_scale_byte(m & 0xFFFFu, p.mode);
-  const uint32_t s1 = dev::e8m0_scale_byte(m >> 16, p.mode);
-  uint32_t q0[8], q1[8];
-  quantize_column32(w, false, s0, q0);
-  quantize_column32(w, true, s1, q1);
-
+  for (int i = 0; i < 16; ++i) {
+    m01 = dev::abs_max_bf16x2(m01, w[2 * i]);
+    m23 = dev::abs_max_bf16x2(m23, w[2 * i + 1]);
+  }
+  m01 = __vmaxu2(m01, __shfl_xor_sync(0xFFFFFFFFu, m01, 4));  // the other half of the 32-row block
+  m23 = __vmaxu2(m23, __shfl_xor_sync(0xFFFFFFFFu, m23, 4));
+  uint32_t sc[4] = {dev::e8m0_scale_byte(m01 & 0xFFFFu, p.mode), dev::e8m0_scale_byte(m01 >> 16, p.mode),
+                    dev::e8m0_scale_byte(m23 & 0xFFFFu, p.mode), dev::e8m0_scale_byte(m23 >> 16, p.mode)};
+  uint32_t qv[4][4];  // [column][4 words = 16 rows]
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float rcp = dev::e8m0_reciprocal(sc[c]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float f[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = w[2 * (4 * j + k) + c / 2];
+        f[k] = (c % 2 ? dev::bf16_hi(word) : dev::bf16_lo(word)) * rcp;
+      }
+      qv[c][j] = sc[c] == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]);
+    }
+  }
   const int32_t rows = int32_t(p.rows_out), nblk = rows / kMxBlock;
-  const bool ok = t.c0 + 2 * pair < p.cols && rb * kMxBlock < t.out_valid;
-  const int32_t off0 = 2 * pair * rows + rb * kMxBlock;  // output row c0 + 2·pair, column r0 + 32·rb
+  const bool ok = t.c0 + 4 * q < p.cols && 16 * h < t.out_valid;
   if (ok) {
-    store32(o.cd + off0, q0);
-    store32(o.cd + off0 + rows, q1);
-    o.cs[2 * pair * nblk + rb] = uint8_t(s0);
-    o.cs[(2 * pair + 1) * nblk + rb] = uint8_t(s1);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      *reinterpret_cast<uint4*>(o.cd + (4 * q + c) * rows + 16 * h) = make_uint4(qv[c][0], qv[c][1], qv[c][2], qv[c][3]);
+      if ((h & 1) == 0) o.cs[(4 * q + c) * nblk + h / 2] = uint8_t(sc[c]);
+    }
   }
   if (kFast && p.col_fast_data != nullptr) {
-    // Chunk exponent over the 4 row blocks = the 4 lanes of this pair; row blocks past the valid
-    // rows hold zeros (byte 0); a NaN block's 0xFF dominates.
-    uint32_t e0 = max(s0, __shfl_xor_sync(0xFFFFFFFFu, s0, 1));
-    e0 = max(e0, __shfl_xor_sync(0xFFFFFFFFu, e0, 2));
-    uint32_t e1 = max(s1, __shfl_xor_sync(0xFFFFFFFFu, s1, 1));
-    e1 = max(e1, __shfl_xor_sync(0xFFFFFFFFu, e1, 2));
-    const float pw0 = dev::exp2_nonpositive(int(s0) - int(e0));
-    const float pw1 = dev::exp2_nonpositive(int(s1) - int(e1));
+    // Chunk exponents of the 4 columns, packed one per byte: max over the 8 row groups. Row blocks
+    // past the valid rows hold zeros (byte 0); a NaN block's 0xFF dominates.
+    uint32_t e = sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24);
+    e = __vmaxu4(e, __shfl_xor_sync(0xFFFFFFFFu, e, 4));
+    e = __vmaxu4(e, __shfl_xor_sync(0xFFFFFFFFu, e, 8));
+    e = __vmaxu4(e, __shfl_xor_sync(0xFFFFFFFFu, e, 16));
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q0[i] = e0 == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_rebase(q0[i], pw0);
-      q1[i] = e1 == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_rebase(q1[i], pw1);
-    }
-    if (ok) {
-      store32(o.cfd + off0, q0);
-      store32(o.cfd + off0 + rows, q1);
-      if (rb == 0) {
-        o.cfs[2 * pair] = uint8_t(e0);
-        o.cfs[2 * pair + 1] = uint8_t(e1);
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t ec = (e >> (8 * c)) & 0xFFu;
+      const float pw = dev::exp2_nonpositive(int(sc[c]) - int(ec));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) qv[c][j] = ec == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_rebase(qv[c][j], pw);
+      if (ok) {
+        *reinterpret_cast<uint4*>(o.cfd + (4 * q + c) * rows + 16 * h) = make_uint4(qv[c][0], qv[c][1], qv[c][2], qv[c][3]);
+        if (h == 0) o.cfs[4 * q + c] = uint8_t(ec);
       }
     }
   }
