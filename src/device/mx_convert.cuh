@@ -31,11 +31,11 @@ __device__ __forceinline__ uint32_t halves_max(uint32_t m) { return max(m & 0xFF
 //  floor: e = floor(log2 amax) - 8 = f - 135.
 //  BF16 subnormals (f = 0) are below 2^-126, so both rules give e < -127 there: clamp to -127.
 __device__ __forceinline__ uint32_t e8m0_scale_byte(uint32_t amax_bits, ScaleMode mode) {
-  if (amax_bits >= 0x7F80u) return kE8M0Nan;
+  // Branch-free (selects only), so that the compiler can interleave independent blocks.
   const int f = int(amax_bits >> 7);
-  const int up = (mode == ScaleMode::kRceil && (amax_bits & 0x7Fu) > 96u) ? 1 : 0;
-  const int e = f == 0 ? -127 : max(f - 135 + up, -127);
-  return uint32_t(e + 127);  // finite BF16 amax never exceeds e = 120
+  const int up = int(mode == ScaleMode::kRceil) & int((amax_bits & 0x7Fu) > 96u);
+  const int e = max(f - 135 + up, -127);  // f = 0 (zero or subnormal amax) lands below -127 too
+  return amax_bits >= 0x7F80u ? kE8M0Nan : uint32_t(e + 127);  // finite BF16 amax: e <= 120
 }
 
 // 2^-e for scale byte b = e + 127 (b != 0xFF), as the FP32 whose exponent field is 254 - b;

@@ -36,7 +36,6 @@ constexpr int kThreads = 256;
 constexpr int kVecPerRow = kTileCols / 8;            // 16-byte vectors (8 BF16) per tile row
 constexpr int kRowsPerPass = kThreads / kVecPerRow;  // 16
 constexpr int kLoads = kTileRows / kRowsPerPass;     // 8 vectors in flight per thread
-constexpr int kRowBlocks = kTileRows / kMxBlock;     // 4 column-wise blocks per tile column
 constexpr int kMaxGroupsPow2 = 1024;                 // one thread per group in the offsets scan
 static_assert(kMaxGroups <= kMaxGroupsPow2, "padded_offsets_kernel scans with one thread per group");
 static_assert(kTileCols == kFastChunk && kTileRows == kFastChunk, "a tile is one fast chunk each way");
@@ -201,7 +200,7 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, const Ti
 // lane = 4·(h % 8) + q % 4. A 32-row block is two lanes (h, h^1): one shuffle completes its amax.
 // For each of its 4 columns a thread writes 16 bytes; the 8 lanes of a quad cover the 128 rows
 // of the tile, so every store instruction writes 4 whole 128-byte lines of the transposed output.
-template <bool kFast>
+template <bool kFast, bool kFull>
 __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const TileOut& o,
                                              const uint32_t* tile_words, const Tile& t) {
   const int lane = threadIdx.x % 32;
@@ -241,7 +240,7 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const Tile
     }
   }
   const int32_t rows = int32_t(p.rows_out), nblk = rows / kMxBlock;
-  const bool ok = t.c0 + 4 * q < p.cols && 16 * h < t.out_valid;
+  const bool ok = kFull || (t.c0 + 4 * q < p.cols && 16 * h < t.out_valid);
   if (ok) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -267,6 +266,28 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const Tile
         if (h == 0) o.cfs[4 * q + c] = uint8_t(ec);
       }
     }
+  }
+}
+
+// One landed tile: row-wise from this thread's own slots, column-wise after a barrier.
+// kFull: the whole 128x128 tile is inside the matrix (no bounds checks on stores).
+template <bool kRow, bool kCol, bool kFast, bool kFull>
+__device__ __forceinline__ void convert_tile(const QuantizeParams& p, const Tile& t, const uint4* stage) {
+  const TileOut o = tile_out(p, t);
+  if constexpr (kRow) {
+    const int vec = threadIdx.x % kVecPerRow;
+    const bool col_ok = kFull || t.c0 + vec * 8 < p.cols;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+      rowwise_vector<kFast>(p, o, stage[r * kVecPerRow + swz_vec(r, vec)], r, vec,
+                            kFull || (col_ok && r < t.out_valid));
+    }
+  }
+  if constexpr (kCol) {
+    __syncthreads();  // every thread's part of the tile is visible
+    colwise_tile<kFast, kFull>(p, o, reinterpret_cast<const uint32_t*>(stage), t);
+    __syncthreads();  // readers done before the next iteration refills this stage
   }
 }
 
@@ -303,26 +324,18 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(cons
   };
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
-  const int vec = threadIdx.x % kVecPerRow;
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
     issue(k + kStages - 1);
     dev::cp_async_wait_group<kStages - 1>();  // this thread's part of tile k has landed
     const Tile t = tile_k(k);
     if (t.out_valid <= 0) continue;  // uniform across the CTA
-    const TileOut o = tile_out(p, t);
     const uint4* stage = stages + (k % kStages) * kStageVecs;
-    if constexpr (kRow) {
-      const bool col_ok = t.c0 + vec * 8 < p.cols;
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-        rowwise_vector<kFast>(p, o, stage[r * kVecPerRow + swz_vec(r, vec)], r, vec, col_ok && r < t.out_valid);
-      }
-    }
-    if constexpr (kCol) {
-      __syncthreads();  // every thread's part of tile k is visible
-      colwise_tile<kFast>(p, o, reinterpret_cast<const uint32_t*>(stage), t);
-      __syncthreads();  // readers done before iteration k+1 refills this stage
+    // Whole tiles (the common case) run without per-store bounds checks: straight-line code
+    // that the compiler can interleave across the 8 vectors / 4 columns of a thread.
+    if (t.out_valid == kTileRows && t.c0 + kTileCols <= p.cols) {
+      convert_tile<kRow, kCol, kFast, true>(p, t, stage);
+    } else {
+      convert_tile<kRow, kCol, kFast, false>(p, t, stage);
     }
   }
   dev::cp_async_wait_group<0>();
