@@ -1,28 +1,19 @@
 // C ABI wrappers: translate to the C++ API and turn exceptions into status codes + a message.
 #include "mxmoe/c_api.h"
 
-#include <exception>
 #include <string>
 
+#include "host/c_api_guard.h"
 #include "mxmoe/quantize.h"
+
+std::string& mxmoe::detail::c_api_last_error() {
+  thread_local std::string message;
+  return message;
+}
 
 namespace {
 
-thread_local std::string g_last_error;
-
-template <class F>
-int guarded(F&& f) {
-  try {
-    f();
-    g_last_error.clear();
-    return 0;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-  } catch (...) {
-    g_last_error = "mxmoe: unknown error";
-  }
-  return 1;
-}
+using mxmoe::detail::c_api_guarded;
 
 mxmoe::MxOut out(void* d, void* s, void* fd, void* fs) {
   mxmoe::MxOut o;
@@ -35,12 +26,12 @@ mxmoe::MxOut out(void* d, void* s, void* fd, void* fs) {
 
 }  // namespace
 
-extern "C" const char* mxmoe_last_error(void) { return g_last_error.c_str(); }
+extern "C" const char* mxmoe_last_error(void) { return mxmoe::detail::c_api_last_error().c_str(); }
 
 extern "C" int mxmoe_quantize_mxfp8(const void* x, int64_t batch, int64_t rows, int64_t cols,
                                     void* rd, void* rs, void* rfd, void* rfs, void* cd, void* cs,
                                     void* cfd, void* cfs, int mode, void* stream) {
-  return guarded([&] {
+  return c_api_guarded([&] {
     const mxmoe::MxOut r = out(rd, rs, rfd, rfs), c = out(cd, cs, cfd, cfs);
     mxmoe::quantize_mxfp8(static_cast<const __nv_bfloat16*>(x), batch, rows, cols, rd ? &r : nullptr,
                           cd ? &c : nullptr, static_cast<mxmoe::ScaleMode>(mode),
@@ -53,7 +44,7 @@ extern "C" int mxmoe_quantize_mxfp8_grouped(const void* x, int64_t x_rows, int64
                                             int num_groups, int64_t out_rows, void* rd, void* rs,
                                             void* rfd, void* rfs, void* cd, void* cs, void* cfd,
                                             void* cfs, int mode, void* stream) {
-  return guarded([&] {
+  return c_api_guarded([&] {
     const mxmoe::MxOut r = out(rd, rs, rfd, rfs), c = out(cd, cs, cfd, cfs);
     mxmoe::quantize_mxfp8_grouped(static_cast<const __nv_bfloat16*>(x), x_rows, cols, offsets,
                                   padded_offsets, num_groups, out_rows, rd ? &r : nullptr,
@@ -64,7 +55,7 @@ extern "C" int mxmoe_quantize_mxfp8_grouped(const void* x, int64_t x_rows, int64
 
 extern "C" int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets,
                                             int num_groups, int align, void* stream) {
-  return guarded([&] {
+  return c_api_guarded([&] {
     mxmoe::compute_padded_offsets(offsets, padded_offsets, num_groups, align,
                                   static_cast<cudaStream_t>(stream));
   });

@@ -3,34 +3,16 @@
 // thread, valid until the next call on that thread). Pointers are device pointers; `stream` is a
 // cudaStream_t (0 = legacy default stream).
 #include <cstdint>
-#include <exception>
-#include <string>
 
+#include "host/c_api_guard.h"
 #include "mxmoe/gemm.h"
 
-namespace {
-
-thread_local std::string g_last_error;
-
-template <class F>
-int capture(F&& f) {
-  try {
-    f();
-    g_last_error.clear();
-    return 0;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-  } catch (...) {
-    g_last_error = "mxmoe: unknown exception";
-  }
-  return 1;
-}
-
-}  // namespace
+using mxmoe::detail::c_api_guarded;
 
 extern "C" {
 
-const char* mxmoe_gemm_last_error() { return g_last_error.c_str(); }
+// Same message as mxmoe_last_error(); kept under this name for bench/bench_gemm.py.
+const char* mxmoe_gemm_last_error() { return mxmoe::detail::c_api_last_error().c_str(); }
 
 // mode: 0 = fast, 1 = exact. out_dtype: 0 = bf16, 1 = fp32. num_sms: 0 = all. Y = X · Wᵀ.
 int mxmoe_m_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
@@ -39,7 +21,7 @@ int mxmoe_m_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
                                   const void* b_fast_data, const void* b_fast_scales,
                                   int num_experts, int64_t n, int64_t k, const void* offsets,
                                   void* y, int mode, int out_dtype, int num_sms, void* stream) {
-  return capture([&] {
+  return c_api_guarded([&] {
     mxmoe::MxOperand a, b;
     a.data = static_cast<const uint8_t*>(a_data);
     a.scales = static_cast<const uint8_t*>(a_scales);
@@ -67,7 +49,7 @@ int mxmoe_k_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
                                   int64_t m_total, int num_experts, int64_t n, int64_t k,
                                   const void* offsets, void* dw, int mode, int out_dtype,
                                   int accumulate, int num_sms, void* stream) {
-  return capture([&] {
+  return c_api_guarded([&] {
     mxmoe::MxOperand a{static_cast<const uint8_t*>(a_data), static_cast<const uint8_t*>(a_scales),
                        static_cast<const uint8_t*>(a_fast_data),
                        static_cast<const uint8_t*>(a_fast_scales)};

@@ -48,7 +48,21 @@ void check_tiles(const char* fn, int64_t batch, int64_t rows, int64_t cols) {
     throw_arg(fn, "batch", to_str(batch), "tensor too large: more than 2^31 tiles of 128x128");
 }
 
-void fill_outputs(detail::QuantizeParams& p, const MxOut* rowwise, const MxOut* colwise) {
+void check_outputs(const char* fn, const MxOut* rowwise, const MxOut* colwise) {
+  if (!rowwise && !colwise) throw_arg(fn, "rowwise", "null", "at least one of rowwise, colwise must be given");
+  if (rowwise) check_out(fn, "rowwise", *rowwise);
+  if (colwise) check_out(fn, "colwise", *colwise);
+}
+
+detail::QuantizeParams make_params(const __nv_bfloat16* x, int64_t batch, int64_t rows_out, int64_t x_rows,
+                                   int64_t cols, ScaleMode mode, const MxOut* rowwise, const MxOut* colwise) {
+  detail::QuantizeParams p;
+  p.x = reinterpret_cast<const uint16_t*>(x);
+  p.batch = batch;
+  p.rows_out = rows_out;
+  p.x_rows = x_rows;
+  p.cols = cols;
+  p.mode = mode;
   if (rowwise) {
     p.row_data = rowwise->data;
     p.row_scales = rowwise->scales;
@@ -61,6 +75,7 @@ void fill_outputs(detail::QuantizeParams& p, const MxOut* rowwise, const MxOut* 
     p.col_fast_data = colwise->fast_data;
     p.col_fast_scales = colwise->fast_scales;
   }
+  return p;
 }
 
 }  // namespace
@@ -75,23 +90,13 @@ void quantize_mxfp8(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t
     throw_arg(fn, "rows", to_str(rows), "must be in [1, " + to_str(kMaxGridY * kTile) + "]");
   check_cols(fn, cols);
   check_mode(fn, mode);
-  if (!rowwise && !colwise) throw_arg(fn, "rowwise", "null", "at least one of rowwise, colwise must be given");
-  if (rowwise) check_out(fn, "rowwise", *rowwise);
+  check_outputs(fn, rowwise, colwise);
   if (colwise) {
-    check_out(fn, "colwise", *colwise);
     if (rows % kMxBlock != 0)
       throw_arg(fn, "rows", to_str(rows), "must be a multiple of 32 for colwise (blocks run along rows)");
   }
   check_tiles(fn, batch, rows, cols);
-  detail::QuantizeParams p;
-  p.x = reinterpret_cast<const uint16_t*>(x);
-  p.batch = batch;
-  p.rows_out = rows;
-  p.x_rows = rows;
-  p.cols = cols;
-  p.mode = mode;
-  fill_outputs(p, rowwise, colwise);
-  detail::launch_quantize_mxfp8(p, stream);
+  detail::launch_quantize_mxfp8(make_params(x, batch, rows, rows, cols, mode, rowwise, colwise), stream);
 }
 
 void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
@@ -113,20 +118,12 @@ void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols
     throw_arg(fn, "out_rows", to_str(out_rows),
               "must be a positive multiple of 128 (the padded capacity), at most " + to_str(kMaxGridY * kTile));
   check_mode(fn, mode);
-  if (!rowwise && !colwise) throw_arg(fn, "rowwise", "null", "at least one of rowwise, colwise must be given");
-  if (rowwise) check_out(fn, "rowwise", *rowwise);
-  if (colwise) check_out(fn, "colwise", *colwise);
-  detail::QuantizeParams p;
-  p.x = reinterpret_cast<const uint16_t*>(x);
-  p.batch = 1;
-  p.rows_out = out_rows;
-  p.x_rows = x_rows;
-  p.cols = cols;
+  check_outputs(fn, rowwise, colwise);
+  check_tiles(fn, 1, out_rows, cols);
+  detail::QuantizeParams p = make_params(x, 1, out_rows, x_rows, cols, mode, rowwise, colwise);
   p.offsets = offsets;
   p.padded_offsets = padded_offsets;
   p.num_groups = num_groups;
-  p.mode = mode;
-  fill_outputs(p, rowwise, colwise);
   detail::launch_quantize_mxfp8(p, stream);
 }
 
