@@ -18,7 +18,6 @@
 // Roofline: memory-bound. Bytes per element: read 2; write 1 + 1/32 per copy (+1 + 1/128 fast).
 // Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 
 #include "device/cp_async.cuh"
@@ -46,10 +45,8 @@ static_assert(kVecPerRow * 8 == kTileCols && kMxBlock % 8 == 0, "a 16-byte vecto
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// Tiles in the cp.async ring (kStages-1 in flight while one is converted), 32 KB each.
-// 3 stages = 96 KB: 2 CTAs per SM; 2 stages = 64 KB: 3 CTAs per SM where registers allow.
-// Chosen per variant by stages_for() below.
-constexpr int smem_bytes(int stages) { return stages * kTileRows * kTileCols * 2; }
+constexpr int kStages = 3;  // tiles in the cp.async ring: kStages-1 in flight while one is converted
+constexpr int kSmemBytes = kStages * kTileRows * kTileCols * 2;  // 96 KB: 2 CTAs per SM
 
 // Tile order: groups of kGroupRowTiles row tiles; inside a group, consecutive tiles walk the row
 // tiles of one column tile, then the next column tile. So the 32-byte sectors of both scale
@@ -296,7 +293,7 @@ __device__ __forceinline__ void convert_tile(const QuantizeParams& p, const Tile
 
 // Persistent CTAs: each walks tiles id = blockIdx.x + k·gridDim.x through a kStages-deep
 // cp.async pipeline, so kStages-1 tiles (32 KB each) are in flight while one is converted.
-template <bool kRow, bool kCol, bool kFast, bool kGrouped, int kStages>
+template <bool kRow, bool kCol, bool kFast, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
                                                                             const TileGrid g) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -344,10 +341,10 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(cons
   dev::cp_async_wait_group<0>();
 }
 
-template <bool kRow, bool kCol, bool kFast, bool kGrouped, int kStages>
-void launch_stages(const QuantizeParams& p, cudaStream_t stream) {
-  auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kGrouped, kStages>;
-  constexpr int kSmem = smem_bytes(kStages);
+template <bool kRow, bool kCol, bool kFast, bool kGrouped>
+void launch(const QuantizeParams& p, cudaStream_t stream) {
+  auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kGrouped>;
+  constexpr int kSmem = kSmemBytes;
   static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once
   if (ctas_per_sm == 0) {
     MXMOE_CUDA_CHECK("quantize_mxfp8",
@@ -370,22 +367,6 @@ void launch_stages(const QuantizeParams& p, cudaStream_t stream) {
   const int64_t grid = std::min<int64_t>(g.num_tiles, int64_t(sms) * ctas_per_sm);
   kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, g);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
-}
-
-// Ring depth per variant. MXMOE_QUANT_STAGES=2|3 overrides it (for measuring the alternatives).
-inline int stages_for(bool /*row*/, bool /*col*/, bool /*fast*/) {
-  static const int forced = [] {
-    const char* e = std::getenv("MXMOE_QUANT_STAGES");
-    return e ? std::atoi(e) : 0;
-  }();
-  if (forced == 2 || forced == 3) return forced;
-  return 3;
-}
-
-template <bool kRow, bool kCol, bool kFast, bool kGrouped>
-void launch(const QuantizeParams& p, cudaStream_t stream) {
-  if (stages_for(kRow, kCol, kFast) == 2) launch_stages<kRow, kCol, kFast, kGrouped, 2>(p, stream);
-  else launch_stages<kRow, kCol, kFast, kGrouped, 3>(p, stream);
 }
 
 template <bool kFast, bool kGrouped>
