@@ -25,22 +25,33 @@
 // Tiles: 128 (A rows) × kBlockN (B rows); the reduced dimension in 128-chunks. Per chunk:
 //   fast:  4 × wgmma m64n128k32 into a fresh FP32 accumulator, then tot += acc · sa[row] · sb[col]
 //          (DeepSeek 1×128 promotion with per-row scales on both operands). In a K-tail chunk the
-//          zero-filled k-steps are issued anyway (they add exact zeros).
+//          zero-filled k-steps are issued anyway (they add exact zeros). Two schedules
+//          (kConfigFastPipelined, bitwise identical results):
+//          pipelined (default): two accumulators in ping-pong across chunks (chunk c+1's wgmmas
+//            are queued before chunk c is promoted) and scales decoded to FP32 once per stage by
+//            a producer warp, so a math warp spends ~200 instructions per chunk (128 FMUL/FFMA).
+//          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
 //   exact: per 32-block 1 × wgmma m64n128k32 into a fresh accumulator, then the same promotion
 //          with the block scales (4× the promotion work). Two accumulators in ping-pong: block
 //          b+1's wgmma runs while block b is promoted. Tail blocks are issued on zero fill too.
 //
 // Warp roles (384 threads, 1 CTA/SM):
 //   warpgroup 0: producer, setmaxnreg 40 (uses 35). Thread 0 issues TMA; in exact mode all 128
-//                threads also gather the stage's block scales and arrive on the full barrier.
-//   warpgroups 1, 2: math, setmaxnreg 232. Each owns 64 rows: fast acc 64 + tot 64 + 32 scale
-//                regs (ptxas: up to R205); exact 2 × acc 64 + tot 64 (up to R223). No spills.
-// Pipeline: kNumStages × [A 16 KB | B 16 KB | scales]; full barrier = TMA tx (+128 gatherer
-// arrivals in exact mode), empty barrier = one arrival per math warp.
+//                threads also gather the stage's block scales and arrive on the full barrier;
+//                in pipelined fast mode warp 1 decodes each stage's scale bytes (uses 30).
+//   warpgroups 1, 2: math, setmaxnreg 232. Each owns 64 rows: fast serial acc 64 + tot 64 + 32
+//                scale regs (ptxas: up to R207); fast pipelined 2 × acc 64 + tot 64 (up to R229);
+//                exact 2 × acc 64 + tot 64 (up to R223). No spills.
+// Pipeline: kNumStages × [A 16 KB | B 16 KB | scales (| decoded scales 1 KB)]; full barrier = TMA
+// tx (+128 gatherer arrivals in exact mode), empty barrier = one arrival per math warp, ready
+// barrier (pipelined fast only) = 32 decoder-lane arrivals.
 //
 // Roofline: FLOPs = 2·M·N·K; fewest bytes = M·K + E·N·K (+1/128 or 1/32 for scales) + output.
 // Every model shape in docs/notes/gemm.md is compute-bound (>= 395 FLOP/byte). Ceilings: FP8
 // dense ~1250 TFLOP/s (fast); exact mode does 4× the promotion FMAs (~BF16 rate expected).
+// Per SM and 128-chunk of a 128×128 tile the tensor core needs 512 cycles at peak; each of the
+// 4 schedulers must issue the instructions of 2 math warps in that time: serial 2 × 287 (issue-
+// bound), pipelined 2 × 199 (docs/notes/gemm.md, "Fast mode schedule").
 // Tests: tests/gpu/test_gemm_gpu.cpp, tests/cpu/test_gemm_ref.cpp. Bench: bench/bench_gemm.py.
 #pragma once
 #include <cstdint>
@@ -101,18 +112,25 @@ struct Tile {
   int out_rows_valid, out_cols_valid;
 };
 
-template <int kBlockN, int kNumStages, bool kExact>
+// kPipelined (fast mode only): adds, per stage, the decoded fast scales (FP32, in the order the
+// math threads read them) and a "scales ready" barrier; see decode_fast_scales / math_fast_pipelined.
+template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false>
 struct SmemLayout {
   static constexpr int kTileA = kBlockM * kBlockK;                        // [128, 128] fp8, 128B swizzle
   static constexpr int kTileB = kBlockN * kBlockK;                        // [kBlockN, 128] fp8, 128B swizzle
   static constexpr int kScaleA = kExact ? kKSteps * kBlockM * 4 : kBlockM;  // exact f32 [4, 128]; fast u8 [128]
   static constexpr int kScaleB = kExact ? kKSteps * kBlockN * 4 : kBlockN;  // exact f32 [4, N]; fast u8 [N]
+  static constexpr int kScaleAF = kPipelined ? kBlockM * 4 : 0;           // f32 [128], row pairs (r, r+8)
+  static constexpr int kScaleBF = kPipelined ? kBlockN * 4 : 0;           // f32 [kBlockN], column quads
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kNumStages * kTileA;
   static constexpr int kOffScaleA = kOffB + kNumStages * kTileB;
   static constexpr int kOffScaleB = kOffScaleA + kNumStages * kScaleA;
-  static constexpr int kOffBarriers = kOffScaleB + kNumStages * kScaleB;
-  static constexpr int kOffOffsets = kOffBarriers + 2 * kNumStages * 8;
+  static constexpr int kOffScaleAF = kOffScaleB + kNumStages * kScaleB;
+  static constexpr int kOffScaleBF = kOffScaleAF + kNumStages * kScaleAF;
+  static constexpr int kOffBarriers = kOffScaleBF + kNumStages * kScaleBF;
+  static constexpr int kNumBarriers = (kPipelined ? 3 : 2) * kNumStages;  // full, empty (, ready)
+  static constexpr int kOffOffsets = kOffBarriers + kNumBarriers * 8;
   static constexpr int kBytes = kOffOffsets + (kMaxExperts + 1) * 4;
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the base to 1024 B (swizzle atoms)
   static constexpr uint32_t kTxBytes = kTileA + kTileB + (kExact ? 0 : kScaleA + kScaleB);
@@ -120,6 +138,8 @@ struct SmemLayout {
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "kBlockN: multiple of 64, TMA box <= 256");
   static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "swizzled tiles stay 1024-aligned");
   static_assert(kExact || (kScaleA % 128 == 0 && kScaleB % 128 == 0), "TMA destinations 128-aligned");
+  static_assert(!kPipelined || !kExact, "the pipelined schedule is fast mode's");
+  static_assert(kOffScaleAF % 16 == 0 && kOffScaleBF % 16 == 0, "decoded scales: 16-byte vector loads");
   static_assert(kOffBarriers % 8 == 0, "mbarriers 8-aligned");
   static_assert(kAlloc <= 232448, "227 KB of shared memory per CTA");
 };
@@ -269,6 +289,70 @@ __device__ __forceinline__ void gather_block_scales(const Params& p, const Tile&
     if (nl < kBlockN) {
 #pragma unroll
       for (int b = 0; b < kKSteps; ++b) s_sb[b * kBlockN + nl] = e8m0_to_float(vb[i][b]);
+    }
+  }
+}
+
+// Position of one stage slot in the ring: stage index and the parity of its current phase.
+template <int kNumStages>
+struct PipeState {
+  int s = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++s == kNumStages) { s = 0; phase ^= 1u; }
+  }
+};
+
+// Slots of the decoded fast scales (pipelined schedule), chosen so that a math thread reads its
+// scales with one vector load per row pair and per column quad (see wgmma_mma_async.cuh for the
+// fragment):
+//   A, row r:    2·((r/16)·8 + r%8) + (r/8)%2  -> rows r, r + 8 (r%16 < 8) are one float2.
+//   B, column n: 16·(n/16) + 4·((n%8)/2) + 2·((n/8)%2) + n%2  -> columns 16m + 2q + {0, 1, 8, 9}
+//                (q = lane%4: fragment pairs j = 2m and 2m + 1) are one float4 at 16m + 4q.
+// Both are permutations within every aligned group of 16 (resp. 32) entries, so the decoder's
+// 32 lanes store without bank conflicts, and the math loads are conflict-free broadcasts.
+__device__ __forceinline__ int scale_a_slot(int r) { return 2 * ((r >> 4) * 8 + (r & 7)) + ((r >> 3) & 1); }
+__device__ __forceinline__ int scale_b_slot(int n) {
+  return (n & ~15) + ((n & 7) >> 1) * 4 + ((n >> 3) & 1) * 2 + (n & 1);
+}
+
+// Pipelined fast mode, producer warp 1: once stage s has landed, turn its E8M0 scale bytes into
+// FP32 (the same e8m0_to_float_fast values the serial schedule computes in every math thread) in
+// the slots above, then arrive on ready[s]. This takes ~110 integer/LDS instructions per chunk off
+// each of the 8 math warps (measured in the serial schedule's SASS) for ~30 on one producer warp.
+// Invariants: every chunk of every tile passes stage s in the same order for every role, so
+// ready[s] completes exactly one phase per pass, in lockstep with full[s]. The decoder cannot be
+// lapped on full[s] (its next phase needs empty[s], i.e. all math warps past ready[s] of this
+// pass), and it overwrites stage s's decoded floats only after that same empty[s] completion
+// (full[s] of the next pass follows the producer's wait on empty[s]), so no math warp still reads
+// them.
+template <int kBlockN, int kNumStages, class Scheduler>
+__device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Scheduler& sched,
+                                                   uint64_t* full, uint64_t* ready) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  const int lane = threadIdx.x % 32;
+  PipeState<kNumStages> at;
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const int num_chunks = sched.tile(t).num_chunks;
+    for (int c = 0; c < num_chunks; ++c) {
+      device::mbarrier_wait_parity(&full[at.s], at.phase);  // acquire: TMA's scale bytes
+      const uint8_t* sa8 = smem + L::kOffScaleA + at.s * L::kScaleA;              // [128] u8
+      const uint8_t* sb8 = smem + L::kOffScaleB + at.s * L::kScaleB;              // [kBlockN] u8
+      float* saf = reinterpret_cast<float*>(smem + L::kOffScaleAF + at.s * L::kScaleAF);  // [128] f32
+      float* sbf = reinterpret_cast<float*>(smem + L::kOffScaleBF + at.s * L::kScaleBF);  // [kBlockN] f32
+      // All loads first (the byte loads may alias the float stores, so the compiler would not
+      // hoist them): one shared-memory latency per chunk instead of one per value.
+      uint32_t va[kBlockM / 32], vb[kBlockN / 32];
+#pragma unroll
+      for (int i = 0; i < kBlockM / 32; ++i) va[i] = sa8[lane + 32 * i];
+#pragma unroll
+      for (int i = 0; i < kBlockN / 32; ++i) vb[i] = sb8[lane + 32 * i];
+#pragma unroll
+      for (int i = 0; i < kBlockM / 32; ++i) saf[scale_a_slot(lane + 32 * i)] = e8m0_to_float_fast(va[i]);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 32; ++i) sbf[scale_b_slot(lane + 32 * i)] = e8m0_to_float_fast(vb[i]);
+      device::mbarrier_arrive(&ready[at.s]);  // one of 32 arrivals; release: this lane's stores
+      at.advance();
     }
   }
 }
@@ -472,19 +556,155 @@ __device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Sched
   }
 }
 
+// ---- fast mode, pipelined schedule (kConfigFastPipelined) -----------------------------------
+//
+// Per math warpgroup, two accumulators in ping-pong across chunks: chunk c+1's four wgmmas are
+// committed into the other accumulator before chunk c is promoted, so the tensor core always has
+// this warpgroup's next chunk queued while its CUDA cores promote (on top of the two warpgroups
+// interleaving). Registers: acc0 64 + acc1 64 + tot 64 + ~30 (ptxas: see docs/notes/gemm.md).
+// The scales come pre-decoded (decode_fast_scales): per chunk a thread loads one float2 (its two
+// rows) and kBlockN/16 float4 (its column pairs), then 64 × (FMUL + FFMA) — the floor for
+// per-row × per-column scales. Numerics are bitwise those of the serial schedule: the same
+// decoded scale values, the same fmaf(acc, sa·sb, tot) per element, chunks in the same order.
+//
+// wgmma ordering, by construction:
+//  * issue_chunk waits full[s] (acquire: the stage's tiles), then wgmma.fence (the accumulator
+//    was last read by the promotion's ordinary instructions), 4 × wgmma, commit: one group per
+//    chunk, so "wait_group 1" right after committing chunk c+1 means chunk c's group is done.
+//  * An accumulator is read (promote_chunk) only after the wait that retires its group, behind a
+//    wgmma_fence_operand so the compiler cannot hoist the reads above the wait; it is written
+//    again only by the next issue_chunk, which starts with wgmma.fence.
+//  * Stage s of chunk c is handed back (empty[s]) after chunk c's group is retired and its
+//    decoded scales are loaded: the tiles and the floats may then be overwritten.
+//  * Every tile ends with wait_group 0: no group crosses a tile (the epilogue reads tot only).
+template <int kBlockN, int kNumStages>
+__device__ __forceinline__ void issue_chunk(float (&acc)[kBlockN / 2], uint8_t* smem, uint64_t* full,
+                                            PipeState<kNumStages>& at, int math_wg) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  device::mbarrier_wait_parity(&full[at.s], at.phase);
+  // Descriptors in 32-bit halves: the address field (bits 0-13, address >> 4; shared memory is
+  // below 256 KB) never carries into the upper half when stepped along K (+2 = 32 bytes).
+  const uint64_t desc_a = device::make_wgmma_desc_kmajor_sw128(
+      device::smem_addr(smem + L::kOffA + at.s * L::kTileA + math_wg * 64 * kBlockK));
+  const uint64_t desc_b =
+      device::make_wgmma_desc_kmajor_sw128(device::smem_addr(smem + L::kOffB + at.s * L::kTileB));
+  const uint32_t a_lo = uint32_t(desc_a), b_lo = uint32_t(desc_b);
+  const uint64_t a_hi = desc_a & 0xFFFFFFFF00000000ull, b_hi = desc_b & 0xFFFFFFFF00000000ull;
+  device::wgmma_fence_operand(acc);
+  device::wgmma_fence_sync_aligned();
+  // All four k-steps even in a K-tail chunk (TMA zero fill adds exact zeros; see the serial path).
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks)
+    device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, a_hi | (a_lo + 2 * ks),
+                                                        b_hi | (b_lo + 2 * ks), ks > 0);
+  device::wgmma_commit_group_sync_aligned();
+  at.advance();
+}
+
+// tot += acc · sa[row] · sb[col] for the chunk at `at`, whose wgmma group has been retired.
+template <int kBlockN, int kNumStages>
+__device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
+                                              uint8_t* smem, uint64_t* empty, uint64_t* ready,
+                                              PipeState<kNumStages>& at, int sa_slot, int sb_slot,
+                                              int lane) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  device::wgmma_fence_operand(acc);  // reads of acc stay below the wait that retired its group
+  device::mbarrier_wait_parity(&ready[at.s], at.phase);  // acquire: the decoder's floats
+  const float* saf = reinterpret_cast<const float*>(smem + L::kOffScaleAF + at.s * L::kScaleAF);
+  const float* sbf = reinterpret_cast<const float*>(smem + L::kOffScaleBF + at.s * L::kScaleBF);
+  const float2 sa = *reinterpret_cast<const float2*>(saf + sa_slot);  // rows r, r + 8
+  const float4* sbq = reinterpret_cast<const float4*>(sbf + sb_slot);  // quad m at sbq[4m]
+#pragma unroll
+  for (int m = 0; m < kBlockN / 16; ++m) {
+    const float4 v = sbq[4 * m];  // columns 16m + c_frag + {0, 1} (pair 2m), + {8, 9} (pair 2m+1)
+    const int j0 = 2 * m, j1 = 2 * m + 1;
+    tot[4 * j0 + 0] = fmaf(acc[4 * j0 + 0], sa.x * v.x, tot[4 * j0 + 0]);
+    tot[4 * j0 + 1] = fmaf(acc[4 * j0 + 1], sa.x * v.y, tot[4 * j0 + 1]);
+    tot[4 * j0 + 2] = fmaf(acc[4 * j0 + 2], sa.y * v.x, tot[4 * j0 + 2]);
+    tot[4 * j0 + 3] = fmaf(acc[4 * j0 + 3], sa.y * v.y, tot[4 * j0 + 3]);
+    tot[4 * j1 + 0] = fmaf(acc[4 * j1 + 0], sa.x * v.z, tot[4 * j1 + 0]);
+    tot[4 * j1 + 1] = fmaf(acc[4 * j1 + 1], sa.x * v.w, tot[4 * j1 + 1]);
+    tot[4 * j1 + 2] = fmaf(acc[4 * j1 + 2], sa.y * v.z, tot[4 * j1 + 2]);
+    tot[4 * j1 + 3] = fmaf(acc[4 * j1 + 3], sa.y * v.w, tot[4 * j1 + 3]);
+  }
+  // Stage at.s is no longer read: its wgmmas are retired, its scales are in registers (the
+  // arrive's release orders this warp's loads, __syncwarp the other lanes').
+  __syncwarp();
+  if (lane == 0) device::mbarrier_arrive(&empty[at.s]);
+  at.advance();
+}
+
+template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+__device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* smem,
+                                                    const Scheduler& sched, uint64_t* full,
+                                                    uint64_t* empty, uint64_t* ready) {
+  static_assert(kBlockN == 128, "the wgmma wrapper is m64n128k32");
+  static_assert(kNumStages >= 2, "ping-pong holds two stages per math warpgroup");
+  // Through a shuffle so that the compiler knows it is warp-uniform (descriptors in uniform regs).
+  const int math_wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128 - 1, 0);  // 0, 1
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int r_tile = math_wg * 64 + warp * 16 + lane / 4;  // fragment rows r_tile, r_tile + 8
+  const int c_frag = 2 * (lane % 4);                       // fragment columns 8j + c_frag (+1)
+  const int sa_slot = scale_a_slot(r_tile);                // r_tile % 16 < 8: the (r, r+8) pair
+  const int sb_slot = 4 * (lane % 4);
+
+  // issue_at runs one chunk ahead of promote_at inside a tile; they meet at every tile boundary.
+  PipeState<kNumStages> issue_at, promote_at;
+  float acc0[kBlockN / 2], acc1[kBlockN / 2], tot[kBlockN / 2];
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const int n = sched.tile(t).num_chunks;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) tot[i] = 0.0f;
+    if (n > 0) {
+      issue_chunk<kBlockN>(acc0, smem, full, issue_at, math_wg);  // chunk 0 -> acc0
+      int c = 0;
+      // Invariant at the loop head: chunk c is in flight in acc0, chunks c+1, c+2 exist.
+      for (; c + 2 < n; c += 2) {
+        issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 -> acc1
+        device::wgmma_wait_group_sync_aligned<1>();                 // chunk c retired
+        promote_chunk<kBlockN>(tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        issue_chunk<kBlockN>(acc0, smem, full, issue_at, math_wg);  // chunk c+2 -> acc0
+        device::wgmma_wait_group_sync_aligned<1>();                 // chunk c+1 retired
+        promote_chunk<kBlockN>(tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+      }
+      // Chunk c is in flight in acc0 and is the last or the second to last.
+      if (c + 1 < n) {
+        issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 (last) -> acc1
+        device::wgmma_wait_group_sync_aligned<1>();
+        promote_chunk<kBlockN>(tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        device::wgmma_wait_group_sync_aligned<0>();
+        promote_chunk<kBlockN>(tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+      } else {
+        device::wgmma_wait_group_sync_aligned<0>();
+        promote_chunk<kBlockN>(tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+      }
+    }
+    store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
+  }
+}
+
 // kKGrouped selects the schedule: false = m-grouped (forward/dgrad), true = k-grouped (wgrad).
-template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped>
+// kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined over the serial
+// fast path in math(); exact mode always runs math()'s ping-pong per 32.
+template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
                                   const __grid_constant__ CUtensorMap tm_sa,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
-  using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
+  static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
+  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined>;
+  using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math() index with
+  static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
+                    L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
+                "the pipelined layout only appends to the serial one");
   extern __shared__ uint8_t smem_raw[];
   // Pointer arithmetic on the shared array itself, so the compiler keeps LDS/STS (not generic).
   uint8_t* smem = smem_raw + ((1024u - (device::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBarriers);
   uint64_t* empty = full + kNumStages;
+  uint64_t* ready = empty + kNumStages;  // kPipelined only: decoded scales of stage s written
   int32_t* s_off = reinterpret_cast<int32_t*>(smem + L::kOffOffsets);
 
   for (int i = threadIdx.x; i <= p.num_experts; i += kNumThreads) s_off[i] = p.offsets[i];
@@ -492,6 +712,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     for (int i = 0; i < kNumStages; ++i) {
       device::mbarrier_init(&full[i], kExact ? 128 : 1);    // exact: every producer thread arrives
       device::mbarrier_init(&empty[i], 4 * kNumMathWarpgroups);  // one arrival per math warp
+      if (kPipelined) device::mbarrier_init(&ready[i], 32);      // every decoder lane arrives
     }
     device::fence_mbarrier_init_release_cluster();
     device::fence_proxy_async_shared_cta();
@@ -502,10 +723,19 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   const Scheduler sched(s_off, p);
   if (threadIdx.x < 128) {
     device::setmaxnreg_dec_sync_aligned_u32<kProducerRegs>();
+    if constexpr (kPipelined) {
+      if (threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
+        decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
+        return;
+      }
+    }
     producer<kBlockN, kNumStages, kExact>(&tm_a, &tm_b, &tm_sa, &tm_sb, p, smem, sched, full, empty);
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
-    math<kBlockN, kNumStages, kExact, kOutF32>(p, smem, sched, full, empty);
+    if constexpr (kPipelined)
+      math_fast_pipelined<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
+    else
+      math<kBlockN, kNumStages, kExact, kOutF32>(p, smem, sched, full, empty);
   }
 }
 
@@ -513,19 +743,26 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 
 // Configuration (one for now; both groupings, both modes):
 //   kBlockN = 128: m64n128k32 wgmma per math warpgroup, 64 + 64 accumulator registers.
-//   kNumStages = 6: 6 × 32 KB operand tiles (+ scales) fit 227 KB in both modes.
+//   kNumStages = 6: 6 × 32 KB operand tiles (+ scales, + 1 KB decoded scales when pipelined)
+//   fit 227 KB in both modes.
+//   kConfigFastPipelined: fast mode's schedule. true = ping-pong accumulators per math warpgroup
+//   + scales decoded once per stage by producer warp 1 (math_fast_pipelined); false = the
+//   original serial schedule (math(): issue, wait 0, decode scales in every thread, promote).
+//   Both give bitwise identical results. Measured alternatives: docs/notes/gemm.md.
 // To measure (docs/notes/gemm.md): kBlockN 192/256 for large N, 2-CTA multicast of the shared
-// operand, ping-pong accumulators (the math region may use up to 232 registers).
+// operand, epilogue overlapped with the next tile's first chunk.
 constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
+constexpr bool kConfigFastPipelined = true;
 
 template <bool kExact, bool kOutF32, bool kKGrouped>
 void launch_grouped(const char* fn, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                     const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
                     cudaStream_t stream) {
-  using L = SmemLayout<kConfigBlockN, kConfigStages, kExact>;
-  auto kernel =
-      grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32, kKGrouped>;
+  constexpr bool kPipelined = !kExact && kConfigFastPipelined;
+  using L = SmemLayout<kConfigBlockN, kConfigStages, kExact, kPipelined>;
+  auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
+                                                  kKGrouped, kPipelined>;
   MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             L::kAlloc));
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
