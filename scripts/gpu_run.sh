@@ -24,6 +24,7 @@ if [ $build_rc -eq 0 ]; then
   (cd $BUILD && timeout ${MXMOE_TESTS_TIMEOUT:-420} ctest --output-on-failure -j1 --timeout 90) > "$OUT/tests.log" 2>&1
   tests_rc=$?
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -20
+  timeout 60 ./$BUILD/mxmoe_example_quantize >> "$OUT/tests.log" 2>&1; echo "example rc=$?"
 fi
 run_bench() {  # name
   local b=$1
