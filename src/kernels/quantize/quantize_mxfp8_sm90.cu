@@ -269,32 +269,25 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const Tile
   }
 }
 
-// One landed tile: row-wise from this thread's own slots, column-wise after a barrier.
+// Row-wise pass over one landed tile, from this thread's own slots (no barrier needed).
 // kFull: the whole 128x128 tile is inside the matrix (no bounds checks on stores).
-template <bool kRow, bool kCol, bool kFast, bool kFull>
-__device__ __forceinline__ void convert_tile(const QuantizeParams& p, const Tile& t, const uint4* stage) {
-  const TileOut o = tile_out(p, t);
-  if constexpr (kRow) {
-    const int vec = threadIdx.x % kVecPerRow;
-    const bool col_ok = kFull || t.c0 + vec * 8 < p.cols;
+template <bool kFast, bool kFull>
+__device__ __forceinline__ void rowwise_tile(const QuantizeParams& p, const TileOut& o, const Tile& t,
+                                             const uint4* stage) {
+  const int vec = threadIdx.x % kVecPerRow;
+  const bool col_ok = kFull || t.c0 + vec * 8 < p.cols;
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-      rowwise_vector<kFast>(p, o, stage[r * kVecPerRow + swz_vec(r, vec)], r, vec,
-                            kFull || (col_ok && r < t.out_valid));
-    }
-  }
-  if constexpr (kCol) {
-    __syncthreads();  // every thread's part of the tile is visible
-    colwise_tile<kFast, kFull>(p, o, reinterpret_cast<const uint32_t*>(stage), t);
-    __syncthreads();  // readers done before the next iteration refills this stage
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+    rowwise_vector<kFast>(p, o, stage[r * kVecPerRow + swz_vec(r, vec)], r, vec,
+                          kFull || (col_ok && r < t.out_valid));
   }
 }
 
 // Persistent CTAs: each walks tiles id = blockIdx.x + k·gridDim.x through a kStages-deep
 // cp.async pipeline, so kStages-1 tiles (32 KB each) are in flight while one is converted.
 template <bool kRow, bool kCol, bool kFast, bool kGrouped>
-__global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
+__global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
                                                                             const TileGrid g) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint4* stages = reinterpret_cast<uint4*>(smem);  // [kStages][128 rows][16 vectors] BF16, swizzled
@@ -325,17 +318,33 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp8_bf16_sm90_kernel(cons
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
-    issue(k + kStages - 1);
-    dev::cp_async_wait_group<kStages - 1>();  // this thread's part of tile k has landed
+    // Row-wise only: each thread reads back only its own slots, so the refill can go first and
+    // no barrier is ever needed. With the column-wise pass, one barrier per tile does two jobs
+    // (see below), and the refill of the stage freed by it follows it.
+    if constexpr (!kCol) issue(k + kStages - 1);
+    dev::cp_async_wait_group<kCol ? kStages - 2 : kStages - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
-    if (t.out_valid <= 0) continue;  // uniform across the CTA
     const uint4* stage = stages + (k % kStages) * kStageVecs;
     // Whole tiles (the common case) run without per-store bounds checks: straight-line code
     // that the compiler can interleave across the 8 vectors / 4 columns of a thread.
-    if (t.out_valid == kTileRows && t.c0 + kTileCols <= p.cols) {
-      convert_tile<kRow, kCol, kFast, true>(p, t, stage);
-    } else {
-      convert_tile<kRow, kCol, kFast, false>(p, t, stage);
+    const bool valid = t.out_valid > 0;  // uniform across the CTA
+    const bool full = t.out_valid == kTileRows && t.c0 + kTileCols <= p.cols;
+    const TileOut o = valid ? tile_out(p, t) : TileOut{};
+    if (kRow && valid) {
+      if (full) rowwise_tile<kFast, true>(p, o, t, stage);
+      else rowwise_tile<kFast, false>(p, o, t, stage);
+    }
+    if constexpr (kCol) {
+      // After this barrier every thread's part of tile k is visible, and every thread has
+      // finished reading stage (k-1) % kStages (column-wise pass of the previous tile), which is
+      // the stage the next refill writes.
+      __syncthreads();
+      issue(k + kStages - 1);
+      if (valid) {
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(stage);
+        if (full) colwise_tile<kFast, true>(p, o, words, t);
+        else colwise_tile<kFast, false>(p, o, words, t);
+      }
     }
   }
   dev::cp_async_wait_group<0>();
