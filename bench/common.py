@@ -26,8 +26,10 @@ def load_lib(path=None):
     vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.mxmoe_quantize_mxfp8.argtypes = [vp, i64, i64, i64] + [vp] * 8 + [i32, vp]
     lib.mxmoe_quantize_mxfp8_grouped.argtypes = [vp, i64, i64, vp, vp, i32, i64] + [vp] * 8 + [i32, vp]
+    lib.mxmoe_quantize_mxfp8_gather.argtypes = [vp, i64, i64, vp, i64, vp] + [vp] * 8 + [i32, vp]
     lib.mxmoe_compute_padded_offsets.argtypes = [vp, vp, i32, i32, vp]
-    for f in (lib.mxmoe_quantize_mxfp8, lib.mxmoe_quantize_mxfp8_grouped, lib.mxmoe_compute_padded_offsets):
+    for f in (lib.mxmoe_quantize_mxfp8, lib.mxmoe_quantize_mxfp8_grouped, lib.mxmoe_quantize_mxfp8_gather,
+              lib.mxmoe_compute_padded_offsets):
         f.restype = ctypes.c_int
     return lib
 

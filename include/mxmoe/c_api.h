@@ -24,6 +24,11 @@ int mxmoe_quantize_mxfp8_grouped(const void* x, int64_t x_rows, int64_t cols, co
                                  void* row_fast_scales, void* col_data, void* col_scales,
                                  void* col_fast_data, void* col_fast_scales, int mode, void* stream);
 
+int mxmoe_quantize_mxfp8_gather(const void* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                                int64_t out_rows, const int32_t* rows_used, void* row_data, void* row_scales,
+                                void* row_fast_data, void* row_fast_scales, void* col_data, void* col_scales,
+                                void* col_fast_data, void* col_fast_scales, int mode, void* stream);
+
 int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
                                  int align, void* stream);
 

@@ -53,6 +53,18 @@ extern "C" int mxmoe_quantize_mxfp8_grouped(const void* x, int64_t x_rows, int64
   });
 }
 
+extern "C" int mxmoe_quantize_mxfp8_gather(const void* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                                           int64_t out_rows, const int32_t* rows_used, void* rd, void* rs,
+                                           void* rfd, void* rfs, void* cd, void* cs, void* cfd, void* cfs,
+                                           int mode, void* stream) {
+  return c_api_guarded([&] {
+    const mxmoe::MxOut r = out(rd, rs, rfd, rfs), c = out(cd, cs, cfd, cfs);
+    mxmoe::quantize_mxfp8_gather(static_cast<const __nv_bfloat16*>(x), x_rows, cols, row_index, out_rows,
+                                 rows_used, rd ? &r : nullptr, cd ? &c : nullptr,
+                                 static_cast<mxmoe::ScaleMode>(mode), static_cast<cudaStream_t>(stream));
+  });
+}
+
 extern "C" int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets,
                                             int num_groups, int align, void* stream) {
   return c_api_guarded([&] {

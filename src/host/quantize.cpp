@@ -127,6 +127,29 @@ void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols
   detail::launch_quantize_mxfp8(p, stream);
 }
 
+void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                           int64_t out_rows, const int32_t* rows_used, const MxOut* rowwise,
+                           const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
+  const char* fn = "quantize_mxfp8_gather";
+  if (x_rows < 0) throw_arg(fn, "x_rows", to_str(x_rows), "must be >= 0");
+  if (x_rows > 0) check_not_null(fn, "x", x);
+  check_aligned(fn, "x", x, 16);
+  check_cols(fn, cols);
+  check_not_null(fn, "row_index", row_index);
+  check_aligned(fn, "row_index", row_index, 4);
+  check_aligned(fn, "rows_used", rows_used, 4);
+  if (out_rows < kTile || out_rows % kTile != 0 || out_rows > kMaxGridY * kTile)
+    throw_arg(fn, "out_rows", to_str(out_rows),
+              "must be a positive multiple of 128 (the padded capacity), at most " + to_str(kMaxGridY * kTile));
+  check_mode(fn, mode);
+  check_outputs(fn, rowwise, colwise);
+  check_tiles(fn, 1, out_rows, cols);
+  detail::QuantizeParams p = make_params(x, 1, out_rows, x_rows, cols, mode, rowwise, colwise);
+  p.row_index = row_index;
+  p.rows_used = rows_used;
+  detail::launch_quantize_mxfp8(p, stream);
+}
+
 void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
                             int align, cudaStream_t stream) {
   const char* fn = "compute_padded_offsets";

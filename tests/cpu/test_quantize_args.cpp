@@ -75,6 +75,19 @@ TEST(QuantizeArgs, GroupedRejectsBadArguments) {
   expect_error_naming([&] { compute_padded_offsets(offs, fake<int32_t>(0x70000), 2000); }, "num_groups");
 }
 
+TEST(QuantizeArgs, GatherRejectsBadArguments) {
+  const MxOut o = good_out();
+  const int32_t* idx = fake<const int32_t>(0x60000);
+  expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, nullptr, 512, nullptr, &o, nullptr); }, "row_index");
+  expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, fake<const int32_t>(0x60002), 512, nullptr, &o, nullptr); },
+                      "row_index");
+  expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 100, idx, 512, nullptr, &o, nullptr); }, "cols");
+  expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, idx, 200, nullptr, &o, nullptr); }, "out_rows");
+  expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, idx, 512, fake<const int32_t>(0x70001), &o, nullptr); },
+                      "rows_used");
+  expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, idx, 512, nullptr, nullptr, nullptr); }, "rowwise");
+}
+
 TEST(QuantizeArgs, MessageNamesFunctionArgumentAndValue) {
   const MxOut o = good_out();
   try {

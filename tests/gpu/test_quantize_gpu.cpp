@@ -231,3 +231,44 @@ TEST(QuantizeGpu, GroupedRaggedEmptyAndOverloaded) {
   for (auto& c : many) c = int32_t(rng() % 40 == 0 ? 700 : rng() % 90);
   run_grouped(many, 128, 128, rng);                                   // E = 384, skewed
 }
+
+TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t x_rows = 1000, cols = 2880, out_rows = 1536, used = 1280;
+  auto x = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
+  // Output row r: a random token, a pad (-1), or an out-of-range index (reads as a zero row).
+  std::vector<int32_t> idx(static_cast<size_t>(out_rows), 0);
+  for (auto& v : idx) {
+    const uint32_t k = rng() % 10;
+    v = k == 0 ? -1 : (k == 1 ? int32_t(x_rows + rng() % 5) : int32_t(rng() % x_rows));
+  }
+  DevBuf<uint16_t> dx(x.size());
+  dx.upload(x);
+  DevBuf<int32_t> didx(idx.size()), dused(1);
+  didx.upload(idx);
+  dused.upload(std::vector<int32_t>{int32_t(used)});
+  CopyBufs rw(1, out_rows, cols, true), cw(1, cols, out_rows, true);
+  const MxOut ro = rw.out(true), co = cw.out(true);
+  quantize_mxfp8_gather(reinterpret_cast<const __nv_bfloat16*>(dx.p), x_rows, cols, didx.p, out_rows, dused.p, &ro, &co);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<uint16_t> xg(size_t(used * cols), 0);
+  for (int64_t r = 0; r < used; ++r)
+    if (idx[size_t(r)] >= 0 && idx[size_t(r)] < x_rows)
+      std::copy_n(&x[size_t(idx[size_t(r)] * cols)], cols, &xg[size_t(r * cols)]);
+  const auto rref = ref::quantize_rows(xg.data(), used, cols, ScaleMode::kRceil);
+  const auto rfast = ref::rebase_fast(rref);
+  const auto d = rw.data.download(), sc = rw.scales.download(), fd = rw.fast_data.download(), fs = rw.fast_scales.download();
+  EXPECT_TRUE(bytes_equal("gather rowwise data", d.data(), cols, rref.data.data(), cols, used, cols));
+  EXPECT_TRUE(bytes_equal("gather rowwise scales", sc.data(), cols / 32, rref.scales.data(), cols / 32, used, cols / 32));
+  EXPECT_TRUE(bytes_equal("gather rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
+  EXPECT_TRUE(bytes_equal("gather rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used, cdiv(cols, 128), used));
+  const auto cref = ref::quantize_cols(xg.data(), used, cols, ScaleMode::kRceil);
+  const auto cfast = ref::rebase_fast(cref);
+  const auto cd = cw.data.download(), cs = cw.scales.download(), cfd = cw.fast_data.download();
+  EXPECT_TRUE(bytes_equal("gather colwise data", cd.data(), out_rows, cref.data.data(), used, cols, used));
+  EXPECT_TRUE(bytes_equal("gather colwise scales", cs.data(), out_rows / 32, cref.scales.data(), used / 32, cols, used / 32));
+  EXPECT_TRUE(bytes_equal("gather colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
+  for (int64_t r = used; r < out_rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
+}

@@ -28,6 +28,10 @@ struct QuantizeParams {
   const int32_t* offsets = nullptr;
   const int32_t* padded_offsets = nullptr;
   int num_groups = 0;
+  // gather: output row r reads x row row_index[r] (a zero row where it is negative); rows at or
+  // beyond *rows_used (when given) are not written
+  const int32_t* row_index = nullptr;
+  const int32_t* rows_used = nullptr;
   ScaleMode mode = ScaleMode::kRceil;
 };
 

@@ -60,15 +60,23 @@ struct TileGrid {
   FastDivmod per_batch, per_group, last_group_rows;
 };
 
+// How output rows map to rows of x.
+enum class RowMap : int {
+  kDense = 0,    // row r of batch entry b
+  kGrouped = 1,  // expert segments: padded row → offsets[g] + (r - padded_offsets[g])
+  kGather = 2,   // row_index[r] (negative: a zero row)
+};
+
 struct Tile {
   int32_t b = 0, r0 = 0, c0 = 0;
-  int32_t src_valid = 0;          // tile rows [0, src_valid) have source data
-  int32_t out_valid = 0;          // tile rows [0, out_valid) are written; 0: nothing to do
-  const uint16_t* src = nullptr;  // x row of tile row 0, column c0
+  int32_t src_valid = 0;             // tile rows [0, src_valid) may have source data
+  int32_t out_valid = 0;             // tile rows [0, out_valid) are written; 0: nothing to do
+  const uint16_t* src = nullptr;     // x row of tile row 0, column c0 (dense, grouped)
+  const int32_t* gather = nullptr;   // row_index of tile row 0 (gather)
 };
 
 // Grouped tiles: binary search of the tile's first row over the padded offsets.
-template <bool kGrouped>
+template <RowMap kMap>
 __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid& g, uint32_t id) {
   Tile t;
   t.b = int32_t(g.per_batch.div(id));
@@ -84,10 +92,15 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid&
   }
   t.r0 = int32_t((grp * kGroupRowTiles + tr_in) * kTileRows);
   t.c0 = int32_t(tc * kTileCols);
-  if constexpr (!kGrouped) {
+  if constexpr (kMap == RowMap::kDense) {
     t.src = p.x + (int64_t(t.b) * p.rows_out + t.r0) * p.cols + t.c0;
     t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
     t.src_valid = t.out_valid;
+  } else if constexpr (kMap == RowMap::kGather) {
+    const int64_t used = p.rows_used ? min64(__ldg(p.rows_used), p.rows_out) : p.rows_out;
+    t.out_valid = int32_t(max64(0, min64(kTileRows, used - t.r0)));
+    t.src_valid = t.out_valid;
+    t.gather = p.row_index + t.r0;
   } else {
     const int32_t* pad = p.padded_offsets;
     if (t.r0 >= __ldg(pad + p.num_groups)) return t;  // past the used rows: nothing to write
@@ -137,6 +150,7 @@ __device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((r
 // Each thread copies 8 vectors of 8 BF16 (rows i*16 + tid/16, columns (tid%16)*8) into a stage
 // with cp.async; rows without source data (past the matrix, or group padding) are zero-filled.
 // The row-wise pass later reads back exactly these slots, so it needs no barrier.
+template <RowMap kMap>
 __device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const Tile& t, uint4* stage) {
   const int vec = threadIdx.x % kVecPerRow;
   const bool col_ok = t.c0 + vec * 8 < p.cols;
@@ -144,9 +158,17 @@ __device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const T
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
     const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-    const bool ok = col_ok && r < t.src_valid;
+    bool ok = col_ok && r < t.src_valid;
+    const uint16_t* src;
+    if constexpr (kMap == RowMap::kGather) {
+      const int32_t row = ok ? __ldg(t.gather + r) : -1;
+      ok = ok && row >= 0 && row < p.x_rows;
+      src = p.x + int64_t(row) * p.cols + t.c0 + vec * 8;
+    } else {
+      src = t.src + r * cols + vec * 8;
+    }
     dev::cp_async_cg_shared_global_16_zfill(&stage[r * kVecPerRow + swz_vec(r, vec)],
-                                            ok ? static_cast<const void*>(t.src + r * cols + vec * 8) : p.x, ok);
+                                            ok ? static_cast<const void*>(src) : p.x, ok);
   }
 }
 
@@ -286,7 +308,7 @@ __device__ __forceinline__ void rowwise_tile(const QuantizeParams& p, const Tile
 
 // Persistent CTAs: each walks tiles id = blockIdx.x + k·gridDim.x through a kStages-deep
 // cp.async pipeline, so kStages-1 tiles (32 KB each) are in flight while one is converted.
-template <bool kRow, bool kCol, bool kFast, bool kGrouped>
+template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(const QuantizeParams p,
                                                                             const TileGrid g) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -295,24 +317,25 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
   const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
   // Grouped tiles need a search over the offsets: thread 0 does it once per tile into a ring of
   // kStages slots (slot k % kStages holds tile k from its issue until it has been converted).
+  constexpr bool kGrouped = kMap == RowMap::kGrouped;
   __shared__ Tile s_tiles[kGrouped ? kStages : 1];
   auto tile_k = [&](uint32_t k) {
     if constexpr (kGrouped) {
       return s_tiles[k % kStages];
     } else {
       const uint32_t id = first + k * step;
-      return id < num_tiles ? tile_at<false>(p, g, id) : Tile{};
+      return id < num_tiles ? tile_at<kMap>(p, g, id) : Tile{};
     }
   };
   auto issue = [&](uint32_t k) {  // loads of this CTA's k-th tile, one commit group per tile
     if constexpr (kGrouped) {
       const uint32_t id = first + k * step;
       __syncthreads();  // the slot's previous tile (k - kStages) has been converted
-      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<true>(p, g, id) : Tile{};
+      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id) : Tile{};
       __syncthreads();
     }
     const Tile t = tile_k(k);
-    if (t.out_valid > 0) load_tile_async(p, t, stages + (k % kStages) * kStageVecs);
+    if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % kStages) * kStageVecs);
     dev::cp_async_commit_group();  // empty groups keep the count uniform
   };
 #pragma unroll
@@ -350,9 +373,9 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
   dev::cp_async_wait_group<0>();
 }
 
-template <bool kRow, bool kCol, bool kFast, bool kGrouped>
+template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 void launch(const QuantizeParams& p, cudaStream_t stream) {
-  auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kGrouped>;
+  auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kMap>;
   constexpr int kSmem = kSmemBytes;
   static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once
   if (ctas_per_sm == 0) {
@@ -378,12 +401,19 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
-template <bool kFast, bool kGrouped>
+template <bool kFast, RowMap kMap>
 void dispatch_dirs(const QuantizeParams& p, cudaStream_t stream) {
   const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
-  if (row && col) launch<true, true, kFast, kGrouped>(p, stream);
-  else if (row) launch<true, false, kFast, kGrouped>(p, stream);
-  else if (col) launch<false, true, kFast, kGrouped>(p, stream);
+  if (row && col) launch<true, true, kFast, kMap>(p, stream);
+  else if (row) launch<true, false, kFast, kMap>(p, stream);
+  else if (col) launch<false, true, kFast, kMap>(p, stream);
+}
+
+template <RowMap kMap>
+void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
+  const bool fast = (p.row_fast_data != nullptr) || (p.col_fast_data != nullptr);
+  if (fast) dispatch_dirs<true, kMap>(p, stream);
+  else dispatch_dirs<false, kMap>(p, stream);
 }
 
 __global__ void padded_offsets_kernel(const int32_t* offsets, int32_t* padded, int n, int align) {
@@ -409,13 +439,9 @@ __global__ void padded_offsets_kernel(const int32_t* offsets, int32_t* padded, i
 }  // namespace
 
 void launch_quantize_mxfp8(const QuantizeParams& p, cudaStream_t stream) {
-  const bool fast = (p.row_fast_data != nullptr) || (p.col_fast_data != nullptr);
-  const bool grouped = p.padded_offsets != nullptr;
-  if (grouped) {
-    if (fast) dispatch_dirs<true, true>(p, stream); else dispatch_dirs<false, true>(p, stream);
-  } else {
-    if (fast) dispatch_dirs<true, false>(p, stream); else dispatch_dirs<false, false>(p, stream);
-  }
+  if (p.padded_offsets != nullptr) dispatch_fast<RowMap::kGrouped>(p, stream);
+  else if (p.row_index != nullptr) dispatch_fast<RowMap::kGather>(p, stream);
+  else dispatch_fast<RowMap::kDense>(p, stream);
 }
 
 void launch_compute_padded_offsets(const int32_t* offsets, int32_t* padded, int num_groups,

@@ -1,0 +1,125 @@
+// Output-centric MoE decode ("warp decode", DESIGN.md §4) for small batches: a router kernel and
+// two expert kernels per layer, with BF16 or MXFP8 weights. Contracts and layouts only; the
+// kernels are in src/kernels/decode/, the FP64 reference in src/ref/decode_ref.h.
+//
+// One decode step of a layer, three launches, no host work in between (CUDA-graph capturable):
+//   decode_router : logits[b, e] = X[b]·Wr[e] (FP32), top-k selection → topk_ids, topk_weights
+//   decode_gate_up: h[b, j, i] = silu(X[b]·W1[e_j][i]) · (X[b]·W1[e_j][I + i])
+//   decode_down   : out[b, n] = Σ_j w[b, j] · (h[b, j]·W2[e_j][n])     (BF16 out, written once)
+// Convention Y = X · Wᵀ: every weight row is one output and its K elements are contiguous.
+//
+// Tensors (row-major, device memory; "16-byte aligned" applies to the base pointer):
+//   x            BF16 [B, H], 16-byte aligned, H % 8 == 0
+//   router_w     BF16 [E, H], 16-byte aligned
+//   bias         FP32 [E] (sigmoid scoring only; optional)
+//   topk_ids     int32 [B, k]  expert ids, in decreasing order of selection score
+//   topk_weights FP32  [B, k]  routing weights of those experts
+//   W1           [E, 2I, H]: rows [0, I) gate, [I, 2I) up
+//   W2           [E, H, I]
+//   h            FP32 or BF16 [B, S, I], S = k (+1 with a shared expert: slot k), 16-byte aligned
+//   out          BF16 [B, H], 16-byte aligned
+// Weights (DecodeWeights) are either BF16 [E, N, K], 16-byte aligned, K % 8 == 0, or the MX
+// tensor of mx_format.h over the flattened [E·N, K]: data E4M3 [E, N, K] (16-byte aligned),
+// scales E8M0 [E, N, K/32], blocks of 32 along K, K % 32 == 0 (so MXFP8 needs H % 32 == 0 and
+// I % 32 == 0). MXFP8 weights are dequantized in registers exactly (E4M3 value × 2^(scale−127));
+// activations stay BF16 (X is not quantized). A shared expert (DeepSeek-V3) has weights of the
+// same dtype and I: W1s [2I, H], W2s [H, I]; it is slot S−1 = k of h and enters the sum with
+// weight 1 after the routed experts.
+//
+// Numerics: every dot product accumulates in FP32 with a fixed order (per lane in increasing K,
+// then a fixed butterfly across the 32 lanes); SwiGLU in FP32 (silu(g) = g / (1 + exp(−g)));
+// decode_down sums the experts in slot order j = 0..S−1 in FP32 and rounds to BF16 once.
+// No floating-point atomics. Results are bitwise deterministic, and batch-invariant: a token's
+// outputs do not depend on the other tokens of the batch or on B.
+//
+// Routing (decode_router), per token, on FP32 logits l[e]:
+//   kSoftmax (Qwen3): selection score = l[e]; weight source p[e] = softmax(l)[e];
+//                     renormalize: w_j = p[e_j] / Σ_sel p  (= exp(l_j − m) / Σ_sel exp(l − m)).
+//   kSigmoid (DeepSeek-V3): s[e] = sigmoid(l[e]); selection score = s[e] + bias[e] (bias is used
+//                     for selection only); weight source s[e]; renormalize: w_j = s_j / Σ_sel s.
+//   Group-limited (n_groups > 1, sigmoid only): the E experts form n_groups contiguous groups of
+//   E/n_groups; a group's score is the sum of its two largest selection scores; the topk_groups
+//   best groups are kept and the k experts are chosen among their experts only.
+//   Then w_j *= scaling_factor. Ties (equal scores) go to the lower expert (or group) id; a NaN
+//   score counts as −Inf. Without renormalize, softmax weights are p[e_j] over all E experts and
+//   sigmoid weights are s_j.
+//
+// Sizes: 1 <= B <= kDecodeMaxBatch; 1 <= k <= kDecodeMaxTopK, k <= E <= kDecodeMaxExperts;
+// H, I in [32, 2^16] (multiples of 8, of 32 for MXFP8). topk_ids given to the expert kernels must
+// lie in [0, E) (decode_router guarantees it; out-of-range ids are clamped to stay in bounds and
+// the result is then unspecified).
+//
+// All calls are asynchronous on `stream`, check their arguments on the host before any CUDA call
+// (mxmoe::Error naming the argument) and never synchronise with the host.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "mxmoe/error.h"
+#include "mxmoe/mx_format.h"
+
+namespace mxmoe {
+
+inline constexpr int kDecodeMaxBatch = 4096;
+inline constexpr int kDecodeMaxTopK = 32;
+inline constexpr int kDecodeMaxExperts = 512;
+inline constexpr int kDecodeMaxGroups = 32;
+
+enum class DecodeWeightDtype : int { kBF16 = 0, kMXFP8 = 1 };
+enum class DecodeHDtype : int { kFP32 = 0, kBF16 = 1 };
+enum class RouterScoring : int { kSoftmax = 0, kSigmoid = 1 };
+
+struct RouterParams {
+  RouterScoring scoring = RouterScoring::kSoftmax;
+  int top_k = 8;
+  bool renormalize = true;
+  int n_groups = 1;       // sigmoid only; 1 = no group limit
+  int topk_groups = 1;    // groups kept, 1 <= topk_groups <= n_groups
+  float scaling_factor = 1.0f;
+  const float* bias = nullptr;  // FP32 [E], device; sigmoid only; null = no bias
+};
+
+// One projection's weights: routed experts [E, N, K] and an optional shared expert [N, K].
+struct DecodeWeights {
+  DecodeWeightDtype dtype = DecodeWeightDtype::kBF16;
+  const void* data = nullptr;             // BF16 or E4M3 [E, N, K]
+  const uint8_t* scales = nullptr;        // E8M0 [E, N, K/32] (MXFP8 only)
+  const void* shared_data = nullptr;      // BF16 or E4M3 [N, K], or null: no shared expert
+  const uint8_t* shared_scales = nullptr; // E8M0 [N, K/32] (MXFP8 with a shared expert)
+};
+
+// topk_ids int32 [B, k], topk_weights FP32 [B, k] (both 4-byte aligned).
+void decode_router(const __nv_bfloat16* x, int batch, int hidden, const __nv_bfloat16* router_w,
+                   int num_experts, const RouterParams& params, int32_t* topk_ids,
+                   float* topk_weights, cudaStream_t stream = nullptr);
+
+// h [B, S, I] with S = top_k + (w1.shared_data ? 1 : 0).
+void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
+                    const DecodeWeights& w1, int num_experts, const int32_t* topk_ids, int top_k,
+                    void* h, DecodeHDtype h_dtype, cudaStream_t stream = nullptr);
+
+// h as written by decode_gate_up with the same top_k and the same shared-expert choice
+// (S = top_k + (w2.shared_data ? 1 : 0)). out BF16 [B, H].
+void decode_down(const void* h, DecodeHDtype h_dtype, int batch, int inter, int hidden,
+                 const DecodeWeights& w2, int num_experts, const int32_t* topk_ids,
+                 const float* topk_weights, int top_k, __nv_bfloat16* out,
+                 cudaStream_t stream = nullptr);
+
+// ---- dispatcher: warp decode or the expert-centric path ----------------------------------------
+struct DecodeShape {
+  int hidden = 0, inter = 0, num_experts = 0, top_k = 0;
+  bool shared_expert = false;
+};
+enum class DecodePath : int { kWarpDecode = 0, kExpertCentric = 1 };
+
+struct DecodeCrossover {
+  int max_batch = 0;      // warp decode is used for batch <= max_batch
+  bool measured = false;  // false: a placeholder, not yet measured (bench/bench_decode.py prints the data)
+};
+// The crossover for a shape and weight dtype: the table entry when the shape is listed, otherwise
+// a default (not measured).
+DecodeCrossover decode_crossover(const DecodeShape& shape, DecodeWeightDtype dtype);
+DecodePath choose_decode_path(const DecodeShape& shape, DecodeWeightDtype dtype, int batch);
+
+}  // namespace mxmoe
