@@ -54,6 +54,22 @@ void check_outputs(const char* fn, const MxOut* rowwise, const MxOut* colwise) {
   if (colwise) check_out(fn, "colwise", *colwise);
 }
 
+// Inputs and outputs shared by the grouped and gather quantizers (x rows mapped into a padded
+// output row space of out_rows).
+void check_gathered(const char* fn, const __nv_bfloat16* x, int64_t x_rows, int64_t cols, int64_t out_rows,
+                    ScaleMode mode, const MxOut* rowwise, const MxOut* colwise) {
+  if (x_rows < 0) throw_arg(fn, "x_rows", to_str(x_rows), "must be >= 0");
+  if (x_rows > 0) check_not_null(fn, "x", x);
+  check_aligned(fn, "x", x, 16);
+  check_cols(fn, cols);
+  if (out_rows < kTile || out_rows % kTile != 0 || out_rows > kMaxGridY * kTile)
+    throw_arg(fn, "out_rows", to_str(out_rows),
+              "must be a positive multiple of 128 (the padded capacity), at most " + to_str(kMaxGridY * kTile));
+  check_mode(fn, mode);
+  check_outputs(fn, rowwise, colwise);
+  check_tiles(fn, 1, out_rows, cols);
+}
+
 detail::QuantizeParams make_params(const __nv_bfloat16* x, int64_t batch, int64_t rows_out, int64_t x_rows,
                                    int64_t cols, ScaleMode mode, const MxOut* rowwise, const MxOut* colwise) {
   detail::QuantizeParams p;
@@ -104,22 +120,13 @@ void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols
                             int64_t out_rows, const MxOut* rowwise, const MxOut* colwise,
                             ScaleMode mode, cudaStream_t stream) {
   const char* fn = "quantize_mxfp8_grouped";
-  if (x_rows < 0) throw_arg(fn, "x_rows", to_str(x_rows), "must be >= 0");
-  if (x_rows > 0) check_not_null(fn, "x", x);
-  check_aligned(fn, "x", x, 16);
-  check_cols(fn, cols);
+  check_gathered(fn, x, x_rows, cols, out_rows, mode, rowwise, colwise);
   check_not_null(fn, "offsets", offsets);
   check_aligned(fn, "offsets", offsets, 4);
   check_not_null(fn, "padded_offsets", padded_offsets);
   check_aligned(fn, "padded_offsets", padded_offsets, 4);
   if (num_groups < 1 || num_groups > kMaxGroups)
     throw_arg(fn, "num_groups", to_str(num_groups), "must be in [1, " + to_str(kMaxGroups) + "]");
-  if (out_rows < kTile || out_rows % kTile != 0 || out_rows > kMaxGridY * kTile)
-    throw_arg(fn, "out_rows", to_str(out_rows),
-              "must be a positive multiple of 128 (the padded capacity), at most " + to_str(kMaxGridY * kTile));
-  check_mode(fn, mode);
-  check_outputs(fn, rowwise, colwise);
-  check_tiles(fn, 1, out_rows, cols);
   detail::QuantizeParams p = make_params(x, 1, out_rows, x_rows, cols, mode, rowwise, colwise);
   p.offsets = offsets;
   p.padded_offsets = padded_offsets;
@@ -131,19 +138,10 @@ void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
                            int64_t out_rows, const int32_t* rows_used, const MxOut* rowwise,
                            const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
   const char* fn = "quantize_mxfp8_gather";
-  if (x_rows < 0) throw_arg(fn, "x_rows", to_str(x_rows), "must be >= 0");
-  if (x_rows > 0) check_not_null(fn, "x", x);
-  check_aligned(fn, "x", x, 16);
-  check_cols(fn, cols);
+  check_gathered(fn, x, x_rows, cols, out_rows, mode, rowwise, colwise);
   check_not_null(fn, "row_index", row_index);
   check_aligned(fn, "row_index", row_index, 4);
   check_aligned(fn, "rows_used", rows_used, 4);
-  if (out_rows < kTile || out_rows % kTile != 0 || out_rows > kMaxGridY * kTile)
-    throw_arg(fn, "out_rows", to_str(out_rows),
-              "must be a positive multiple of 128 (the padded capacity), at most " + to_str(kMaxGridY * kTile));
-  check_mode(fn, mode);
-  check_outputs(fn, rowwise, colwise);
-  check_tiles(fn, 1, out_rows, cols);
   detail::QuantizeParams p = make_params(x, 1, out_rows, x_rows, cols, mode, rowwise, colwise);
   p.row_index = row_index;
   p.rows_used = rows_used;

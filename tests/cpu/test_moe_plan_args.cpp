@@ -1,35 +1,25 @@
 // Argument checks of moe_plan (before any CUDA call) and the capacity rule.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
+#include "common/arg_test_util.h"
 #include "mxmoe/moe_plan.h"
 
 using namespace mxmoe;
+using mxmoe::test::expect_error_naming;
+using mxmoe::test::fake;
 
 namespace {
 
-template <class T = int32_t>
-T* fake(uintptr_t a) { return reinterpret_cast<T*>(a); }
-
 MoePlan good_plan() {
   MoePlan p;
-  p.counts = fake(0x1000);
-  p.offsets = fake(0x2000);
-  p.padded_offsets = fake(0x3000);
-  p.row_of = fake(0x4000);
-  p.row_index = fake(0x5000);
+  p.counts = fake<int32_t>(0x1000);
+  p.offsets = fake<int32_t>(0x2000);
+  p.padded_offsets = fake<int32_t>(0x3000);
+  p.row_of = fake<int32_t>(0x4000);
+  p.row_index = fake<int32_t>(0x5000);
   return p;
-}
-
-void expect_error_naming(const std::function<void()>& f, const std::string& arg) {
-  try {
-    f();
-    FAIL() << "no error; expected one naming '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'" + arg + "'"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace
@@ -61,6 +51,6 @@ TEST(MoePlanArgs, RejectsBadArguments) {
   bad.row_index = nullptr;
   expect_error_naming([&] { moe_plan(ids, 100, 4, 16, cap, ws, wsb, bad); }, "plan.row_index");
   bad = p;
-  bad.padded_offsets = fake(0x3002);
+  bad.padded_offsets = fake<int32_t>(0x3002);
   expect_error_naming([&] { moe_plan(ids, 100, 4, 16, cap, ws, wsb, bad); }, "plan.padded_offsets");
 }

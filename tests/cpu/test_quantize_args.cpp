@@ -2,17 +2,16 @@
 // CUDA call (so these run on machines without a GPU). Pointers here are never dereferenced.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
+#include "common/arg_test_util.h"
 #include "mxmoe/quantize.h"
 
 using namespace mxmoe;
+using mxmoe::test::expect_error_naming;
+using mxmoe::test::fake;
 
 namespace {
-
-template <class T = uint8_t>
-T* fake(uintptr_t addr) { return reinterpret_cast<T*>(addr); }
 
 const __nv_bfloat16* X = fake<const __nv_bfloat16>(0x10000);
 
@@ -21,15 +20,6 @@ MxOut good_out() {
   o.data = fake(0x20000);
   o.scales = fake(0x30000);
   return o;
-}
-
-void expect_error_naming(const std::function<void()>& f, const std::string& arg) {
-  try {
-    f();
-    FAIL() << "no error; expected one naming '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'" + arg + "'"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

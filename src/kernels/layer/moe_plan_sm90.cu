@@ -20,25 +20,29 @@ constexpr int kWarpsPerCta = 4;
 constexpr int kScanThreads = 1024;
 static_assert(kMaxExperts <= kScanThreads, "scan: one thread per expert");
 
-// Per-warp expert counters in shared memory: [kWarpsPerCta][num_experts] int32 (dynamic).
-__device__ __forceinline__ int32_t* warp_counters(int32_t* smem, int num_experts) {
-  return smem + (threadIdx.x / 32) * num_experts;
-}
-
-__device__ __forceinline__ void zero_counters(int32_t* c, int num_experts) {
-  for (int e = threadIdx.x % 32; e < num_experts; e += 32) c[e] = 0;
-  __syncwarp();
-}
+// A warp's chunk of the item list and its expert counters ([kWarpsPerCta][num_experts] int32 in
+// dynamic shared memory, zeroed here; only the owning warp touches them).
+struct WarpChunk {
+  int64_t chunk, begin, end;
+  int32_t* counters;
+  __device__ WarpChunk(int32_t* smem, int64_t items, int num_experts) {
+    chunk = int64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+    begin = chunk * kPlanChunk;
+    end = min(items, begin + kPlanChunk);
+    counters = smem + (threadIdx.x / 32) * num_experts;
+    for (int e = threadIdx.x % 32; e < num_experts; e += 32) counters[e] = 0;
+    __syncwarp();
+  }
+};
 
 __global__ void plan_count_kernel(const int32_t* __restrict__ ids, int64_t items, int num_experts,
                                   int64_t num_chunks, int32_t* __restrict__ chunk_counts) {
   extern __shared__ int32_t smem[];
-  const int64_t chunk = int64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
-  if (chunk >= num_chunks) return;  // whole warp
-  int32_t* cnt = warp_counters(smem, num_experts);
-  zero_counters(cnt, num_experts);
+  const WarpChunk w(smem, items, num_experts);
+  if (w.chunk >= num_chunks) return;  // whole warp
+  int32_t* cnt = w.counters;
   const int lane = threadIdx.x % 32;
-  const int64_t begin = chunk * kPlanChunk, end = min(items, begin + kPlanChunk);
+  const int64_t begin = w.begin, end = w.end;
   for (int64_t base = begin; base < end; base += 32) {
     const int64_t i = base + lane;
     const int32_t e = i < end ? ids[i] : -1;
@@ -47,7 +51,7 @@ __global__ void plan_count_kernel(const int32_t* __restrict__ ids, int64_t items
     if (ok && lane == __ffs(same) - 1) cnt[e] += __popc(same);  // the group's lowest lane
     __syncwarp();
   }
-  for (int e = lane; e < num_experts; e += 32) chunk_counts[chunk * num_experts + e] = cnt[e];
+  for (int e = lane; e < num_experts; e += 32) chunk_counts[w.chunk * num_experts + e] = cnt[e];
 }
 
 // Exclusive prefix of v over the CTA (one value per thread), fixed order.
@@ -94,12 +98,12 @@ __global__ void plan_scan_kernel(int32_t* __restrict__ chunk_counts, int64_t num
 __global__ void plan_place_kernel(const int32_t* __restrict__ ids, int64_t items, int top_k, int num_experts,
                                   int64_t num_chunks, const int32_t* __restrict__ chunk_base, MoePlan plan) {
   extern __shared__ int32_t smem[];
-  const int64_t chunk = int64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
-  if (chunk >= num_chunks) return;
-  int32_t* running = warp_counters(smem, num_experts);
-  zero_counters(running, num_experts);
+  const WarpChunk w(smem, items, num_experts);
+  if (w.chunk >= num_chunks) return;  // whole warp
+  int32_t* running = w.counters;
+  const int64_t chunk = w.chunk;
   const int lane = threadIdx.x % 32;
-  const int64_t begin = chunk * kPlanChunk, end = min(items, begin + kPlanChunk);
+  const int64_t begin = w.begin, end = w.end;
   for (int64_t base = begin; base < end; base += 32) {
     const int64_t i = base + lane;
     const int32_t e = i < end ? ids[i] : -1;
