@@ -1,0 +1,108 @@
+// C ABI of the warp-decode path (include/mxmoe/decode.h) for ctypes (bench/bench_decode.py).
+// Each function returns 0 on success and 1 on failure; mxmoe_last_error() then returns the
+// message. Pointers are device pointers (null where optional); `stream` is a cudaStream_t.
+// Enums as ints: scoring 0 = softmax, 1 = sigmoid; w_dtype 0 = BF16, 1 = MXFP8;
+// h_dtype 0 = FP32, 1 = BF16; path 0 = warp decode, 1 = expert-centric.
+//
+//   int mxmoe_decode_router(const void* x, int batch, int hidden, const void* router_w,
+//                           int num_experts, int top_k, int scoring, int renormalize, int n_groups,
+//                           int topk_groups, float scaling_factor, const void* bias,
+//                           void* topk_ids, void* topk_weights, void* stream);
+//   int mxmoe_decode_gate_up(const void* x, int batch, int hidden, int inter, int w_dtype,
+//                            const void* w1_data, const void* w1_scales, const void* shared_data,
+//                            const void* shared_scales, int num_experts, const void* topk_ids,
+//                            int top_k, void* h, int h_dtype, void* stream);
+//   int mxmoe_decode_down(const void* h, int h_dtype, int batch, int inter, int hidden,
+//                         int w_dtype, const void* w2_data, const void* w2_scales,
+//                         const void* shared_data, const void* shared_scales, int num_experts,
+//                         const void* topk_ids, const void* topk_weights, int top_k, void* out,
+//                         void* stream);
+//   int mxmoe_decode_crossover(int hidden, int inter, int num_experts, int top_k, int shared,
+//                              int w_dtype, int* max_batch, int* measured);
+#include <cstdint>
+
+#include "host/c_api_guard.h"
+#include "mxmoe/decode.h"
+
+using mxmoe::detail::c_api_guarded;
+
+namespace {
+
+mxmoe::DecodeWeights weights(int w_dtype, const void* data, const void* scales,
+                             const void* shared_data, const void* shared_scales) {
+  mxmoe::DecodeWeights w;
+  w.dtype = static_cast<mxmoe::DecodeWeightDtype>(w_dtype);
+  w.data = data;
+  w.scales = static_cast<const uint8_t*>(scales);
+  w.shared_data = shared_data;
+  w.shared_scales = static_cast<const uint8_t*>(shared_scales);
+  return w;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mxmoe_decode_router(const void* x, int batch, int hidden, const void* router_w,
+                        int num_experts, int top_k, int scoring, int renormalize, int n_groups,
+                        int topk_groups, float scaling_factor, const void* bias, void* topk_ids,
+                        void* topk_weights, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::RouterParams p;
+    p.scoring = static_cast<mxmoe::RouterScoring>(scoring);
+    p.top_k = top_k;
+    p.renormalize = renormalize != 0;
+    p.n_groups = n_groups;
+    p.topk_groups = topk_groups;
+    p.scaling_factor = scaling_factor;
+    p.bias = static_cast<const float*>(bias);
+    mxmoe::decode_router(static_cast<const __nv_bfloat16*>(x), batch, hidden,
+                         static_cast<const __nv_bfloat16*>(router_w), num_experts, p,
+                         static_cast<int32_t*>(topk_ids), static_cast<float*>(topk_weights),
+                         static_cast<cudaStream_t>(stream));
+  });
+}
+
+int mxmoe_decode_gate_up(const void* x, int batch, int hidden, int inter, int w_dtype,
+                         const void* w1_data, const void* w1_scales, const void* shared_data,
+                         const void* shared_scales, int num_experts, const void* topk_ids,
+                         int top_k, void* h, int h_dtype, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::decode_gate_up(static_cast<const __nv_bfloat16*>(x), batch, hidden, inter,
+                          weights(w_dtype, w1_data, w1_scales, shared_data, shared_scales),
+                          num_experts, static_cast<const int32_t*>(topk_ids), top_k, h,
+                          static_cast<mxmoe::DecodeHDtype>(h_dtype),
+                          static_cast<cudaStream_t>(stream));
+  });
+}
+
+int mxmoe_decode_down(const void* h, int h_dtype, int batch, int inter, int hidden, int w_dtype,
+                      const void* w2_data, const void* w2_scales, const void* shared_data,
+                      const void* shared_scales, int num_experts, const void* topk_ids,
+                      const void* topk_weights, int top_k, void* out, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::decode_down(h, static_cast<mxmoe::DecodeHDtype>(h_dtype), batch, inter, hidden,
+                       weights(w_dtype, w2_data, w2_scales, shared_data, shared_scales),
+                       num_experts, static_cast<const int32_t*>(topk_ids),
+                       static_cast<const float*>(topk_weights), top_k,
+                       static_cast<__nv_bfloat16*>(out), static_cast<cudaStream_t>(stream));
+  });
+}
+
+int mxmoe_decode_crossover(int hidden, int inter, int num_experts, int top_k, int shared,
+                           int w_dtype, int* max_batch, int* measured) {
+  return c_api_guarded([&] {
+    mxmoe::DecodeShape s;
+    s.hidden = hidden;
+    s.inter = inter;
+    s.num_experts = num_experts;
+    s.top_k = top_k;
+    s.shared_expert = shared != 0;
+    const mxmoe::DecodeCrossover c =
+        mxmoe::decode_crossover(s, static_cast<mxmoe::DecodeWeightDtype>(w_dtype));
+    if (max_batch) *max_batch = c.max_batch;
+    if (measured) *measured = c.measured ? 1 : 0;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,257 @@
+// Host entry points of the warp-decode path (include/mxmoe/decode.h): argument checks (before any
+// CUDA call, so they are testable without a GPU), then the launches; and the dispatcher's table.
+#include "mxmoe/decode.h"
+
+#include <cmath>
+#include <string>
+
+#include "host/check.h"
+#include "kernels/decode/decode_launch.h"
+
+namespace mxmoe {
+namespace {
+
+using detail::check_aligned;
+using detail::check_not_null;
+using detail::throw_arg;
+using detail::to_str;
+
+constexpr int kMaxDim = 1 << 16;
+
+void check_batch(const char* fn, int batch) {
+  if (batch < 1 || batch > kDecodeMaxBatch)
+    throw_arg(fn, "batch", to_str(batch), "must be in [1, " + to_str(kDecodeMaxBatch) + "]");
+}
+
+void check_dim(const char* fn, const char* arg, int v, bool mxfp8) {
+  if (v < 32 || v > kMaxDim || v % 8 != 0)
+    throw_arg(fn, arg, to_str(v), "must be a multiple of 8 in [32, " + to_str(kMaxDim) + "]");
+  if (mxfp8 && v % kMxBlock != 0)
+    throw_arg(fn, arg, to_str(v), "must be a multiple of 32 for MXFP8 weights (MX blocks run along it)");
+}
+
+void check_experts(const char* fn, int num_experts) {
+  if (num_experts < 1 || num_experts > kDecodeMaxExperts)
+    throw_arg(fn, "num_experts", to_str(num_experts), "must be in [1, " + to_str(kDecodeMaxExperts) + "]");
+}
+
+void check_top_k(const char* fn, const char* arg, int top_k, int num_experts) {
+  if (top_k < 1 || top_k > kDecodeMaxTopK || top_k > num_experts)
+    throw_arg(fn, arg, to_str(top_k),
+              "must be in [1, min(" + to_str(kDecodeMaxTopK) + ", num_experts = " + to_str(num_experts) + ")]");
+}
+
+void check_ptr(const char* fn, const char* arg, const void* p, uintptr_t align) {
+  check_not_null(fn, arg, p);
+  check_aligned(fn, arg, p, align);
+}
+
+bool is_mx(const char* fn, const std::string& name, DecodeWeightDtype d) {
+  if (d != DecodeWeightDtype::kBF16 && d != DecodeWeightDtype::kMXFP8)
+    throw_arg(fn, (name + ".dtype").c_str(), to_str(int(d)), "must be kBF16 or kMXFP8");
+  return d == DecodeWeightDtype::kMXFP8;
+}
+
+void check_weights(const char* fn, const std::string& name, const DecodeWeights& w) {
+  const bool mx = is_mx(fn, name, w.dtype);
+  const std::string d = name + ".data", s = name + ".scales", sd = name + ".shared_data",
+                    ss = name + ".shared_scales";
+  check_ptr(fn, d.c_str(), w.data, 16);
+  if (mx) {
+    check_not_null(fn, s.c_str(), w.scales);
+  } else if (w.scales) {
+    throw_arg(fn, s.c_str(), to_str(static_cast<const void*>(w.scales)), "must be null for BF16 weights");
+  }
+  if (w.shared_data) {
+    check_aligned(fn, sd.c_str(), w.shared_data, 16);
+    if (mx) check_not_null(fn, ss.c_str(), w.shared_scales);
+  }
+  if (w.shared_scales && (!mx || !w.shared_data))
+    throw_arg(fn, ss.c_str(), to_str(static_cast<const void*>(w.shared_scales)),
+              "must be null unless the weights are MXFP8 with a shared expert");
+}
+
+void check_h_dtype(const char* fn, DecodeHDtype d) {
+  if (d != DecodeHDtype::kFP32 && d != DecodeHDtype::kBF16)
+    throw_arg(fn, "h_dtype", to_str(int(d)), "must be kFP32 or kBF16");
+}
+
+detail::ExpertWeights expert_weights(const DecodeWeights& w) {
+  detail::ExpertWeights e;
+  e.mxfp8 = w.dtype == DecodeWeightDtype::kMXFP8 ? 1 : 0;
+  e.data = w.data;
+  e.scales = w.scales;
+  e.shared_data = w.shared_data;
+  e.shared_scales = w.shared_scales;
+  return e;
+}
+
+}  // namespace
+
+void decode_router(const __nv_bfloat16* x, int batch, int hidden, const __nv_bfloat16* router_w,
+                   int num_experts, const RouterParams& params, int32_t* topk_ids,
+                   float* topk_weights, cudaStream_t stream) {
+  const char* fn = "decode_router";
+  check_ptr(fn, "x", x, 16);
+  check_batch(fn, batch);
+  check_dim(fn, "hidden", hidden, false);
+  check_ptr(fn, "router_w", router_w, 16);
+  check_experts(fn, num_experts);
+  check_top_k(fn, "params.top_k", params.top_k, num_experts);
+  const bool sigmoid = params.scoring == RouterScoring::kSigmoid;
+  if (!sigmoid && params.scoring != RouterScoring::kSoftmax)
+    throw_arg(fn, "params.scoring", to_str(int(params.scoring)), "must be kSoftmax or kSigmoid");
+  if (!std::isfinite(params.scaling_factor))
+    throw_arg(fn, "params.scaling_factor", to_str(params.scaling_factor), "must be finite");
+  if (!sigmoid) {
+    if (params.n_groups != 1)
+      throw_arg(fn, "params.n_groups", to_str(params.n_groups), "must be 1 with softmax scoring");
+    if (params.topk_groups != 1)
+      throw_arg(fn, "params.topk_groups", to_str(params.topk_groups), "must be 1 with softmax scoring");
+    if (params.bias)
+      throw_arg(fn, "params.bias", to_str(static_cast<const void*>(params.bias)),
+                "must be null with softmax scoring (the bias is a sigmoid-routing term)");
+  } else {
+    if (params.n_groups < 1 || params.n_groups > kDecodeMaxGroups || num_experts % params.n_groups != 0)
+      throw_arg(fn, "params.n_groups", to_str(params.n_groups),
+                "must be in [1, " + to_str(kDecodeMaxGroups) + "] and divide num_experts = " + to_str(num_experts));
+    if (params.topk_groups < 1 || params.topk_groups > params.n_groups)
+      throw_arg(fn, "params.topk_groups", to_str(params.topk_groups), "must be in [1, n_groups]");
+    const int group = num_experts / params.n_groups;
+    if (params.n_groups > 1 && group < 2)
+      throw_arg(fn, "params.n_groups", to_str(params.n_groups),
+                "groups must hold at least 2 experts (a group scores its top-2)");
+    if (params.top_k > params.topk_groups * group)
+      throw_arg(fn, "params.top_k", to_str(params.top_k),
+                "must be at most topk_groups · num_experts / n_groups = " + to_str(params.topk_groups * group));
+    if (params.bias) check_aligned(fn, "params.bias", params.bias, 4);
+  }
+  check_ptr(fn, "topk_ids", topk_ids, 4);
+  check_ptr(fn, "topk_weights", topk_weights, 4);
+
+  detail::RouterLaunch p;
+  p.x = reinterpret_cast<const uint16_t*>(x);
+  p.w = reinterpret_cast<const uint16_t*>(router_w);
+  p.bias = sigmoid ? params.bias : nullptr;
+  p.ids = topk_ids;
+  p.weights = topk_weights;
+  p.batch = batch;
+  p.hidden = hidden;
+  p.num_experts = num_experts;
+  p.top_k = params.top_k;
+  p.sigmoid = sigmoid ? 1 : 0;
+  p.renormalize = params.renormalize ? 1 : 0;
+  p.n_groups = params.n_groups;
+  p.topk_groups = params.topk_groups;
+  p.scaling = params.scaling_factor;
+  detail::launch_decode_router(p, stream);
+}
+
+void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
+                    const DecodeWeights& w1, int num_experts, const int32_t* topk_ids, int top_k,
+                    void* h, DecodeHDtype h_dtype, cudaStream_t stream) {
+  const char* fn = "decode_gate_up";
+  check_ptr(fn, "x", x, 16);
+  check_batch(fn, batch);
+  const bool mx = is_mx(fn, "w1", w1.dtype);
+  check_dim(fn, "hidden", hidden, mx);
+  check_dim(fn, "inter", inter, mx);
+  check_weights(fn, "w1", w1);
+  check_experts(fn, num_experts);
+  check_ptr(fn, "topk_ids", topk_ids, 4);
+  check_top_k(fn, "top_k", top_k, num_experts);
+  check_ptr(fn, "h", h, 16);
+  check_h_dtype(fn, h_dtype);
+
+  detail::GateUpLaunch p;
+  p.x = reinterpret_cast<const uint16_t*>(x);
+  p.w1 = expert_weights(w1);
+  p.ids = topk_ids;
+  p.h = h;
+  p.h_bf16 = h_dtype == DecodeHDtype::kBF16 ? 1 : 0;
+  p.batch = batch;
+  p.hidden = hidden;
+  p.inter = inter;
+  p.num_experts = num_experts;
+  p.top_k = top_k;
+  p.slots = top_k + (w1.shared_data ? 1 : 0);
+  detail::launch_decode_gate_up(p, stream);
+}
+
+void decode_down(const void* h, DecodeHDtype h_dtype, int batch, int inter, int hidden,
+                 const DecodeWeights& w2, int num_experts, const int32_t* topk_ids,
+                 const float* topk_weights, int top_k, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "decode_down";
+  check_ptr(fn, "h", h, 16);
+  check_h_dtype(fn, h_dtype);
+  check_batch(fn, batch);
+  const bool mx = is_mx(fn, "w2", w2.dtype);
+  check_dim(fn, "inter", inter, mx);
+  check_dim(fn, "hidden", hidden, mx);
+  check_weights(fn, "w2", w2);
+  check_experts(fn, num_experts);
+  check_ptr(fn, "topk_ids", topk_ids, 4);
+  check_ptr(fn, "topk_weights", topk_weights, 4);
+  check_top_k(fn, "top_k", top_k, num_experts);
+  check_ptr(fn, "out", out, 16);
+
+  detail::DownLaunch p;
+  p.h = h;
+  p.h_bf16 = h_dtype == DecodeHDtype::kBF16 ? 1 : 0;
+  p.w2 = expert_weights(w2);
+  p.ids = topk_ids;
+  p.weights = topk_weights;
+  p.out = reinterpret_cast<uint16_t*>(out);
+  p.batch = batch;
+  p.hidden = hidden;
+  p.inter = inter;
+  p.num_experts = num_experts;
+  p.top_k = top_k;
+  p.slots = top_k + (w2.shared_data ? 1 : 0);
+  detail::launch_decode_down(p, stream);
+}
+
+// ---- dispatcher ----------------------------------------------------------------------------------
+namespace {
+
+struct CrossoverEntry {
+  DecodeShape shape;
+  DecodeWeightDtype dtype;
+  DecodeCrossover crossover;
+};
+
+// Largest batch for which warp decode beats the expert-centric path, per model shape and weight
+// dtype. NOT YET MEASURED: every entry below is a placeholder (measured = false), a guess from
+// HOPPER_NOTES.md "Decode" (output-centric wins at 1-8 tokens, loses from about 8-16; MXFP8 moves
+// half the bytes, so its crossover is guessed one step later). Fill from
+// `python3 bench/bench_decode.py`, which prints "crossover data" lines for exactly this table,
+// and set measured = true.
+constexpr CrossoverEntry kCrossovers[] = {
+    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, {8, false}},    // Qwen3-30B-A3B, not yet measured
+    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, false}},  // Qwen3-30B-A3B, not yet measured
+    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, {8, false}},   // Qwen3-235B-A22B, not yet measured
+    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, false}}, // Qwen3-235B-A22B, not yet measured
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {8, false}},    // DeepSeek-V3, not yet measured
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {16, false}},  // DeepSeek-V3, not yet measured
+};
+constexpr DecodeCrossover kDefaultCrossover{8, false};  // unlisted shapes: a guess, not measured
+
+bool same_shape(const DecodeShape& a, const DecodeShape& b) {
+  return a.hidden == b.hidden && a.inter == b.inter && a.num_experts == b.num_experts &&
+         a.top_k == b.top_k && a.shared_expert == b.shared_expert;
+}
+
+}  // namespace
+
+DecodeCrossover decode_crossover(const DecodeShape& shape, DecodeWeightDtype dtype) {
+  for (const CrossoverEntry& e : kCrossovers)
+    if (e.dtype == dtype && same_shape(e.shape, shape)) return e.crossover;
+  return kDefaultCrossover;
+}
+
+DecodePath choose_decode_path(const DecodeShape& shape, DecodeWeightDtype dtype, int batch) {
+  return batch <= decode_crossover(shape, dtype).max_batch ? DecodePath::kWarpDecode
+                                                            : DecodePath::kExpertCentric;
+}
+
+}  // namespace mxmoe

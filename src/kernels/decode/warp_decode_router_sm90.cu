@@ -1,0 +1,252 @@
+// Warp decode, fused router (DESIGN.md §4, decode.h): logits = X·Wrᵀ in FP32, then top-k.
+//   X BF16 [B, H], Wr BF16 [E, H] (16-byte aligned, H % 8 == 0), bias FP32 [E] (optional),
+//   topk_ids int32 [B, k], topk_weights FP32 [B, k]. Scoring rules: decode.h.
+// A cluster of kClusterSize = 8 CTAs (512 threads each) owns kTokens = 4 consecutive tokens.
+// Its 128 warps split the experts (warp g of the cluster takes e = g, g+128, ...); a warp streams
+// Wr[e] with kUnroll = 8 independent 16-byte loads a lane in flight (4 KB a warp, 64 KB an SM)
+// and uses each loaded chunk for the cluster's 4 tokens (X from L1), FP32 accumulation per token,
+// xor-butterfly warp sum. Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
+// after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
+// 16 scores a lane (E <= 512), k rounds of a warp arg-max with the total order
+// (score desc, id asc), group scores (top-2 sums) by one lane per group. Ties → lower id.
+// A token's arithmetic is the same whatever its position in the cluster or B: batch-invariant.
+// Roofline: 2·B·E·H FLOPs; bytes E·H·2 (Wr, read by every cluster: L2 after the first).
+// Registers: checked with -Xptxas -v, no spills. Shared: 2·4·512·4 B = 16 KB (used in rank 0).
+// Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include <cooperative_groups.h>
+
+#include "host/check.h"
+#include "kernels/decode/decode_launch.h"
+#include "kernels/decode/warp_decode_common.cuh"
+#include "mxmoe/decode.h"
+
+namespace cg = cooperative_groups;
+
+namespace mxmoe::detail {
+namespace {
+
+constexpr int kClusterSize = 8;
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTokens = 4;   // tokens per cluster
+constexpr int kUnroll = 8;   // 16-byte chunks of Wr in flight per lane
+constexpr int kPerLane = kDecodeMaxExperts / 32;
+static_assert(kDecodeMaxExperts % 32 == 0 && kPerLane <= 32, "availability is a 32-bit mask a lane");
+static_assert(kDecodeMaxTopK <= 32, "lane r keeps the r-th selected expert");
+static_assert(kDecodeMaxGroups <= 32, "lane g scores group g");
+static_assert(kTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
+
+// Strict total order on (score, id): higher score first, then lower id.
+__device__ __forceinline__ bool better(float v, int e, float bv, int be) {
+  return v > bv || (v == bv && e < be);
+}
+
+// Warp-wide arg-max of (v, e) carrying a payload s; every lane ends with the same triple.
+__device__ __forceinline__ void warp_argmax(float& v, int& e, float& s) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) {
+    const float ov = __shfl_xor_sync(dev::kFullMask, v, o);
+    const int oe = __shfl_xor_sync(dev::kFullMask, e, o);
+    const float os = __shfl_xor_sync(dev::kFullMask, s, o);
+    if (better(ov, oe, v, e)) {
+      v = ov;
+      e = oe;
+      s = os;
+    }
+  }
+}
+
+// Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
+// best selection scores; clear the availability bits of experts outside them.
+__device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kPerLane],
+                                                 uint32_t avail, float* scratch, int lane) {
+  const int E = p.num_experts, G = E / p.n_groups;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E) scratch[e] = sel[i];
+  }
+  __syncwarp();
+  const bool has_group = lane < p.n_groups;
+  float gscore = -INFINITY;
+  if (has_group) {
+    float t1 = -INFINITY, t2 = -INFINITY;
+    for (int q = 0; q < G; ++q) {
+      const float v = scratch[lane * G + q];
+      if (v > t1) {
+        t2 = t1;
+        t1 = v;
+      } else if (v > t2) {
+        t2 = v;
+      }
+    }
+    gscore = t1 + t2;
+    if (isnan(gscore)) gscore = -INFINITY;
+  }
+  uint32_t chosen = 0u;
+  for (int r = 0; r < p.topk_groups; ++r) {
+    float v = -INFINITY, unused = 0.0f;
+    int g = INT_MAX;
+    if (has_group && !((chosen >> lane) & 1u)) {
+      v = gscore;
+      g = lane;
+    }
+    warp_argmax(v, g, unused);
+    chosen |= 1u << g;  // g < n_groups: topk_groups <= n_groups
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E && !((chosen >> (e / G)) & 1u)) avail &= ~(1u << i);
+  }
+  return avail;
+}
+
+// One warp: the top-k of token b from its FP32 logits (shared memory [E]).
+__device__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
+                             int lane) {
+  const int E = p.num_experts;
+  float sel[kPerLane];  // selection score
+  float src[kPerLane];  // softmax: the logit; sigmoid: s = sigmoid(logit)
+  uint32_t valid = 0u;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    sel[i] = -INFINITY;
+    src[i] = 0.0f;
+    if (e < E) {
+      const float l = logits[e];
+      if (p.sigmoid) {
+        const float s = 1.0f / (1.0f + expf(-l));
+        src[i] = s;
+        sel[i] = p.bias ? s + __ldg(p.bias + e) : s;
+      } else {
+        src[i] = l;
+        sel[i] = l;
+      }
+      if (isnan(sel[i])) sel[i] = -INFINITY;  // NaN counts as -Inf
+      valid |= 1u << i;
+    }
+  }
+  uint32_t avail = valid;
+  if (p.sigmoid && p.n_groups > 1) avail = limit_groups(p, sel, avail, scratch, lane);
+
+  int my_id = 0;        // lane r: the r-th selected expert
+  float my_src = 0.0f;  // and its weight source
+  for (int r = 0; r < p.top_k; ++r) {
+    float v = -INFINITY, s = 0.0f;
+    int e = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (((avail >> i) & 1u) && better(sel[i], lane + 32 * i, v, e)) {
+        v = sel[i];
+        e = lane + 32 * i;
+        s = src[i];
+      }
+    }
+    warp_argmax(v, e, s);  // e < E: top_k <= the number of available experts
+    if (lane == (e & 31)) avail &= ~(1u << (e >> 5));
+    if (lane == r) {
+      my_id = e;
+      my_src = s;
+    }
+  }
+
+  const bool mine = lane < p.top_k;
+  float w;
+  if (!p.sigmoid) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if ((valid >> i) & 1u) m = fmaxf(m, src[i]);
+    m = dev::warp_max(m);
+    const float num = mine ? expf(my_src - m) : 0.0f;
+    float den;
+    if (p.renormalize) {
+      den = dev::warp_sum(num);
+    } else {
+      float part = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if ((valid >> i) & 1u) part += expf(src[i] - m);
+      den = dev::warp_sum(part);
+    }
+    w = num / den;
+  } else {
+    const float s = mine ? my_src : 0.0f;
+    w = p.renormalize ? s / dev::warp_sum(s) : s;
+  }
+  w *= p.scaling;
+  if (mine) {
+    p.ids[int64_t(b) * p.top_k + lane] = my_id;
+    p.weights[int64_t(b) * p.top_k + lane] = w;
+  }
+}
+
+__global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
+    warp_decode_router_kernel(const RouterLaunch p) {
+  __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
+  __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b0 = int(blockIdx.x / kClusterSize) * kTokens;
+  const int H = p.hidden, E = p.num_experts, nchunks = H / 8;
+
+  const uint8_t* x[kTokens];  // tokens past B repeat the last one (same code, result dropped)
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t)
+    x[t] = reinterpret_cast<const uint8_t*>(p.x + int64_t(min(b0 + t, p.batch - 1)) * H);
+  float* logits0 = cluster.map_shared_rank(&s_logits[0][0], 0);
+  cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal
+
+  for (int e = rank * kWarps + warp; e < E; e += kClusterSize * kWarps) {
+    const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
+    float acc[kTokens];
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) acc[t] = 0.0f;
+    for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
+      uint4 wv[kUnroll];  // [kUnroll] x 8 BF16 of Wr[e]
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + 32 * u;
+        wv[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (c < nchunks) wv[u] = dev::ldg_stream_v4(w + int64_t(c) * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + 32 * u;
+        if (c < nchunks) {
+#pragma unroll
+          for (int t = 0; t < kTokens; ++t)
+            acc[t] = dev::dot8_bf16_bf16(wv[u], dev::ldg_v4(x[t] + int64_t(c) * 16), acc[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) acc[t] = dev::warp_sum(acc[t]);
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) logits0[t * kDecodeMaxExperts + e] = acc[t];
+    }
+  }
+  cluster.sync();  // release/acquire: rank 0 sees every logit
+  if (rank != 0) return;
+  if (warp < kTokens && b0 + warp < p.batch)
+    select_top_k(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+}
+
+}  // namespace
+
+void launch_decode_router(const RouterLaunch& p, cudaStream_t stream) {
+  const int64_t clusters = (int64_t(p.batch) + kTokens - 1) / kTokens;
+  warp_decode_router_kernel<<<dim3(unsigned(clusters * kClusterSize)), kThreads, 0, stream>>>(p);
+  MXMOE_CHECK_LAUNCH("decode_router");
+}
+
+}  // namespace mxmoe::detail

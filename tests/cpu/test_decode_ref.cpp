@@ -1,0 +1,302 @@
+// Warp decode on the CPU: the FP64 reference (src/ref/decode_ref.h) against naive loops and
+// hand-made routing cases (ties, group limit, bias, shared expert), the argument checks of
+// include/mxmoe/decode.h (each bad argument throws mxmoe::Error naming it, before any CUDA
+// call; pointers here are never dereferenced), and the dispatcher's table.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mxmoe/decode.h"
+#include "ref/decode_ref.h"
+#include "ref/mx_ref.h"
+
+using namespace mxmoe;
+
+namespace {
+
+void expect_error_naming(const std::function<void()>& f, const std::string& arg) {
+  try {
+    f();
+    FAIL() << "no error; expected one naming '" << arg << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + arg + "'"), std::string::npos) << e.what();
+  }
+}
+
+template <class T = void>
+T* fake(uintptr_t a) { return reinterpret_cast<T*>(a); }
+
+ref::RouterRefParams softmax(int k) {
+  ref::RouterRefParams p;
+  p.top_k = k;
+  return p;
+}
+
+}  // namespace
+
+TEST(DecodeRef, SoftmaxTopKTiesGoToLowerId) {
+  // Logits of one token: experts 1 and 3 tie at 2.0, expert 5 at 3.0.
+  const std::vector<double> l = {0.5, 2.0, -1.0, 2.0, 1.0, 3.0};
+  const ref::RouterRefResult r = ref::route_from_logits(l, 1, 6, softmax(3));
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{5, 1, 3}));
+  const double z = std::exp(0.0) + 2 * std::exp(-1.0);
+  EXPECT_NEAR(r.weights[0], 1.0 / z, 1e-15);
+  EXPECT_NEAR(r.weights[1], std::exp(-1.0) / z, 1e-15);
+  EXPECT_EQ(r.weights[1], r.weights[2]);
+  EXPECT_EQ(r.margin[0], 0.0);  // the tie is a decision with no margin
+  // Without renormalisation: softmax over all six experts, times the scaling factor.
+  ref::RouterRefParams p = softmax(3);
+  p.renormalize = false;
+  p.scaling_factor = 2.0;
+  const ref::RouterRefResult q = ref::route_from_logits(l, 1, 6, p);
+  double all = 0;
+  for (double v : l) all += std::exp(v - 3.0);
+  EXPECT_NEAR(q.weights[0], 2.0 / all, 1e-15);
+}
+
+TEST(DecodeRef, SigmoidGroupLimitAndBias) {
+  // 8 experts in 4 groups of 2, keep 2 groups, pick 2 experts. Bias steers selection only.
+  const std::vector<double> l = {3.0, -3.0, 1.0, 0.9, 2.5, 2.4, -1.0, -2.0};
+  std::vector<float> bias(8, 0.0f);
+  bias[6] = 10.0f;  // group 3 = {6, 7} wins through expert 6's bias (its top-2 sum is 10.27 + 0.12)
+  ref::RouterRefParams p;
+  p.sigmoid = true;
+  p.top_k = 2;
+  p.n_groups = 4;
+  p.topk_groups = 2;
+  p.scaling_factor = 2.5;
+  p.bias = bias.data();
+  const ref::RouterRefResult r = ref::route_from_logits(l, 1, 8, p);
+  auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  // Group scores: g0 = s(3)+s(-3) = 1.0, g1 = s(1)+s(.9) = 1.44, g2 = s(2.5)+s(2.4) = 1.84,
+  // g3 = s(-1)+10 + s(-2) = 10.39 → keep g3 and g2; experts by score: 6 (10.27), 4 (0.924).
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{6, 4}));
+  const double s6 = sig(-1.0), s4 = sig(2.5);
+  EXPECT_NEAR(r.weights[0], 2.5 * s6 / (s6 + s4), 1e-15);  // weight from s, not s + bias
+  EXPECT_NEAR(r.weights[1], 2.5 * s4 / (s6 + s4), 1e-15);
+  // Expert 0 has the largest logit but its group is dropped.
+  p.n_groups = 1;
+  p.topk_groups = 1;
+  const ref::RouterRefResult r1 = ref::route_from_logits(l, 1, 8, p);
+  EXPECT_EQ(r1.ids, (std::vector<int32_t>{6, 0}));
+}
+
+TEST(DecodeRef, RouterLogitsMatchNaiveLoop) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> u(-16, 16);
+  const int B = 3, H = 64, E = 10;
+  std::vector<uint16_t> x(B * H), w(E * H);
+  for (auto& v : x) v = ref::float_to_bf16(float(u(rng)) / 8);
+  for (auto& v : w) v = ref::float_to_bf16(float(u(rng)) / 256);
+  const ref::RouterRefResult r = ref::decode_router(x.data(), B, H, w.data(), E, softmax(4));
+  for (int b = 0; b < B; ++b)
+    for (int e = 0; e < E; ++e) {
+      double s = 0;
+      for (int h = 0; h < H; ++h) s += ref::bf16_to_float(x[b * H + h]) * ref::bf16_to_float(w[e * H + h]);
+      EXPECT_EQ(r.logits[b * E + e], s);
+    }
+  for (int b = 0; b < B; ++b) {
+    double sum = 0;
+    for (int j = 0; j < 4; ++j) {
+      sum += r.weights[b * 4 + j];
+      if (j) {
+        EXPECT_GE(r.logits[b * E + r.ids[b * 4 + j - 1]], r.logits[b * E + r.ids[b * 4 + j]]);
+      }
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-14);
+  }
+}
+
+// Gate/up and down on integer-valued data against a direct loop over the definition.
+TEST(DecodeRef, ExpertsMatchNaiveLoopWithSharedExpert) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> u(-3, 3);
+  const int B = 2, H = 8, I = 4, E = 3, k = 2;
+  auto rnd = [&](size_t n) {
+    std::vector<double> v(n);
+    for (auto& x : v) x = u(rng);
+    return v;
+  };
+  ref::ExpertsRef w1, w2;
+  w1.n = 2 * I;
+  w1.k = H;
+  w2.n = H;
+  w2.k = I;
+  for (int e = 0; e < E; ++e) {
+    w1.experts.push_back(rnd(2 * I * H));
+    w2.experts.push_back(rnd(H * I));
+  }
+  w1.shared = rnd(2 * I * H);
+  w2.shared = rnd(H * I);
+  const std::vector<double> x = rnd(B * H);
+  const std::vector<int32_t> ids = {2, 0, 1, 2};
+  const std::vector<double> wt = {0.75, 0.25, 0.5, 1.5};
+
+  const ref::GateUpRef g = ref::decode_gate_up(x, B, H, I, w1, ids.data(), k);
+  ASSERT_EQ(g.slots, 3);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < 3; ++j) {
+      const std::vector<double>& w = j < k ? w1.experts[ids[b * k + j]] : w1.shared;
+      for (int i = 0; i < I; ++i) {
+        double gg = 0, uu = 0;
+        for (int h = 0; h < H; ++h) {
+          gg += x[b * H + h] * w[i * H + h];
+          uu += x[b * H + h] * w[(I + i) * H + h];
+        }
+        const size_t o = (b * 3 + j) * I + i;
+        EXPECT_EQ(g.g[o], gg);
+        EXPECT_EQ(g.u[o], uu);
+        EXPECT_DOUBLE_EQ(g.h[o], gg / (1 + std::exp(-gg)) * uu);
+      }
+    }
+
+  const std::vector<double> h = rnd(B * 3 * I);  // integer h: the down sum is exact
+  std::vector<double> out, out_abs;
+  ref::decode_down(h, B, I, H, w2, ids.data(), wt.data(), k, &out, &out_abs);
+  for (int b = 0; b < B; ++b)
+    for (int n = 0; n < H; ++n) {
+      double want = 0, wabs = 0;
+      for (int j = 0; j < 3; ++j) {
+        const std::vector<double>& w = j < k ? w2.experts[ids[b * k + j]] : w2.shared;
+        const double wj = j < k ? wt[b * k + j] : 1.0;
+        double d = 0, da = 0;
+        for (int i = 0; i < I; ++i) {
+          d += h[(b * 3 + j) * I + i] * w[n * I + i];
+          da += std::fabs(h[(b * 3 + j) * I + i] * w[n * I + i]);
+        }
+        want += wj * d;
+        wabs += std::fabs(wj) * da;
+      }
+      EXPECT_EQ(out[b * H + n], want);
+      EXPECT_EQ(out_abs[b * H + n], wabs);
+    }
+}
+
+TEST(DecodeRef, MissingExpertIsAnError) {
+  ref::ExpertsRef w1;
+  w1.n = 8;
+  w1.k = 8;
+  w1.experts.resize(2);
+  const std::vector<double> x(8, 1.0);
+  const int32_t ids[1] = {1};
+  EXPECT_THROW(ref::decode_gate_up(x, 1, 8, 4, w1, ids, 1), std::invalid_argument);
+}
+
+TEST(DecodeArgs, RouterRejectsBadArguments) {
+  const auto* x = fake<const __nv_bfloat16>(0x10000);
+  const auto* wr = fake<const __nv_bfloat16>(0x20000);
+  int32_t* ids = fake<int32_t>(0x30000);
+  float* w = fake<float>(0x40000);
+  RouterParams p;
+  p.top_k = 4;
+  auto call = [&](const __nv_bfloat16* xx, int B, int H, int E, const RouterParams& pp) {
+    decode_router(xx, B, H, wr, E, pp, ids, w);
+  };
+  expect_error_naming([&] { call(nullptr, 1, 64, 16, p); }, "x");
+  expect_error_naming([&] { call(fake<const __nv_bfloat16>(0x10002), 1, 64, 16, p); }, "x");
+  expect_error_naming([&] { call(x, 0, 64, 16, p); }, "batch");
+  expect_error_naming([&] { call(x, kDecodeMaxBatch + 1, 64, 16, p); }, "batch");
+  expect_error_naming([&] { call(x, 1, 60, 16, p); }, "hidden");
+  expect_error_naming([&] { call(x, 1, 64, 0, p); }, "num_experts");
+  expect_error_naming([&] { call(x, 1, 64, kDecodeMaxExperts + 1, p); }, "num_experts");
+  expect_error_naming([&] { call(x, 1, 64, 3, p); }, "params.top_k");
+  RouterParams q = p;
+  q.top_k = 0;
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.top_k");
+  q = p;
+  q.n_groups = 2;
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.n_groups");  // softmax: no groups
+  q = p;
+  q.bias = fake<const float>(0x50000);
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.bias");
+  q = p;
+  q.scoring = RouterScoring::kSigmoid;
+  q.n_groups = 3;
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.n_groups");  // 16 % 3 != 0
+  q.n_groups = 4;
+  q.topk_groups = 5;
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.topk_groups");
+  q.topk_groups = 1;
+  q.top_k = 5;  // one group of 4 experts cannot give 5
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.top_k");
+  q = p;
+  q.scaling_factor = NAN;
+  expect_error_naming([&] { call(x, 1, 64, 16, q); }, "params.scaling_factor");
+  expect_error_naming([&] { decode_router(x, 1, 64, nullptr, 16, p, ids, w); }, "router_w");
+  expect_error_naming([&] { decode_router(x, 1, 64, wr, 16, p, nullptr, w); }, "topk_ids");
+  expect_error_naming([&] { decode_router(x, 1, 64, wr, 16, p, ids, fake<float>(0x40002)); }, "topk_weights");
+}
+
+TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
+  const auto* x = fake<const __nv_bfloat16>(0x10000);
+  const int32_t* ids = fake<const int32_t>(0x30000);
+  const float* wt = fake<const float>(0x40000);
+  void* h = fake(0x60000);
+  auto* out = fake<__nv_bfloat16>(0x70000);
+  DecodeWeights bf;
+  bf.data = fake(0x80000);
+  DecodeWeights mx;
+  mx.dtype = DecodeWeightDtype::kMXFP8;
+  mx.data = fake(0x80000);
+  mx.scales = fake<const uint8_t>(0x90000);
+  const DecodeHDtype f32 = DecodeHDtype::kFP32;
+
+  expect_error_naming([&] { decode_gate_up(nullptr, 1, 64, 64, bf, 8, ids, 2, h, f32); }, "x");
+  expect_error_naming([&] { decode_gate_up(x, 0, 64, 64, bf, 8, ids, 2, h, f32); }, "batch");
+  expect_error_naming([&] { decode_gate_up(x, 1, 68, 64, bf, 8, ids, 2, h, f32); }, "hidden");
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 20, bf, 8, ids, 2, h, f32); }, "inter");
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 40, mx, 8, ids, 2, h, f32); }, "inter");  // MX: % 32
+  expect_error_naming([&] { decode_gate_up(x, 1, 48, 64, mx, 8, ids, 2, h, f32); }, "hidden");
+  DecodeWeights bad = bf;
+  bad.data = fake(0x80008);
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bad, 8, ids, 2, h, f32); }, "w1.data");
+  bad = bf;
+  bad.scales = fake<const uint8_t>(0x90000);
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bad, 8, ids, 2, h, f32); }, "w1.scales");
+  bad = mx;
+  bad.scales = nullptr;
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bad, 8, ids, 2, h, f32); }, "w1.scales");
+  bad = mx;
+  bad.shared_data = fake(0xA0000);
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bad, 8, ids, 2, h, f32); }, "w1.shared_scales");
+  bad = bf;
+  bad.shared_data = fake(0xA0004);
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bad, 8, ids, 2, h, f32); }, "w1.shared_data");
+  bad = bf;
+  bad.dtype = DecodeWeightDtype(5);
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bad, 8, ids, 2, h, f32); }, "w1.dtype");
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bf, 8, ids, 9, h, f32); }, "top_k");
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bf, 8, nullptr, 2, h, f32); }, "topk_ids");
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bf, 8, ids, 2, fake(0x60004), f32); }, "h");
+  expect_error_naming([&] { decode_gate_up(x, 1, 64, 64, bf, 8, ids, 2, h, DecodeHDtype(3)); }, "h_dtype");
+
+  expect_error_naming([&] { decode_down(nullptr, f32, 1, 64, 64, bf, 8, ids, wt, 2, out); }, "h");
+  expect_error_naming([&] { decode_down(h, f32, 5000, 64, 64, bf, 8, ids, wt, 2, out); }, "batch");
+  expect_error_naming([&] { decode_down(h, f32, 1, 64, 100, mx, 8, ids, wt, 2, out); }, "hidden");
+  expect_error_naming([&] { decode_down(h, f32, 1, 64, 64, bf, 8, ids, nullptr, 2, out); }, "topk_weights");
+  expect_error_naming([&] { decode_down(h, f32, 1, 64, 64, bf, 8, ids, wt, 0, out); }, "top_k");
+  expect_error_naming([&] { decode_down(h, f32, 1, 64, 64, bf, 8, ids, wt, 2, nullptr); }, "out");
+  expect_error_naming([&] { decode_down(h, f32, 1, 64, 64, bf, 0, ids, wt, 2, out); }, "num_experts");
+  bad = bf;
+  bad.data = nullptr;
+  expect_error_naming([&] { decode_down(h, f32, 1, 64, 64, bad, 8, ids, wt, 2, out); }, "w2.data");
+}
+
+TEST(DecodeDispatch, TableIsPlaceholderAndSplitsByBatch) {
+  const DecodeShape qwen{2048, 768, 128, 8, false};
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    const DecodeCrossover c = decode_crossover(qwen, d);
+    EXPECT_FALSE(c.measured) << "update this test when the table is measured";
+    EXPECT_GE(c.max_batch, 1);
+    EXPECT_EQ(choose_decode_path(qwen, d, 1), DecodePath::kWarpDecode);
+    EXPECT_EQ(choose_decode_path(qwen, d, c.max_batch), DecodePath::kWarpDecode);
+    EXPECT_EQ(choose_decode_path(qwen, d, c.max_batch + 1), DecodePath::kExpertCentric);
+  }
+  const DecodeShape other{1024, 512, 64, 6, false};
+  EXPECT_FALSE(decode_crossover(other, DecodeWeightDtype::kBF16).measured);
+  EXPECT_EQ(choose_decode_path(other, DecodeWeightDtype::kBF16, 1), DecodePath::kWarpDecode);
+}

@@ -1,0 +1,487 @@
+// Warp decode (include/mxmoe/decode.h) on the GPU against the FP64 reference (src/ref/decode_ref.h).
+// Weights are made on the CPU (MXFP8: ref::quantize_rows) and uploaded; only the experts the GPU
+// router picks are filled, every other expert stays poisoned with 0xFF bytes (NaN in BF16, E4M3
+// and E8M0), so reading a wrong expert shows up as NaN. h and out are poisoned before each launch.
+// Each kernel is checked on its own: the router against the reference router; gate/up against the
+// reference gate/up on the GPU's ids; down against the reference down fed with the GPU's h and
+// routing weights (exact inputs), so no error is propagated from one kernel to the next.
+//
+// Test data: X = integers in [-16, 16] / 8 and Wr = integers in [-16, 16] / 256 (exact BF16).
+// Every router product is a multiple of 2^-11 and every partial sum stays below 2^13 in
+// magnitude (H <= 4096 · 2 · 1/16), so it needs at most 24 significant bits: the GPU's FP32
+// logits are exact, whatever the summation order. Expert weights: Gaussian / sqrt(K), rounded
+// to BF16 (then MX-quantized for MXFP8).
+//
+// Tolerances (derivation). u = 2^-24 (FP32 unit roundoff), γ_n = n·u / (1 − n·u).
+//  * A dot product of n exact products summed in FP32 in any order (with or without FMA) is off
+//    by at most γ_n · Σ|p_i|. A kernel's longest addition chain for length K is below K + 64
+//    (in-chunk chain, chunks of a lane, MX chunk-scale FMA, 5 butterfly levels), so
+//    Δg = γ_{H+64}·Σ|x·w_gate|, Δu likewise.
+//  * SwiGLU: |silu'(g)| <= 1.1, so |Δh| <= 1.1·Δg·(|u| + Δu) + |silu(g)|·Δu; evaluating
+//    g/(1+expf(−g))·u in FP32 adds at most ~6 roundings (expf is within 2 ulp), bounded by
+//    2^-20 relative. BF16 h adds the BF16 unit roundoff 2^-8 relative (8-bit significand).
+//  * Down, on the GPU's h and weights: slot dot products γ_{I+64}·Σ|h·w2| each, plus the FP32
+//    sum over S slots, γ_{S+1}·Σ_j |w_j·d_j|; both bounded with out_abs = Σ_j |w_j|·Σ_i|h·w2|:
+//    Δ = γ_{I+S+66}·out_abs; then BF16 output rounding 2^-8·(|out| + Δ).
+//  * Router weights: logits exact; softmax w = expf(l−m)/Σ (l−m exact), sigmoid w = s/Σs with
+//    s = 1/(1+expf(−l)): fewer than k + 6 roundings of at most 2 ulp each → 2^-17 relative for
+//    k <= 8 (38·2^-24 < 2^-17). Ids: softmax selects on the exact logits, so ids must match the
+//    reference exactly (ties → lower id on both sides). Sigmoid scores carry ~4 ulp of error, so
+//    ids are compared wherever the reference's decision margin exceeds 1e-5 (at most a few
+//    tokens with near-ties are skipped, and the test requires that most are compared).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "common/gpu_test_util.h"
+#include "mxmoe/decode.h"
+#include "ref/decode_ref.h"
+#include "ref/mx_ref.h"
+
+using namespace mxmoe;
+using namespace mxmoe::test;
+
+namespace {
+
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24
+double gamma_n(double n) { return n * kU / (1.0 - n * kU); }
+
+struct Config {
+  const char* name;
+  int H, I, E, k;
+  bool shared;
+  bool sigmoid;
+  int n_groups, topk_groups;
+  float scaling;
+};
+
+const Config kQwenSmall{"qwen-style small", 512, 256, 16, 4, false, false, 1, 1, 1.0f};
+const Config kDsSmall{"deepseek-style small", 512, 256, 16, 4, true, true, 4, 2, 2.5f};
+const Config kQwen30B{"Qwen3-30B-A3B", 2048, 768, 128, 8, false, false, 1, 1, 1.0f};
+
+const char* dtype_name(DecodeWeightDtype d) { return d == DecodeWeightDtype::kMXFP8 ? "mxfp8" : "bf16"; }
+
+// One projection's weights on the device ([E, N, K] + optional shared [N, K]) and as FP64.
+struct ExpertTensor {
+  DecodeWeightDtype dtype;
+  int E = 0;
+  int64_t N = 0, K = 0;
+  std::unique_ptr<DevBuf<uint8_t>> data, scales, sdata, sscales;
+  ref::ExpertsRef ref;
+  std::vector<char> built;
+
+  ExpertTensor(DecodeWeightDtype d, int e, int64_t n, int64_t k, bool shared, std::mt19937& rng)
+      : dtype(d), E(e), N(n), K(k) {
+    const bool mx = d == DecodeWeightDtype::kMXFP8;
+    const size_t elem = mx ? 1 : 2;
+    data = std::make_unique<DevBuf<uint8_t>>(size_t(E) * N * K * elem, 0xFF);  // poison: NaN
+    if (mx) scales = std::make_unique<DevBuf<uint8_t>>(size_t(E) * N * (K / 32), 0xFF);
+    ref.n = N;
+    ref.k = K;
+    ref.experts.resize(size_t(E));
+    built.assign(size_t(E), 0);
+    if (shared) {
+      sdata = std::make_unique<DevBuf<uint8_t>>(size_t(N * K * elem), 0xFF);
+      if (mx) sscales = std::make_unique<DevBuf<uint8_t>>(size_t(N * (K / 32)), 0xFF);
+      ref.shared = make(sdata->p, mx ? sscales->p : nullptr, rng);
+    }
+  }
+
+  // Random BF16 [N, K] (Gaussian / sqrt(K)), MX-quantized when needed; uploads to (d, s) and
+  // returns the values the kernels see, in FP64.
+  std::vector<double> make(uint8_t* d, uint8_t* s, std::mt19937& rng) {
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<uint16_t> w(size_t(N * K));
+    const float sc = 1.0f / std::sqrt(float(K));
+    for (auto& v : w) v = ref::float_to_bf16(g(rng) * sc);
+    std::vector<double> out(w.size());
+    if (dtype == DecodeWeightDtype::kMXFP8) {
+      const ref::MxMatrix m = ref::quantize_rows(w.data(), N, K, ScaleMode::kRceil);
+      EXPECT_EQ(cudaMemcpy(d, m.data.data(), m.data.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(s, m.scales.data(), m.scales.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      out = ref::dequantize(m);
+    } else {
+      EXPECT_EQ(cudaMemcpy(d, w.data(), w.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      for (size_t i = 0; i < w.size(); ++i) out[i] = ref::bf16_to_float(w[i]);
+    }
+    return out;
+  }
+
+  void ensure(const std::vector<int32_t>& ids, std::mt19937& rng) {
+    const bool mx = dtype == DecodeWeightDtype::kMXFP8;
+    const size_t elem = mx ? 1 : 2;
+    for (int32_t e : ids) {
+      ASSERT_TRUE(e >= 0 && e < E) << "expert id " << e;
+      if (built[size_t(e)]) continue;
+      built[size_t(e)] = 1;
+      ref.experts[size_t(e)] = make(data->p + size_t(e) * N * K * elem,
+                                    mx ? scales->p + size_t(e) * N * (K / 32) : nullptr, rng);
+    }
+  }
+
+  DecodeWeights weights() const {
+    DecodeWeights w;
+    w.dtype = dtype;
+    w.data = data->p;
+    w.scales = scales ? scales->p : nullptr;
+    w.shared_data = sdata ? sdata->p : nullptr;
+    w.shared_scales = sscales ? sscales->p : nullptr;
+    return w;
+  }
+};
+
+std::vector<uint16_t> int_grid_bf16(int64_t n, int denom, std::mt19937& rng) {
+  std::uniform_int_distribution<int> u(-16, 16);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = ref::float_to_bf16(float(u(rng)) / float(denom));
+  return v;
+}
+
+// One layer: router + W1 + W2 for a config and weight dtype.
+struct Layer {
+  Config c;
+  DecodeWeightDtype dtype;
+  std::vector<uint16_t> wr;
+  std::vector<float> bias;
+  std::unique_ptr<DevBuf<uint16_t>> d_wr;
+  std::unique_ptr<DevBuf<float>> d_bias;
+  std::unique_ptr<ExpertTensor> w1, w2;
+
+  Layer(const Config& cfg, DecodeWeightDtype d, std::mt19937& rng) : c(cfg), dtype(d) {
+    wr = int_grid_bf16(int64_t(c.E) * c.H, 256, rng);
+    d_wr = std::make_unique<DevBuf<uint16_t>>(wr.size());
+    d_wr->upload(wr);
+    if (c.sigmoid) {
+      std::uniform_int_distribution<int> u(-8, 8);
+      bias.resize(size_t(c.E));
+      for (auto& b : bias) b = float(u(rng)) / 16.0f;
+      d_bias = std::make_unique<DevBuf<float>>(bias.size());
+      d_bias->upload(bias);
+    }
+    w1 = std::make_unique<ExpertTensor>(d, c.E, 2 * int64_t(c.I), c.H, c.shared, rng);
+    w2 = std::make_unique<ExpertTensor>(d, c.E, c.H, c.I, c.shared, rng);
+  }
+
+  int slots() const { return c.k + (c.shared ? 1 : 0); }
+
+  RouterParams router_params() const {
+    RouterParams p;
+    p.scoring = c.sigmoid ? RouterScoring::kSigmoid : RouterScoring::kSoftmax;
+    p.top_k = c.k;
+    p.renormalize = true;
+    p.n_groups = c.n_groups;
+    p.topk_groups = c.topk_groups;
+    p.scaling_factor = c.scaling;
+    p.bias = d_bias ? d_bias->p : nullptr;
+    return p;
+  }
+  ref::RouterRefParams router_ref_params() const {
+    ref::RouterRefParams p;
+    p.sigmoid = c.sigmoid;
+    p.top_k = c.k;
+    p.renormalize = true;
+    p.n_groups = c.n_groups;
+    p.topk_groups = c.topk_groups;
+    p.scaling_factor = c.scaling;
+    p.bias = c.sigmoid ? bias.data() : nullptr;
+    return p;
+  }
+};
+
+// Device buffers of one decode step for B tokens, and the three launches.
+struct Step {
+  const Layer& L;
+  int B;
+  DecodeHDtype hd;
+  DevBuf<uint16_t> x;
+  DevBuf<int32_t> ids;
+  DevBuf<float> w;
+  DevBuf<uint8_t> h;
+  DevBuf<uint16_t> out;
+
+  Step(const Layer& layer, const std::vector<uint16_t>& xs, int b, DecodeHDtype h_dtype)
+      : L(layer), B(b), hd(h_dtype), x(size_t(b) * layer.c.H), ids(size_t(b) * layer.c.k),
+        w(size_t(b) * layer.c.k),
+        h(size_t(b) * layer.slots() * layer.c.I * (h_dtype == DecodeHDtype::kBF16 ? 2 : 4), 0xFF),
+        out(size_t(b) * layer.c.H, 0xFF) {
+    x.upload(xs);
+  }
+  void poison() {
+    cudaMemset(h.p, 0xFF, h.n);
+    cudaMemset(out.p, 0xFF, out.n * 2);
+  }
+  void router(cudaStream_t s = nullptr) {
+    decode_router(reinterpret_cast<const __nv_bfloat16*>(x.p), B, L.c.H,
+                  reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p), L.c.E, L.router_params(),
+                  ids.p, w.p, s);
+  }
+  void gate_up(cudaStream_t s = nullptr) {
+    decode_gate_up(reinterpret_cast<const __nv_bfloat16*>(x.p), B, L.c.H, L.c.I, L.w1->weights(),
+                   L.c.E, ids.p, L.c.k, h.p, hd, s);
+  }
+  void down(cudaStream_t s = nullptr) {
+    decode_down(h.p, hd, B, L.c.I, L.c.H, L.w2->weights(), L.c.E, ids.p, w.p, L.c.k,
+                reinterpret_cast<__nv_bfloat16*>(out.p), s);
+  }
+  std::vector<double> h_values() const {
+    const std::vector<uint8_t> raw = h.download();
+    const size_t n = size_t(B) * L.slots() * L.c.I;
+    std::vector<double> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (hd == DecodeHDtype::kBF16) {
+        uint16_t b;
+        std::memcpy(&b, &raw[2 * i], 2);
+        v[i] = ref::bf16_to_float(b);
+      } else {
+        float f;
+        std::memcpy(&f, &raw[4 * i], 4);
+        v[i] = f;
+      }
+    }
+    return v;
+  }
+};
+
+std::vector<double> to_double_bf16(const std::vector<uint16_t>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = ref::bf16_to_float(v[i]);
+  return d;
+}
+
+// Element-wise |got - want| <= tol[i] (NaN fails); reports the count and the first mismatch.
+::testing::AssertionResult close(const char* what, const std::vector<double>& got,
+                                 const std::vector<double>& want, const std::vector<double>& tol,
+                                 int64_t cols) {
+  int64_t bad = 0, first = -1;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    if (!(err <= tol[i])) {
+      if (bad++ == 0) first = int64_t(i);
+    } else if (tol[i] > 0) {
+      worst = std::max(worst, err / tol[i]);
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess() << what << ": worst error / tolerance " << worst;
+  std::ostringstream os;
+  os << what << ": " << bad << " of " << want.size() << " outside tolerance; first at [" << first / cols
+     << ", " << first % cols << "]: got " << got[size_t(first)] << ", want " << want[size_t(first)]
+     << ", tol " << tol[size_t(first)] << " (seed " << fresh_seed() << ")";
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// Runs the three kernels for B random tokens and checks each against the reference.
+void check_step(Layer& L, int B, DecodeHDtype hd, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(L.c.name) + " " + dtype_name(L.dtype) + " B=" + std::to_string(B) +
+               (hd == DecodeHDtype::kBF16 ? " h=bf16" : " h=fp32"));
+  const Config& c = L.c;
+  const std::vector<uint16_t> xs = int_grid_bf16(int64_t(B) * c.H, 8, rng);
+  Step s(L, xs, B, hd);
+
+  // Router.
+  s.router();
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<int32_t> ids = s.ids.download();
+  const std::vector<float> wts = s.w.download();
+  const ref::RouterRefResult rr = ref::decode_router(xs.data(), B, c.H, L.wr.data(), c.E, L.router_ref_params());
+  int compared = 0;
+  for (int b = 0; b < B; ++b) {
+    std::set<int32_t> distinct;
+    for (int j = 0; j < c.k; ++j) {
+      const int32_t e = ids[size_t(b) * c.k + j];
+      ASSERT_TRUE(e >= 0 && e < c.E) << "token " << b << " slot " << j << ": id " << e;
+      distinct.insert(e);
+    }
+    ASSERT_EQ(int(distinct.size()), c.k) << "token " << b << ": repeated expert id";
+    if (c.sigmoid && !(rr.margin[size_t(b)] > 1e-5)) continue;  // near-tie: either choice is right
+    ++compared;
+    for (int j = 0; j < c.k; ++j) {
+      const size_t o = size_t(b) * c.k + j;
+      ASSERT_EQ(ids[o], rr.ids[o]) << "token " << b << " slot " << j << " (margin " << rr.margin[size_t(b)] << ")";
+      const double tol = std::ldexp(std::fabs(rr.weights[o]), -17) + 1e-30;
+      ASSERT_LE(std::fabs(double(wts[o]) - rr.weights[o]), tol)
+          << "token " << b << " slot " << j << ": weight " << wts[o] << " vs " << rr.weights[o];
+    }
+  }
+  EXPECT_GE(compared, B - (B / 8 + 1)) << "too many near-tie tokens skipped";
+
+  L.w1->ensure(ids, rng);
+  L.w2->ensure(ids, rng);
+
+  // Gate/up on the GPU's ids.
+  s.gate_up();
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<double> hg = s.h_values();
+  const ref::GateUpRef gr = ref::decode_gate_up(to_double_bf16(xs), B, c.H, c.I, L.w1->ref, ids.data(), c.k);
+  std::vector<double> htol(gr.h.size());
+  const double gh = gamma_n(c.H + 64);
+  for (size_t i = 0; i < htol.size(); ++i) {
+    const double dg = gh * gr.g_abs[i], du = gh * gr.u_abs[i];
+    const double prop = 1.1 * dg * (std::fabs(gr.u[i]) + du) + std::fabs(ref::silu(gr.g[i])) * du;
+    double t = prop + std::ldexp(std::fabs(gr.h[i]) + prop, -20);
+    if (hd == DecodeHDtype::kBF16) t += std::ldexp(std::fabs(gr.h[i]) + t, -8);
+    htol[i] = t;
+  }
+  EXPECT_TRUE(close("h", hg, gr.h, htol, c.I));
+
+  // Down on the GPU's h and routing weights.
+  s.down();
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<double> og = to_double_bf16(s.out.download());
+  std::vector<double> wd(wts.begin(), wts.end()), oref, oabs;
+  ref::decode_down(hg, B, c.I, c.H, L.w2->ref, ids.data(), wd.data(), c.k, &oref, &oabs);
+  std::vector<double> otol(oref.size());
+  const double go = gamma_n(c.I + L.slots() + 66);
+  for (size_t i = 0; i < otol.size(); ++i) {
+    const double d = go * oabs[i];
+    otol[i] = d + std::ldexp(std::fabs(oref[i]) + d, -8);
+  }
+  EXPECT_TRUE(close("out", og, oref, otol, c.H));
+
+  // Determinism: a second run gives the same bits.
+  const std::vector<uint8_t> h1 = s.h.download();
+  const std::vector<uint16_t> o1 = s.out.download();
+  s.poison();
+  s.router();
+  s.gate_up();
+  s.down();
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_TRUE(s.ids.download() == ids) << "ids differ between runs";
+  EXPECT_TRUE(s.w.download() == wts) << "routing weights differ between runs";
+  EXPECT_TRUE(s.h.download() == h1) << "h differs between runs";
+  EXPECT_TRUE(s.out.download() == o1) << "out differs between runs";
+}
+
+}  // namespace
+
+TEST(DecodeGpu, SoftmaxRoutingSmallShapes) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    Layer L(kQwenSmall, d, rng);
+    for (int B : {1, 2, 8, 64, 128}) check_step(L, B, DecodeHDtype::kFP32, rng);
+    check_step(L, 8, DecodeHDtype::kBF16, rng);
+  }
+}
+
+TEST(DecodeGpu, SigmoidGroupRoutingSharedExpertSmallShapes) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 1);
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    Layer L(kDsSmall, d, rng);
+    for (int B : {1, 2, 8, 64, 128}) check_step(L, B, DecodeHDtype::kFP32, rng);
+    check_step(L, 64, DecodeHDtype::kBF16, rng);
+  }
+}
+
+TEST(DecodeGpu, Qwen3_30B_SingleToken) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 2);
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    Layer L(kQwen30B, d, rng);  // only the routed experts get weights; the rest stay NaN
+    check_step(L, 1, DecodeHDtype::kFP32, rng);
+    check_step(L, 1, DecodeHDtype::kBF16, rng);
+  }
+}
+
+// Token b alone (B = 1) and inside a batch of 37 give identical bits for ids, weights, h and out.
+TEST(DecodeGpu, BatchInvariance) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 3);
+  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
+    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d));
+      Layer L(cfg, d, rng);
+      std::vector<int32_t> all(size_t(cfg.E));
+      for (int e = 0; e < cfg.E; ++e) all[size_t(e)] = e;
+      L.w1->ensure(all, rng);
+      L.w2->ensure(all, rng);
+      const int B = 37;
+      const std::vector<uint16_t> xs = int_grid_bf16(int64_t(B) * cfg.H, 8, rng);
+      Step big(L, xs, B, DecodeHDtype::kFP32);
+      big.router();
+      big.gate_up();
+      big.down();
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      const auto ids = big.ids.download();
+      const auto w = big.w.download();
+      const auto h = big.h.download();
+      const auto out = big.out.download();
+      const size_t S = size_t(L.slots()), I = size_t(cfg.I), H = size_t(cfg.H), k = size_t(cfg.k);
+      for (int b : {0, 1, 3, 4, 5, 17, 36}) {
+        const std::vector<uint16_t> xb(xs.begin() + size_t(b) * H, xs.begin() + size_t(b + 1) * H);
+        Step one(L, xb, 1, DecodeHDtype::kFP32);
+        one.router();
+        one.gate_up();
+        one.down();
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        const auto ids1 = one.ids.download();
+        const auto w1 = one.w.download();
+        const auto h1 = one.h.download();
+        const auto out1 = one.out.download();
+        EXPECT_TRUE(std::equal(ids1.begin(), ids1.end(), ids.begin() + b * k)) << "ids, token " << b;
+        EXPECT_EQ(std::memcmp(w1.data(), w.data() + b * k, k * 4), 0) << "weights, token " << b;
+        EXPECT_EQ(std::memcmp(h1.data(), h.data() + b * S * I * 4, S * I * 4), 0) << "h, token " << b;
+        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, H * 2), 0) << "out, token " << b;
+      }
+    }
+  }
+}
+
+// The three kernels captured in one CUDA graph and replayed give the eager results, bit for bit.
+TEST(DecodeGpu, CudaGraphCaptureAndReplay) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 4);
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    SCOPED_TRACE(dtype_name(d));
+    Layer L(kDsSmall, d, rng);
+    std::vector<int32_t> all(size_t(L.c.E));
+    for (int e = 0; e < L.c.E; ++e) all[size_t(e)] = e;
+    L.w1->ensure(all, rng);
+    L.w2->ensure(all, rng);
+    const int B = 8;
+    Step s(L, int_grid_bf16(int64_t(B) * L.c.H, 8, rng), B, DecodeHDtype::kBF16);
+    s.router();
+    s.gate_up();
+    s.down();
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto ids = s.ids.download();
+    const auto w = s.w.download();
+    const auto out = s.out.download();
+
+    cudaStream_t stream;
+    MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    s.router(stream);
+    s.gate_up(stream);
+    s.down(stream);
+    MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      MXMOE_ASSERT_CUDA(cudaMemset(s.ids.p, 0xFF, s.ids.n * 4));
+      MXMOE_ASSERT_CUDA(cudaMemset(s.w.p, 0xFF, s.w.n * 4));
+      s.poison();
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      EXPECT_TRUE(s.ids.download() == ids) << "replay " << rep;
+      EXPECT_TRUE(s.w.download() == w) << "replay " << rep;
+      EXPECT_TRUE(s.out.download() == out) << "replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
