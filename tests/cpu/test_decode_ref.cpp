@@ -286,11 +286,12 @@ TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
   expect_error_naming([&] { decode_down(h, f32, 1, 64, 64, bad, 8, ids, wt, 2, out); }, "w2.data");
 }
 
-TEST(DecodeDispatch, TableIsPlaceholderAndSplitsByBatch) {
+TEST(DecodeDispatch, TableSplitsByBatch) {
   const DecodeShape qwen{2048, 768, 128, 8, false};
   for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
     const DecodeCrossover c = decode_crossover(qwen, d);
-    EXPECT_FALSE(c.measured) << "update this test when the table is measured";
+    EXPECT_TRUE(c.measured);  // bench_decode.py --quick, 2026-11-30
+    EXPECT_EQ(c.max_batch, 8);
     EXPECT_GE(c.max_batch, 1);
     EXPECT_EQ(choose_decode_path(qwen, d, 1), DecodePath::kWarpDecode);
     EXPECT_EQ(choose_decode_path(qwen, d, c.max_batch), DecodePath::kWarpDecode);
@@ -298,5 +299,6 @@ TEST(DecodeDispatch, TableIsPlaceholderAndSplitsByBatch) {
   }
   const DecodeShape other{1024, 512, 64, 6, false};
   EXPECT_FALSE(decode_crossover(other, DecodeWeightDtype::kBF16).measured);
+  EXPECT_FALSE(decode_crossover({7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8).measured);
   EXPECT_EQ(choose_decode_path(other, DecodeWeightDtype::kBF16, 1), DecodePath::kWarpDecode);
 }
