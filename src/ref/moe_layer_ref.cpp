@@ -1,6 +1,8 @@
 // FP64 reference of the MoE layer (see moe_layer_ref.h). Plain loops, fixed summation orders.
 #include "ref/moe_layer_ref.h"
 
+#include "ref/decode_ref.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -9,22 +11,11 @@
 namespace mxmoe::ref {
 namespace {
 
-double silu(double g) { return g / (1.0 + std::exp(-g)); }
 double dsilu(double g) {
   const double s = 1.0 / (1.0 + std::exp(-g));
   return s * (1.0 + g * (1.0 - s));
 }
 double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
-
-// Indices of the n largest values of v (ties: lower index first), in selection order.
-std::vector<int> top_n(const std::vector<double>& v, int n, const std::vector<bool>* allowed = nullptr) {
-  std::vector<int> idx;
-  for (int i = 0; i < int(v.size()); ++i)
-    if (!allowed || (*allowed)[i]) idx.push_back(i);
-  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return v[a] > v[b]; });
-  idx.resize(std::min<size_t>(idx.size(), size_t(n)));
-  return idx;
-}
 
 void check_config(const MoeConfig& c) {
   if (c.tokens < 0 || c.hidden <= 0 || c.inter <= 0 || c.experts <= 0 || c.top_k <= 0 || c.top_k > c.experts)
@@ -37,47 +28,24 @@ void check_config(const MoeConfig& c) {
 
 }  // namespace
 
+// The routing rule is decode_ref's (one CPU reference of routing for the whole library).
 void route_token(const MoeConfig& c, const double* logits, const double* bias, int32_t* ids, double* w) {
-  const int E = c.experts, k = c.top_k;
-  std::vector<double> score(static_cast<size_t>(E), 0.0);
-  if (c.routing == Routing::kSoftmaxTopK) {
-    const double m = *std::max_element(logits, logits + E);
-    double z = 0;
-    for (int e = 0; e < E; ++e) z += std::exp(logits[e] - m);
-    for (int e = 0; e < E; ++e) score[size_t(e)] = std::exp(logits[e] - m) / z;
-    const std::vector<int> sel = top_n(score, k);
-    double s = 0;
-    for (int j = 0; j < k; ++j) s += score[size_t(sel[j])];
-    for (int j = 0; j < k; ++j) {
-      ids[j] = sel[size_t(j)];
-      w[j] = score[size_t(sel[j])] / s;
-    }
-    return;
+  RouterRefParams rp;
+  rp.sigmoid = c.routing == Routing::kSigmoidGrouped;
+  rp.top_k = c.top_k;
+  rp.renormalize = true;
+  rp.n_groups = rp.sigmoid ? c.n_groups : 1;
+  rp.topk_groups = rp.sigmoid ? c.topk_groups : 1;
+  rp.scaling_factor = rp.sigmoid ? c.route_scale : 1.0;
+  std::vector<float> fbias;
+  if (rp.sigmoid && bias) {
+    fbias.assign(bias, bias + c.experts);
+    rp.bias = fbias.data();
   }
-  std::vector<double> biased(static_cast<size_t>(E), 0.0);
-  for (int e = 0; e < E; ++e) {
-    score[size_t(e)] = sigmoid(logits[e]);
-    biased[size_t(e)] = score[size_t(e)] + (bias ? bias[e] : 0.0);
-  }
-  const int per = E / c.n_groups;
-  std::vector<double> gscore(static_cast<size_t>(c.n_groups), 0.0);
-  for (int g = 0; g < c.n_groups; ++g) {
-    std::vector<double> in(biased.begin() + g * per, biased.begin() + (g + 1) * per);
-    const std::vector<int> t2 = top_n(in, std::min(2, per));
-    double s = 0;
-    for (int i : t2) s += in[size_t(i)];
-    gscore[size_t(g)] = s;
-  }
-  const std::vector<int> groups = top_n(gscore, c.topk_groups);
-  std::vector<bool> allowed(size_t(E), false);
-  for (int g : groups)
-    for (int e = g * per; e < (g + 1) * per; ++e) allowed[size_t(e)] = true;
-  const std::vector<int> sel = top_n(biased, k, &allowed);
-  double s = 0;
-  for (int j = 0; j < k; ++j) s += score[size_t(sel[j])];
-  for (int j = 0; j < k; ++j) {
-    ids[j] = sel[size_t(j)];
-    w[j] = c.route_scale * score[size_t(sel[j])] / s;
+  const RouterRefResult r = route_from_logits(std::vector<double>(logits, logits + c.experts), 1, c.experts, rp);
+  for (int j = 0; j < c.top_k; ++j) {
+    ids[j] = r.ids[size_t(j)];
+    w[j] = r.weights[size_t(j)];
   }
 }
 

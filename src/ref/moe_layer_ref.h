@@ -45,7 +45,8 @@ struct MoeGrads {
   std::vector<double> dw;                 // [T, k] gradient of the routing weights
 };
 
-// Top-k selection of one token; ties go to the lower expert id. Returns ids and weights.
+// Top-k selection of one token (the rule of ref::route_from_logits in decode_ref.h: ties go to
+// the lower expert id). bias: [E] or null, used by kSigmoidGrouped for selection only.
 void route_token(const MoeConfig& c, const double* logits, const double* bias, int32_t* ids, double* w);
 
 MoeForward moe_forward(const MoeConfig& c, const MoeWeights& wt, const std::vector<double>& x);
