@@ -1,0 +1,49 @@
+// Host entries of the MoE element-wise/gather kernels: argument checks, then the launch.
+#include "mxmoe/moe_ops.h"
+
+#include "host/check.h"
+#include "kernels/layer/moe_ops_launch.h"
+
+namespace mxmoe {
+
+using detail::check_aligned;
+using detail::check_not_null;
+using detail::throw_arg;
+using detail::to_str;
+
+void moe_swiglu(const __nv_bfloat16* gu, int64_t rows, int64_t inter, const int32_t* rows_used,
+                __nv_bfloat16* h, cudaStream_t stream) {
+  const char* fn = "moe_swiglu";
+  if (rows < 0) throw_arg(fn, "rows", to_str(rows), "must be >= 0");
+  if (inter <= 0 || inter % 8 != 0) throw_arg(fn, "inter", to_str(inter), "must be a positive multiple of 8");
+  check_not_null(fn, "gu", gu);
+  check_aligned(fn, "gu", gu, 16);
+  check_not_null(fn, "h", h);
+  check_aligned(fn, "h", h, 16);
+  check_aligned(fn, "rows_used", rows_used, 4);
+  if (rows == 0) return;
+  detail::launch_moe_swiglu(reinterpret_cast<const uint16_t*>(gu), rows, inter, rows_used,
+                            reinterpret_cast<uint16_t*>(h), stream);
+}
+
+void moe_combine(const __nv_bfloat16* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,
+                 int64_t tokens, int top_k, const float* addend, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "moe_combine";
+  if (y_rows < 0) throw_arg(fn, "y_rows", to_str(y_rows), "must be >= 0");
+  if (cols <= 0 || cols % 8 != 0) throw_arg(fn, "cols", to_str(cols), "must be a positive multiple of 8");
+  if (tokens < 0) throw_arg(fn, "tokens", to_str(tokens), "must be >= 0");
+  if (top_k < 1 || top_k > 32) throw_arg(fn, "top_k", to_str(top_k), "must be in [1, 32]");
+  if (tokens == 0) return;
+  check_not_null(fn, "y", y);
+  check_aligned(fn, "y", y, 16);
+  check_not_null(fn, "row_of", row_of);
+  check_aligned(fn, "row_of", row_of, 4);
+  check_aligned(fn, "w", w, 4);
+  check_aligned(fn, "addend", addend, 16);
+  check_not_null(fn, "out", out);
+  check_aligned(fn, "out", out, 16);
+  detail::launch_moe_combine(reinterpret_cast<const uint16_t*>(y), y_rows, cols, row_of, w, tokens, top_k, addend,
+                             reinterpret_cast<uint16_t*>(out), stream);
+}
+
+}  // namespace mxmoe

@@ -1,0 +1,35 @@
+// Argument checks of the MoE element-wise/gather ops (before any CUDA call).
+#include <gtest/gtest.h>
+
+#include "common/arg_test_util.h"
+#include "mxmoe/moe_ops.h"
+
+using namespace mxmoe;
+using mxmoe::test::expect_error_naming;
+using mxmoe::test::fake;
+
+TEST(MoeOpsArgs, SwigluRejectsBadArguments) {
+  auto* gu = fake<const __nv_bfloat16>(0x10000);
+  auto* h = fake<__nv_bfloat16>(0x20000);
+  expect_error_naming([&] { moe_swiglu(gu, -1, 64, nullptr, h); }, "rows");
+  expect_error_naming([&] { moe_swiglu(gu, 128, 60, nullptr, h); }, "inter");
+  expect_error_naming([&] { moe_swiglu(nullptr, 128, 64, nullptr, h); }, "gu");
+  expect_error_naming([&] { moe_swiglu(fake<const __nv_bfloat16>(0x10002), 128, 64, nullptr, h); }, "gu");
+  expect_error_naming([&] { moe_swiglu(gu, 128, 64, nullptr, fake<__nv_bfloat16>(0x20008)); }, "h");
+  expect_error_naming([&] { moe_swiglu(gu, 128, 64, fake<const int32_t>(0x30002), h); }, "rows_used");
+}
+
+TEST(MoeOpsArgs, CombineRejectsBadArguments) {
+  auto* y = fake<const __nv_bfloat16>(0x10000);
+  auto* rows = fake<const int32_t>(0x40000);
+  auto* out = fake<__nv_bfloat16>(0x20000);
+  expect_error_naming([&] { moe_combine(y, 256, 100, rows, nullptr, 10, 2, nullptr, out); }, "cols");
+  expect_error_naming([&] { moe_combine(y, 256, 128, rows, nullptr, 10, 0, nullptr, out); }, "top_k");
+  expect_error_naming([&] { moe_combine(y, 256, 128, rows, nullptr, -1, 2, nullptr, out); }, "tokens");
+  expect_error_naming([&] { moe_combine(nullptr, 256, 128, rows, nullptr, 10, 2, nullptr, out); }, "y");
+  expect_error_naming([&] { moe_combine(y, 256, 128, nullptr, nullptr, 10, 2, nullptr, out); }, "row_of");
+  expect_error_naming([&] { moe_combine(y, 256, 128, rows, fake<const float>(0x50002), 10, 2, nullptr, out); }, "w");
+  expect_error_naming([&] { moe_combine(y, 256, 128, rows, nullptr, 10, 2, fake<const float>(0x60004), out); },
+                      "addend");
+  expect_error_naming([&] { moe_combine(y, 256, 128, rows, nullptr, 10, 2, nullptr, nullptr); }, "out");
+}

@@ -1,0 +1,85 @@
+// MoE element-wise/gather ops on the GPU against host loops: combine bit for bit (the host
+// replays the same FP32 fma order), SwiGLU within BF16 rounding of the FP64 value.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/gpu_test_util.h"
+#include "mxmoe/moe_ops.h"
+
+using namespace mxmoe;
+using namespace mxmoe::test;
+
+TEST(MoeOpsGpu, CombineMatchesHostSlotOrder) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 333, H = 2048, y_rows = 1536;
+  const int k = 8;
+  const auto y = random_bf16(y_rows, H, Dist::kGaussian, rng);
+  std::vector<int32_t> row_of(size_t(T * k));
+  std::vector<float> w(size_t(T * k)), addend(size_t(T * H));
+  std::uniform_real_distribution<float> uw(0.0f, 1.0f);
+  for (auto& r : row_of) r = (rng() % 20 == 0) ? -1 : int32_t(rng() % y_rows);  // some dropped slots
+  for (auto& v : w) v = uw(rng);
+  for (auto& v : addend) v = uw(rng) - 0.5f;
+  DevBuf<uint16_t> dy{y.size()}, dout{size_t(T * H)};
+  DevBuf<int32_t> drow{row_of.size()};
+  DevBuf<float> dw{w.size()}, dadd{addend.size()};
+  dy.upload(y);
+  drow.upload(row_of);
+  dw.upload(w);
+  dadd.upload(addend);
+  for (int variant = 0; variant < 2; ++variant) {  // weighted combine; un-permute with an addend
+    const bool weighted = variant == 0;
+    moe_combine(reinterpret_cast<const __nv_bfloat16*>(dy.p), y_rows, H, drow.p, weighted ? dw.p : nullptr, T, k,
+                weighted ? nullptr : dadd.p, reinterpret_cast<__nv_bfloat16*>(dout.p));
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto got = dout.download();
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < H; ++n) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; ++j) {
+          const int32_t r = row_of[size_t(t * k + j)];
+          if (r < 0) continue;
+          acc = std::fmaf(weighted ? w[size_t(t * k + j)] : 1.0f, ref::bf16_to_float(y[size_t(r * H + n)]), acc);
+        }
+        if (!weighted) acc += addend[size_t(t * H + n)];
+        const uint16_t want = ref::float_to_bf16(acc);
+        if (got[size_t(t * H + n)] != want && bad++ == 0)
+          ADD_FAILURE() << "variant " << variant << " first mismatch at [" << t << ", " << n << "]: got 0x"
+                        << std::hex << got[size_t(t * H + n)] << " want 0x" << want << " (seed " << std::dec
+                        << fresh_seed() << ")";
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+TEST(MoeOpsGpu, SwigluWithinBf16RoundingAndRowsUsed) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t rows = 1024, I = 768, used = 640;
+  const auto gu = random_bf16(rows, 2 * I, Dist::kHeavyTailed, rng);
+  DevBuf<uint16_t> dgu{gu.size()}, dh{size_t(rows * I), 0x5A};
+  DevBuf<int32_t> dused{1};
+  dgu.upload(gu);
+  dused.upload(std::vector<int32_t>{int32_t(used)});
+  moe_swiglu(reinterpret_cast<const __nv_bfloat16*>(dgu.p), rows, I, dused.p, reinterpret_cast<__nv_bfloat16*>(dh.p));
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto h = dh.download();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < I; ++i) {
+      const size_t o = size_t(r * I + i);
+      if (r >= used) {
+        ASSERT_EQ(h[o], 0x5A5A) << "row " << r << " written past rows_used";
+        continue;
+      }
+      const double g = ref::bf16_to_float(gu[size_t(r * 2 * I + i)]), u = ref::bf16_to_float(gu[size_t(r * 2 * I + I + i)]);
+      const double want = g / (1.0 + std::exp(-g)) * u;
+      // FP32 math (expf within 2 ulp, a division and a product: < 2^-20 relative) then one BF16
+      // rounding (2^-8 relative): |got - want| <= (2^-8 + 2^-19)·|want| + tiny.
+      const double got = ref::bf16_to_float(h[o]);
+      ASSERT_LE(std::fabs(got - want), (std::ldexp(1.0, -8) + std::ldexp(1.0, -19)) * std::fabs(want) + 1e-30)
+          << "[" << r << ", " << i << "] g=" << g << " u=" << u;
+    }
+}
