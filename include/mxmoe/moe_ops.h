@@ -6,9 +6,16 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "mxmoe/decode.h"
 #include "mxmoe/error.h"
 
 namespace mxmoe {
+
+// Top-k routing of the training layer from FP32 logits [tokens, E] (e.g. X·Wrᵀ by cuBLAS): the
+// same selection rule and weights as decode_router (decode.h "Routing"), one warp per token.
+//   topk_ids int32 [tokens, k], topk_weights FP32 [tokens, k]; E <= kDecodeMaxExperts.
+void moe_topk(const float* logits, int64_t tokens, int num_experts, const RouterParams& params, int32_t* topk_ids,
+              float* topk_weights, cudaStream_t stream = nullptr);
 
 // SwiGLU on the padded expert layout: h[r, i] = silu(gu[r, i]) · gu[r, I + i], FP32 math, BF16 out.
 //   gu BF16 [rows, 2I] (GEMM1's output: gate columns [0, I), up columns [I, 2I)), h BF16 [rows, I]

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "host/check.h"
+#include "host/routing.h"
 #include "kernels/decode/decode_launch.h"
 
 namespace mxmoe {
@@ -96,54 +97,12 @@ void decode_router(const __nv_bfloat16* x, int batch, int hidden, const __nv_bfl
   check_batch(fn, batch);
   check_dim(fn, "hidden", hidden, false);
   check_ptr(fn, "router_w", router_w, 16);
-  check_experts(fn, num_experts);
-  check_top_k(fn, "params.top_k", params.top_k, num_experts);
-  const bool sigmoid = params.scoring == RouterScoring::kSigmoid;
-  if (!sigmoid && params.scoring != RouterScoring::kSoftmax)
-    throw_arg(fn, "params.scoring", to_str(int(params.scoring)), "must be kSoftmax or kSigmoid");
-  if (!std::isfinite(params.scaling_factor))
-    throw_arg(fn, "params.scaling_factor", to_str(params.scaling_factor), "must be finite");
-  if (!sigmoid) {
-    if (params.n_groups != 1)
-      throw_arg(fn, "params.n_groups", to_str(params.n_groups), "must be 1 with softmax scoring");
-    if (params.topk_groups != 1)
-      throw_arg(fn, "params.topk_groups", to_str(params.topk_groups), "must be 1 with softmax scoring");
-    if (params.bias)
-      throw_arg(fn, "params.bias", to_str(static_cast<const void*>(params.bias)),
-                "must be null with softmax scoring (the bias is a sigmoid-routing term)");
-  } else {
-    if (params.n_groups < 1 || params.n_groups > kDecodeMaxGroups || num_experts % params.n_groups != 0)
-      throw_arg(fn, "params.n_groups", to_str(params.n_groups),
-                "must be in [1, " + to_str(kDecodeMaxGroups) + "] and divide num_experts = " + to_str(num_experts));
-    if (params.topk_groups < 1 || params.topk_groups > params.n_groups)
-      throw_arg(fn, "params.topk_groups", to_str(params.topk_groups), "must be in [1, n_groups]");
-    const int group = num_experts / params.n_groups;
-    if (params.n_groups > 1 && group < 2)
-      throw_arg(fn, "params.n_groups", to_str(params.n_groups),
-                "groups must hold at least 2 experts (a group scores its top-2)");
-    if (params.top_k > params.topk_groups * group)
-      throw_arg(fn, "params.top_k", to_str(params.top_k),
-                "must be at most topk_groups · num_experts / n_groups = " + to_str(params.topk_groups * group));
-    if (params.bias) check_aligned(fn, "params.bias", params.bias, 4);
-  }
-  check_ptr(fn, "topk_ids", topk_ids, 4);
-  check_ptr(fn, "topk_weights", topk_weights, 4);
-
-  detail::RouterLaunch p;
+  detail::check_routing(fn, num_experts, params, topk_ids, topk_weights);
+  detail::RouterLaunch p = detail::routing_launch(num_experts, params, topk_ids, topk_weights);
   p.x = reinterpret_cast<const uint16_t*>(x);
   p.w = reinterpret_cast<const uint16_t*>(router_w);
-  p.bias = sigmoid ? params.bias : nullptr;
-  p.ids = topk_ids;
-  p.weights = topk_weights;
   p.batch = batch;
   p.hidden = hidden;
-  p.num_experts = num_experts;
-  p.top_k = params.top_k;
-  p.sigmoid = sigmoid ? 1 : 0;
-  p.renormalize = params.renormalize ? 1 : 0;
-  p.n_groups = params.n_groups;
-  p.topk_groups = params.topk_groups;
-  p.scaling = params.scaling_factor;
   detail::launch_decode_router(p, stream);
 }
 
@@ -255,5 +214,62 @@ DecodePath choose_decode_path(const DecodeShape& shape, DecodeWeightDtype dtype,
   return batch <= decode_crossover(shape, dtype).max_batch ? DecodePath::kWarpDecode
                                                             : DecodePath::kExpertCentric;
 }
+
+
+namespace detail {
+
+void check_routing(const char* fn, int num_experts, const RouterParams& params, const int32_t* topk_ids,
+                   const float* topk_weights) {
+  check_experts(fn, num_experts);
+  check_top_k(fn, "params.top_k", params.top_k, num_experts);
+  const bool sigmoid = params.scoring == RouterScoring::kSigmoid;
+  if (!sigmoid && params.scoring != RouterScoring::kSoftmax)
+    throw_arg(fn, "params.scoring", to_str(int(params.scoring)), "must be kSoftmax or kSigmoid");
+  if (!std::isfinite(params.scaling_factor))
+    throw_arg(fn, "params.scaling_factor", to_str(params.scaling_factor), "must be finite");
+  if (!sigmoid) {
+    if (params.n_groups != 1)
+      throw_arg(fn, "params.n_groups", to_str(params.n_groups), "must be 1 with softmax scoring");
+    if (params.topk_groups != 1)
+      throw_arg(fn, "params.topk_groups", to_str(params.topk_groups), "must be 1 with softmax scoring");
+    if (params.bias)
+      throw_arg(fn, "params.bias", to_str(static_cast<const void*>(params.bias)),
+                "must be null with softmax scoring (the bias is a sigmoid-routing term)");
+  } else {
+    if (params.n_groups < 1 || params.n_groups > kDecodeMaxGroups || num_experts % params.n_groups != 0)
+      throw_arg(fn, "params.n_groups", to_str(params.n_groups),
+                "must be in [1, " + to_str(kDecodeMaxGroups) + "] and divide num_experts = " + to_str(num_experts));
+    if (params.topk_groups < 1 || params.topk_groups > params.n_groups)
+      throw_arg(fn, "params.topk_groups", to_str(params.topk_groups), "must be in [1, n_groups]");
+    const int group = num_experts / params.n_groups;
+    if (params.n_groups > 1 && group < 2)
+      throw_arg(fn, "params.n_groups", to_str(params.n_groups),
+                "groups must hold at least 2 experts (a group scores its top-2)");
+    if (params.top_k > params.topk_groups * group)
+      throw_arg(fn, "params.top_k", to_str(params.top_k),
+                "must be at most topk_groups · num_experts / n_groups = " + to_str(params.topk_groups * group));
+    if (params.bias) check_aligned(fn, "params.bias", params.bias, 4);
+  }
+  check_ptr(fn, "topk_ids", topk_ids, 4);
+  check_ptr(fn, "topk_weights", topk_weights, 4);
+}
+
+RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t* topk_ids, float* topk_weights) {
+  const bool sigmoid = params.scoring == RouterScoring::kSigmoid;
+  RouterLaunch p;
+  p.bias = sigmoid ? params.bias : nullptr;
+  p.ids = topk_ids;
+  p.weights = topk_weights;
+  p.num_experts = num_experts;
+  p.top_k = params.top_k;
+  p.sigmoid = sigmoid ? 1 : 0;
+  p.renormalize = params.renormalize ? 1 : 0;
+  p.n_groups = params.n_groups;
+  p.topk_groups = params.topk_groups;
+  p.scaling = params.scaling_factor;
+  return p;
+}
+
+}  // namespace detail
 
 }  // namespace mxmoe

@@ -2,6 +2,7 @@
 #include "mxmoe/moe_ops.h"
 
 #include "host/check.h"
+#include "host/routing.h"
 #include "kernels/layer/moe_ops_launch.h"
 
 namespace mxmoe {
@@ -10,6 +11,17 @@ using detail::check_aligned;
 using detail::check_not_null;
 using detail::throw_arg;
 using detail::to_str;
+
+void moe_topk(const float* logits, int64_t tokens, int num_experts, const RouterParams& params, int32_t* topk_ids,
+              float* topk_weights, cudaStream_t stream) {
+  const char* fn = "moe_topk";
+  if (tokens < 0 || tokens > (int64_t(1) << 30)) throw_arg(fn, "tokens", to_str(tokens), "must be in [0, 2^30]");
+  detail::check_routing(fn, num_experts, params, topk_ids, topk_weights);
+  if (tokens == 0) return;
+  check_not_null(fn, "logits", logits);
+  check_aligned(fn, "logits", logits, 4);
+  detail::launch_moe_topk(logits, tokens, detail::routing_launch(num_experts, params, topk_ids, topk_weights), stream);
+}
 
 void moe_swiglu(const __nv_bfloat16* gu, int64_t rows, int64_t inter, const int32_t* rows_used,
                 __nv_bfloat16* h, cudaStream_t stream) {

@@ -33,3 +33,26 @@ TEST(MoeOpsArgs, CombineRejectsBadArguments) {
                       "addend");
   expect_error_naming([&] { moe_combine(y, 256, 128, rows, nullptr, 10, 2, nullptr, nullptr); }, "out");
 }
+
+TEST(MoeOpsArgs, TopkRejectsBadArguments) {
+  auto* logits = fake<const float>(0x10000);
+  auto* ids = fake<int32_t>(0x20000);
+  auto* w = fake<float>(0x30000);
+  RouterParams rp;
+  rp.top_k = 4;
+  expect_error_naming([&] { moe_topk(logits, -1, 64, rp, ids, w); }, "tokens");
+  expect_error_naming([&] { moe_topk(logits, 16, 0, rp, ids, w); }, "num_experts");
+  expect_error_naming([&] { moe_topk(logits, 16, 1024, rp, ids, w); }, "num_experts");
+  expect_error_naming([&] { moe_topk(nullptr, 16, 64, rp, ids, w); }, "logits");
+  expect_error_naming([&] { moe_topk(logits, 16, 64, rp, nullptr, w); }, "topk_ids");
+  expect_error_naming([&] { moe_topk(logits, 16, 64, rp, ids, fake<float>(0x30002)); }, "topk_weights");
+  RouterParams bad = rp;
+  bad.top_k = 65;
+  expect_error_naming([&] { moe_topk(logits, 16, 64, bad, ids, w); }, "params.top_k");
+  bad = rp;
+  bad.n_groups = 8;  // softmax scoring has no groups
+  expect_error_naming([&] { moe_topk(logits, 16, 64, bad, ids, w); }, "params.n_groups");
+  bad.scoring = RouterScoring::kSigmoid;
+  bad.n_groups = 7;  // does not divide 64
+  expect_error_naming([&] { moe_topk(logits, 16, 64, bad, ids, w); }, "params.n_groups");
+}

@@ -3,8 +3,12 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/decode/decode_launch.h"
+
 namespace mxmoe::detail {
 
+// p: the selection part of a RouterLaunch (host/routing.h); logits FP32 [tokens, p.num_experts].
+void launch_moe_topk(const float* logits, int64_t tokens, const RouterLaunch& p, cudaStream_t stream);
 void launch_moe_swiglu(const uint16_t* gu, int64_t rows, int64_t inter, const int32_t* rows_used, uint16_t* h,
                        cudaStream_t stream);
 void launch_moe_combine(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,

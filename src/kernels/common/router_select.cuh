@@ -1,0 +1,171 @@
+// Top-k expert selection of one token by one warp, from its FP32 logits (shared memory [E]):
+// the routing rule of include/mxmoe/decode.h (softmax or sigmoid + bias scoring, group limit,
+// renormalisation, scaling; ties to the lower id; NaN counts as -Inf). Used by the decode router
+// (warp_decode_router_sm90.cu) and the training layer's top-k (moe_topk_sm90.cu), so both paths
+// route identically. 16 scores a lane (E <= 512); k rounds of a warp arg-max with the total order
+// (score desc, id asc); group scores (top-2 sums) by one lane per group.
+#pragma once
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/decode/decode_launch.h"
+#include "kernels/decode/warp_decode_common.cuh"
+#include "mxmoe/decode.h"
+
+namespace mxmoe::detail {
+
+constexpr int kPerLane = kDecodeMaxExperts / 32;
+static_assert(kDecodeMaxExperts % 32 == 0 && kPerLane <= 32, "availability is a 32-bit mask a lane");
+static_assert(kDecodeMaxTopK <= 32, "lane r keeps the r-th selected expert");
+static_assert(kDecodeMaxGroups <= 32, "lane g scores group g");
+
+// Strict total order on (score, id): higher score first, then lower id.
+__device__ __forceinline__ bool better(float v, int e, float bv, int be) {
+  return v > bv || (v == bv && e < be);
+}
+
+// Warp-wide arg-max of (v, e) carrying a payload s; every lane ends with the same triple.
+__device__ __forceinline__ void warp_argmax(float& v, int& e, float& s) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) {
+    const float ov = __shfl_xor_sync(dev::kFullMask, v, o);
+    const int oe = __shfl_xor_sync(dev::kFullMask, e, o);
+    const float os = __shfl_xor_sync(dev::kFullMask, s, o);
+    if (better(ov, oe, v, e)) {
+      v = ov;
+      e = oe;
+      s = os;
+    }
+  }
+}
+
+// Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
+// best selection scores; clear the availability bits of experts outside them.
+__device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kPerLane],
+                                                 uint32_t avail, float* scratch, int lane) {
+  const int E = p.num_experts, G = E / p.n_groups;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E) scratch[e] = sel[i];
+  }
+  __syncwarp();
+  const bool has_group = lane < p.n_groups;
+  float gscore = -INFINITY;
+  if (has_group) {
+    float t1 = -INFINITY, t2 = -INFINITY;
+    for (int q = 0; q < G; ++q) {
+      const float v = scratch[lane * G + q];
+      if (v > t1) {
+        t2 = t1;
+        t1 = v;
+      } else if (v > t2) {
+        t2 = v;
+      }
+    }
+    gscore = t1 + t2;
+    if (isnan(gscore)) gscore = -INFINITY;
+  }
+  uint32_t chosen = 0u;
+  for (int r = 0; r < p.topk_groups; ++r) {
+    float v = -INFINITY, unused = 0.0f;
+    int g = INT_MAX;
+    if (has_group && !((chosen >> lane) & 1u)) {
+      v = gscore;
+      g = lane;
+    }
+    warp_argmax(v, g, unused);
+    chosen |= 1u << g;  // g < n_groups: topk_groups <= n_groups
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E && !((chosen >> (e / G)) & 1u)) avail &= ~(1u << i);
+  }
+  return avail;
+}
+
+// One warp: the top-k of token b from its FP32 logits (shared memory [E]).
+__device__ inline void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
+                             int lane) {
+  const int E = p.num_experts;
+  float sel[kPerLane];  // selection score
+  float src[kPerLane];  // softmax: the logit; sigmoid: s = sigmoid(logit)
+  uint32_t valid = 0u;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    sel[i] = -INFINITY;
+    src[i] = 0.0f;
+    if (e < E) {
+      const float l = logits[e];
+      if (p.sigmoid) {
+        const float s = 1.0f / (1.0f + expf(-l));
+        src[i] = s;
+        sel[i] = p.bias ? s + __ldg(p.bias + e) : s;
+      } else {
+        src[i] = l;
+        sel[i] = l;
+      }
+      if (isnan(sel[i])) sel[i] = -INFINITY;  // NaN counts as -Inf
+      valid |= 1u << i;
+    }
+  }
+  uint32_t avail = valid;
+  if (p.sigmoid && p.n_groups > 1) avail = limit_groups(p, sel, avail, scratch, lane);
+
+  int my_id = 0;        // lane r: the r-th selected expert
+  float my_src = 0.0f;  // and its weight source
+  for (int r = 0; r < p.top_k; ++r) {
+    float v = -INFINITY, s = 0.0f;
+    int e = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (((avail >> i) & 1u) && better(sel[i], lane + 32 * i, v, e)) {
+        v = sel[i];
+        e = lane + 32 * i;
+        s = src[i];
+      }
+    }
+    warp_argmax(v, e, s);  // e < E: top_k <= the number of available experts
+    if (lane == (e & 31)) avail &= ~(1u << (e >> 5));
+    if (lane == r) {
+      my_id = e;
+      my_src = s;
+    }
+  }
+
+  const bool mine = lane < p.top_k;
+  float w;
+  if (!p.sigmoid) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if ((valid >> i) & 1u) m = fmaxf(m, src[i]);
+    m = dev::warp_max(m);
+    const float num = mine ? expf(my_src - m) : 0.0f;
+    float den;
+    if (p.renormalize) {
+      den = dev::warp_sum(num);
+    } else {
+      float part = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if ((valid >> i) & 1u) part += expf(src[i] - m);
+      den = dev::warp_sum(part);
+    }
+    w = num / den;
+  } else {
+    const float s = mine ? my_src : 0.0f;
+    w = p.renormalize ? s / dev::warp_sum(s) : s;
+  }
+  w *= p.scaling;
+  if (mine) {
+    p.ids[int64_t(b) * p.top_k + lane] = my_id;
+    p.weights[int64_t(b) * p.top_k + lane] = w;
+  }
+}
+
+}  // namespace mxmoe::detail
