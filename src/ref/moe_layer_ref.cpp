@@ -101,6 +101,38 @@ MoeForward moe_forward(const MoeConfig& c, const MoeWeights& wt, const std::vect
   return f;
 }
 
+void router_backward_token(const MoeConfig& c, const double* lg, const int32_t* ids, const double* dwt,
+                           double* dlogit) {
+  const int E = c.experts, k = c.top_k;
+  std::fill(dlogit, dlogit + E, 0.0);
+  if (c.routing == Routing::kSoftmaxTopK) {
+    // w_j = p_j / S, S = Σ_sel p;  dp_e = dw_e / S - Σ_j dw_j p_j / S² (selected e);  dl = p ⊙ (dp - p·dp)
+    const double m = *std::max_element(lg, lg + E);
+    std::vector<double> p(static_cast<size_t>(E), 0.0);
+    double z = 0;
+    for (int e = 0; e < E; ++e) z += (p[size_t(e)] = std::exp(lg[e] - m));
+    for (auto& v : p) v /= z;
+    double S = 0, wsum = 0;
+    for (int j = 0; j < k; ++j) S += p[size_t(ids[j])];
+    for (int j = 0; j < k; ++j) wsum += dwt[j] * p[size_t(ids[j])];
+    std::vector<double> dp(size_t(E), 0.0);
+    for (int j = 0; j < k; ++j) dp[size_t(ids[j])] += dwt[j] / S - wsum / (S * S);
+    double pdp = 0;
+    for (int e = 0; e < E; ++e) pdp += p[size_t(e)] * dp[size_t(e)];
+    for (int e = 0; e < E; ++e) dlogit[e] = p[size_t(e)] * (dp[size_t(e)] - pdp);
+  } else {
+    // w_j = c · s_j / S, S = Σ_sel s;  ds_e = c (dw_e / S - Σ_j dw_j s_j / S²);  dl = ds ⊙ s (1 - s)
+    double S = 0, wsum = 0;
+    for (int j = 0; j < k; ++j) S += sigmoid(lg[ids[j]]);
+    for (int j = 0; j < k; ++j) wsum += dwt[j] * sigmoid(lg[ids[j]]);
+    for (int j = 0; j < k; ++j) {
+      const double s = sigmoid(lg[ids[j]]);
+      const double ds = c.route_scale * (dwt[j] / S - wsum / (S * S));
+      dlogit[ids[j]] += ds * s * (1 - s);
+    }
+  }
+}
+
 MoeGrads moe_backward(const MoeConfig& c, const MoeWeights& wt, const std::vector<double>& x,
                       const MoeForward& f, const std::vector<double>& dout) {
   check_config(c);
@@ -144,35 +176,7 @@ MoeGrads moe_backward(const MoeConfig& c, const MoeWeights& wt, const std::vecto
     }
     // Router: gradient through the routing weights only (the selection is piecewise constant).
     std::vector<double> dlogit(size_t(E), 0.0);
-    const double* lg = &f.logits[size_t(t * E)];
-    const int32_t* ids = &f.ids[size_t(t * k)];
-    const double* dwt = &d.dw[size_t(t * k)];
-    if (c.routing == Routing::kSoftmaxTopK) {
-      // w_j = p_j / S, S = Σ_sel p;  dp_e = dw_e / S - Σ_j dw_j p_j / S² (selected e);  dl = p ⊙ (dp - p·dp)
-      const double m = *std::max_element(lg, lg + E);
-      std::vector<double> p(static_cast<size_t>(E), 0.0);
-      double z = 0;
-      for (int e = 0; e < E; ++e) z += (p[size_t(e)] = std::exp(lg[e] - m));
-      for (auto& v : p) v /= z;
-      double S = 0, wsum = 0;
-      for (int j = 0; j < k; ++j) S += p[size_t(ids[j])];
-      for (int j = 0; j < k; ++j) wsum += dwt[j] * p[size_t(ids[j])];
-      std::vector<double> dp(size_t(E), 0.0);
-      for (int j = 0; j < k; ++j) dp[size_t(ids[j])] += dwt[j] / S - wsum / (S * S);
-      double pdp = 0;
-      for (int e = 0; e < E; ++e) pdp += p[size_t(e)] * dp[size_t(e)];
-      for (int e = 0; e < E; ++e) dlogit[size_t(e)] = p[size_t(e)] * (dp[size_t(e)] - pdp);
-    } else {
-      // w_j = c · s_j / S, S = Σ_sel s;  ds_e = c (dw_e / S - Σ_j dw_j s_j / S²);  dl = ds ⊙ s (1 - s)
-      double S = 0, wsum = 0;
-      for (int j = 0; j < k; ++j) S += sigmoid(lg[ids[j]]);
-      for (int j = 0; j < k; ++j) wsum += dwt[j] * sigmoid(lg[ids[j]]);
-      for (int j = 0; j < k; ++j) {
-        const double s = sigmoid(lg[ids[j]]);
-        const double ds = c.route_scale * (dwt[j] / S - wsum / (S * S));
-        dlogit[size_t(ids[j])] += ds * s * (1 - s);
-      }
-    }
+    router_backward_token(c, &f.logits[size_t(t * E)], &f.ids[size_t(t * k)], &d.dw[size_t(t * k)], dlogit.data());
     for (int e = 0; e < E; ++e)
       for (int64_t h = 0; h < H; ++h) {
         d.dwr[size_t(e * H + h)] += dlogit[size_t(e)] * xt[h];

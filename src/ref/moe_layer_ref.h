@@ -49,6 +49,11 @@ struct MoeGrads {
 // the lower expert id). bias: [E] or null, used by kSigmoidGrouped for selection only.
 void route_token(const MoeConfig& c, const double* logits, const double* bias, int32_t* ids, double* w);
 
+// d loss / d logits of one token from the gradient of its routing weights dw [k] (softmax
+// renormalised or sigmoid scaled; the selection itself has no gradient). dlogit: [E].
+void router_backward_token(const MoeConfig& c, const double* logits, const int32_t* ids, const double* dw,
+                           double* dlogit);
+
 MoeForward moe_forward(const MoeConfig& c, const MoeWeights& wt, const std::vector<double>& x);
 MoeGrads moe_backward(const MoeConfig& c, const MoeWeights& wt, const std::vector<double>& x,
                       const MoeForward& f, const std::vector<double>& dout);
