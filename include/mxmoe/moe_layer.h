@@ -1,0 +1,58 @@
+// The MXFP8 MoE training layer (DESIGN.md §3; recipe: docs/notes/layer.md). Forward only so far.
+//
+//   out [T, H] = Σ_j w[t, j] · W2[e_j] · SwiGLU(W1[e_j] · x[t])   (top-k routing of x·Wrᵀ)
+//
+// The layer object owns a device workspace sized at construction for max_tokens tokens and the
+// worst-case routing (capacity roundup(T·k + E·127, 128) rows), so a step never asks the host for
+// token counts: forward() is a fixed sequence of launches on `stream` (cuBLAS router GEMM, top-k,
+// routing plan, gather + quantize of x, weight quantization both ways, m-grouped GEMM1, SwiGLU,
+// quantization, m-grouped GEMM2, combine), capturable in a CUDA graph and bitwise deterministic.
+//
+// Inputs (device, row-major, 16-byte aligned): x BF16 [T, H]; BF16 master weights wr [E, H],
+// w1 [E, 2I, H] (rows [0, I) gate, [I, 2I) up), w2 [E, H, I]; out BF16 [T, H].
+// Requirements (checked at construction / call, mxmoe::Error naming the argument): H and I
+// multiples of 32; 1 <= E <= 512; 1 <= top_k <= min(32, E); 1 <= T <= max_tokens.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "mxmoe/decode.h"
+#include "mxmoe/error.h"
+#include "mxmoe/gemm.h"
+
+namespace mxmoe {
+
+struct MoeLayerConfig {
+  int hidden = 0, inter = 0, num_experts = 0;
+  RouterParams routing;             // scoring, top_k, groups, scaling (bias: device pointer or null)
+  GemmMode mode = GemmMode::kFast;  // GEMM operands: fast form (default) or exact MX
+  int64_t max_tokens = 0;           // workspace sized for up to this many tokens
+};
+
+class MoeLayer {
+ public:
+  explicit MoeLayer(const MoeLayerConfig& cfg);  // validates, allocates the workspace
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  void forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const __nv_bfloat16* w1,
+               const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream = nullptr);
+
+  // State of the last forward (device pointers into the workspace), e.g. for tests and backward.
+  const int32_t* topk_ids() const;        // [T, k]
+  const float* topk_weights() const;      // [T, k]
+  const int32_t* row_of() const;          // [T, k] padded row of (t, j)
+  const int32_t* padded_offsets() const;  // [E+1]
+  int64_t capacity() const;               // padded rows of the workspace
+  size_t workspace_bytes() const;
+
+  struct Impl;
+
+ private:
+  Impl* impl_;
+};
+
+}  // namespace mxmoe

@@ -1,0 +1,183 @@
+// The MoE layer's forward: host orchestration of the kernels, in one stream, no host sync.
+// Workspace: one cudaMalloc arena, carved once at construction (256-byte aligned pieces).
+#include "mxmoe/moe_layer.h"
+
+#include <cublas_v2.h>
+
+#include <string>
+#include <vector>
+
+#include "host/check.h"
+#include "mxmoe/moe_ops.h"
+#include "mxmoe/moe_plan.h"
+#include "mxmoe/quantize.h"
+
+namespace mxmoe {
+namespace {
+
+using detail::throw_arg;
+using detail::to_str;
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw CudaError(std::string("mxmoe::MoeLayer: ") + what + ": cuBLAS status " + std::to_string(int(s)));
+}
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An MX copy in the workspace: data, scales, fast data, fast scales.
+struct MxBuf {
+  uint8_t *data = nullptr, *scales = nullptr, *fast = nullptr, *fast_scales = nullptr;
+  MxOut out() const { return MxOut{data, scales, fast, fast_scales}; }
+  MxOperand operand() const { return MxOperand{data, scales, fast, fast_scales}; }
+};
+
+}  // namespace
+
+struct MoeLayer::Impl {
+  MoeLayerConfig cfg;
+  int64_t cap = 0;
+  size_t bytes = 0;
+  uint8_t* arena = nullptr;
+  cublasHandle_t cublas = nullptr;
+  float* logits = nullptr;
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  MoePlan plan;
+  void* plan_ws = nullptr;
+  size_t plan_ws_bytes = 0;
+  MxBuf x_row, x_col, w1_row, w1_col, w2_row, w2_col, h_row, h_col;
+  __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr;
+
+  // Carves (or, with base == nullptr, only measures) the workspace.
+  size_t carve(uint8_t* base) {
+    size_t off = 0;
+    auto take = [&](size_t n) {
+      uint8_t* p = base ? base + off : nullptr;
+      off += (n + 255) / 256 * 256;
+      return p;
+    };
+    const int64_t T = cfg.max_tokens, H = cfg.hidden, I = cfg.inter, E = cfg.num_experts, k = cfg.routing.top_k;
+    auto mx = [&](int64_t batch, int64_t rows, int64_t cols) {  // an MX copy of [batch, rows, cols]
+      MxBuf b;
+      b.data = take(size_t(batch * rows * cols));
+      b.scales = take(size_t(batch * rows * cols / 32));
+      b.fast = take(size_t(batch * rows * cols));
+      b.fast_scales = take(size_t(batch * cdiv(cols, 128) * rows));
+      return b;
+    };
+    logits = reinterpret_cast<float*>(take(size_t(T * E) * 4));
+    ids = reinterpret_cast<int32_t*>(take(size_t(T * k) * 4));
+    weights = reinterpret_cast<float*>(take(size_t(T * k) * 4));
+    plan.counts = reinterpret_cast<int32_t*>(take(size_t(E) * 4));
+    plan.offsets = reinterpret_cast<int32_t*>(take(size_t(E + 1) * 4));
+    plan.padded_offsets = reinterpret_cast<int32_t*>(take(size_t(E + 1) * 4));
+    plan.row_of = reinterpret_cast<int32_t*>(take(size_t(T * k) * 4));
+    plan.row_index = reinterpret_cast<int32_t*>(take(size_t(cap) * 4));
+    plan_ws_bytes = moe_plan_workspace_bytes(T, int(k), int(E));
+    plan_ws = take(plan_ws_bytes);
+    x_row = mx(1, cap, H);
+    x_col = mx(1, H, cap);
+    w1_row = mx(E, 2 * I, H);
+    w1_col = mx(E, H, 2 * I);
+    w2_row = mx(E, H, I);
+    w2_col = mx(E, I, H);
+    gu = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * 2 * I) * 2));
+    hact = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * I) * 2));
+    h_row = mx(1, cap, I);
+    h_col = mx(1, I, cap);
+    y = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
+    return off;
+  }
+};
+
+MoeLayer::MoeLayer(const MoeLayerConfig& cfg) : impl_(new Impl) {
+  const char* fn = "MoeLayer";
+  try {
+    if (cfg.hidden < 32 || cfg.hidden % 32 != 0 || cfg.hidden > (1 << 16))
+      throw_arg(fn, "cfg.hidden", to_str(cfg.hidden), "must be a multiple of 32 in [32, 65536]");
+    if (cfg.inter < 32 || cfg.inter % 32 != 0 || cfg.inter > (1 << 16))
+      throw_arg(fn, "cfg.inter", to_str(cfg.inter), "must be a multiple of 32 in [32, 65536]");
+    if (cfg.num_experts < 1 || cfg.num_experts > kMaxGemmExperts)
+      throw_arg(fn, "cfg.num_experts", to_str(cfg.num_experts), "must be in [1, " + to_str(kMaxGemmExperts) + "]");
+    if (cfg.routing.top_k < 1 || cfg.routing.top_k > 32 || cfg.routing.top_k > cfg.num_experts)
+      throw_arg(fn, "cfg.routing.top_k", to_str(cfg.routing.top_k), "must be in [1, min(32, num_experts)]");
+    if (cfg.max_tokens < 1 || cfg.max_tokens > (int64_t(1) << 24))
+      throw_arg(fn, "cfg.max_tokens", to_str(cfg.max_tokens), "must be in [1, 2^24]");
+    if (cfg.mode != GemmMode::kFast && cfg.mode != GemmMode::kExact)
+      throw_arg(fn, "cfg.mode", to_str(int(cfg.mode)), "must be GemmMode::kFast or GemmMode::kExact");
+    impl_->cfg = cfg;
+    impl_->cap = moe_plan_capacity(cfg.max_tokens, cfg.routing.top_k, cfg.num_experts);
+    impl_->bytes = impl_->carve(nullptr);
+    MXMOE_CUDA_CHECK(fn, cudaMalloc(&impl_->arena, impl_->bytes));
+    impl_->carve(impl_->arena);
+    check_cublas(cublasCreate(&impl_->cublas), "cublasCreate");
+  } catch (...) {
+    if (impl_->arena) cudaFree(impl_->arena);
+    delete impl_;
+    throw;
+  }
+}
+
+MoeLayer::~MoeLayer() {
+  if (impl_->cublas) cublasDestroy(impl_->cublas);
+  if (impl_->arena) cudaFree(impl_->arena);
+  delete impl_;
+}
+
+void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const __nv_bfloat16* w1,
+                       const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "MoeLayer::forward";
+  Impl& m = *impl_;
+  const MoeLayerConfig& c = m.cfg;
+  const int64_t H = c.hidden, I = c.inter, E = c.num_experts;
+  const int k = c.routing.top_k;
+  if (tokens < 1 || tokens > c.max_tokens)
+    throw_arg(fn, "tokens", to_str(tokens), "must be in [1, max_tokens = " + to_str(c.max_tokens) + "]");
+  for (auto [name, p] : {std::pair<const char*, const void*>{"x", x}, {"wr", wr}, {"w1", w1}, {"w2", w2}, {"out", out}}) {
+    detail::check_not_null(fn, name, p);
+    detail::check_aligned(fn, name, p, 16);
+  }
+  // 1. logits [T, E] = x · wrᵀ (FP32 out): column-major C[E, T] = op(Wr)[E, H] · X[H, T].
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(m.cublas, stream), "cublasSetStream");
+  check_cublas(cublasGemmEx(m.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(E), int(tokens), int(H), &one, wr, CUDA_R_16BF,
+                            int(H), x, CUDA_R_16BF, int(H), &zero, m.logits, CUDA_R_32F, int(E), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "router GEMM");
+  // 2-3. top-k and the routing plan
+  moe_topk(m.logits, tokens, int(E), c.routing, m.ids, m.weights, stream);
+  moe_plan(m.ids, tokens, k, int(E), m.cap, m.plan_ws, m.plan_ws_bytes, m.plan, stream);
+  const int32_t* rows_used = m.plan.padded_offsets + E;
+  // 4. gather + quantize x both ways (the column-wise copy is the W1 wgrad operand)
+  const MxOut xr = m.x_row.out(), xc = m.x_col.out();
+  quantize_mxfp8_gather(x, tokens, H, m.plan.row_index, m.cap, rows_used, &xr, &xc, ScaleMode::kRceil, stream);
+  // 5. weights, both directions, one pass each
+  const MxOut w1r = m.w1_row.out(), w1c = m.w1_col.out(), w2r = m.w2_row.out(), w2c = m.w2_col.out();
+  quantize_mxfp8(w1, E, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
+  quantize_mxfp8(w2, E, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+  // 6. GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ
+  GemmOptions go;
+  go.mode = c.mode;
+  go.stream = stream;
+  m_grouped_mxfp8_gemm_nt(m.x_row.operand(), m.cap, m.w1_row.operand(), int(E), 2 * I, H, m.plan.padded_offsets,
+                          m.gu, go);
+  // 7. SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
+  moe_swiglu(m.gu, m.cap, I, rows_used, m.hact, stream);
+  const MxOut hr = m.h_row.out(), hc = m.h_col.out();
+  quantize_mxfp8_grouped(m.hact, m.cap, I, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &hr, &hc,
+                         ScaleMode::kRceil, stream);
+  // 8. GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
+  m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2_row.operand(), int(E), H, I, m.plan.padded_offsets, m.y, go);
+  // 9. combine in slot order
+  moe_combine(m.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
+}
+
+const int32_t* MoeLayer::topk_ids() const { return impl_->ids; }
+const float* MoeLayer::topk_weights() const { return impl_->weights; }
+const int32_t* MoeLayer::row_of() const { return impl_->plan.row_of; }
+const int32_t* MoeLayer::padded_offsets() const { return impl_->plan.padded_offsets; }
+int64_t MoeLayer::capacity() const { return impl_->cap; }
+size_t MoeLayer::workspace_bytes() const { return impl_->bytes; }
+
+}  // namespace mxmoe
