@@ -1,4 +1,4 @@
-// The MXFP8 MoE training layer (DESIGN.md §3; recipe: docs/notes/layer.md). Forward only so far.
+// The MXFP8 MoE training layer (DESIGN.md §3; recipe: docs/notes/layer.md): forward and backward.
 //
 //   out [T, H] = Σ_j w[t, j] · W2[e_j] · SwiGLU(W1[e_j] · x[t])   (top-k routing of x·Wrᵀ)
 //
@@ -41,9 +41,17 @@ class MoeLayer {
   void forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const __nv_bfloat16* w1,
                const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream = nullptr);
 
+  // Backward of the last forward (same x and weights): dout BF16 [T, H] →
+  //   dx BF16 [T, H]; dwr FP32 [E, H]; dw1 FP32 [E, 2I, H]; dw2 FP32 [E, H, I] (all overwritten).
+  // Weight gradients come from the k-grouped MXFP8 GEMMs; the router's from FP32 cuBLAS GEMMs on
+  // the BF16 x and wr. Deterministic; no host synchronisation.
+  void backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* wr, __nv_bfloat16* dx,
+                float* dwr, float* dw1, float* dw2, cudaStream_t stream = nullptr);
+
   // State of the last forward (device pointers into the workspace), e.g. for tests and backward.
   const int32_t* topk_ids() const;        // [T, k]
   const float* topk_weights() const;      // [T, k]
+  const float* topk_weight_grads() const; // [T, k] d loss / d w of the last backward
   const int32_t* row_of() const;          // [T, k] padded row of (t, j)
   const int32_t* padded_offsets() const;  // [E+1]
   int64_t capacity() const;               // padded rows of the workspace

@@ -34,3 +34,30 @@ void moe_combine(const __nv_bfloat16* y, int64_t y_rows, int64_t cols, const int
                  int64_t tokens, int top_k, const float* addend, __nv_bfloat16* out, cudaStream_t stream = nullptr);
 
 }  // namespace mxmoe
+
+namespace mxmoe {
+
+// Backward of the combine, in the padded layout (one warp per used row r < *rows_used):
+//   with t = row_index[r] and j the slot with row_of[t, j] == r:
+//     dy[r, :] = bf16(w[t, j] · dout[t, :])       and      dw[t, j] = Σ_n dout[t, n] · y[r, n]
+//   rows with row_index[r] < 0 (padding) get dy = 0. FP32 sums in a fixed order.
+//   dout BF16 [tokens, cols]; y, dy BF16 [rows, cols]; row_index int32 [rows]; row_of int32 [tokens, k];
+//   w, dw FP32 [tokens, k]. cols % 8 == 0; 16-byte aligned dout, y, dy.
+void moe_combine_backward(const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows, int64_t cols,
+                          const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of, const float* w,
+                          int64_t tokens, int top_k, __nv_bfloat16* dy, float* dw, cudaStream_t stream = nullptr);
+
+// SwiGLU backward on the padded layout: with g = gu[r, i], u = gu[r, I + i], d = dh[r, i]:
+//   dgu[r, i] = bf16(d · u · silu'(g)),  dgu[r, I + i] = bf16(d · silu(g)),  silu'(g) = s(1 + g(1 - s)).
+//   gu, dgu BF16 [rows, 2I]; dh BF16 [rows, I]; rows at or beyond *rows_used are not written.
+void moe_swiglu_backward(const __nv_bfloat16* gu, const __nv_bfloat16* dh, int64_t rows, int64_t inter,
+                         const int32_t* rows_used, __nv_bfloat16* dgu, cudaStream_t stream = nullptr);
+
+// Router backward: dlogits [tokens, E] FP32 from the gradient of the routing weights dw [tokens, k]
+// (softmax renormalised: dl = p ⊙ (dp − p·dp) with dp_e = dw_e/S − Σ_j dw_j p_j/S²; sigmoid:
+// dl_e = c·(dw_e/S − Σ_j dw_j s_j/S²)·s_e(1 − s_e) for the selected e). One warp per token, fixed
+// order. logits as given to moe_topk; ids, dw [tokens, k]. The selection has no gradient.
+void moe_router_backward(const float* logits, const int32_t* topk_ids, const float* dw, int64_t tokens,
+                         int num_experts, const RouterParams& params, float* dlogits, cudaStream_t stream = nullptr);
+
+}  // namespace mxmoe

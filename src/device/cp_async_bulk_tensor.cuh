@@ -1,5 +1,6 @@
 // cp.async.bulk.tensor (TMA, sm_90): 2-D tiled global -> shared copies completing on an mbarrier,
-// plus prefetch.tensormap. The CUtensorMap lives in kernel parameter space (__grid_constant__).
+// plus prefetch.tensormap and the cluster multicast form. The CUtensorMap lives in kernel
+// parameter space (__grid_constant__).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +31,24 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_addr(smem_dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster
+// As above, but the box is written to the same CTA-relative offset (smem_dst's) in the shared
+// memory of every CTA whose bit is set in cta_mask (bit i = cluster rank i), and each of those
+// CTAs' mbarrier at bar's offset receives complete_tx of the box's bytes. One L2 read feeds all.
+__device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
+    void* smem_dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
+    uint16_t cta_mask) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
       : "memory");
 #else
   MXMOE_DEVICE_UNSUPPORTED();

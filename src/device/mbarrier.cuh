@@ -1,4 +1,5 @@
-// mbarrier.* (shared-memory transaction barriers, sm_90): init, arrive, expect_tx, try_wait.parity.
+// mbarrier.* (shared-memory transaction barriers, sm_90): init, arrive, expect_tx, try_wait.parity;
+// arrive on a barrier of another CTA of the cluster (shared::cluster address) at the end.
 // Addresses are 32-bit shared-window addresses (__cvta_generic_to_shared).
 #pragma once
 #include <cstdint>
@@ -93,6 +94,24 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
         : "r"(addr), "r"(parity)
         : "memory");
   } while (!done);
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// ---- across the CTAs of a cluster (2-CTA TMA multicast) ----
+
+// mbarrier.arrive.release.cta.shared::cluster.b64 — one arrival on a barrier in any CTA of the
+// cluster; `cluster_addr` is a shared::cluster address (mapa_shared_cluster_u32, mapa.cuh).
+// Release at CTA scope, as CUTLASS's ClusterBarrier::arrive(cta_id) does: suited to "slot free"
+// signals whose only cross-CTA hazard is a later async-proxy (TMA) write into a slot that this
+// thread's warpgroup read through wgmma, retired by wgmma.wait_group before the arrival. (The
+// .release.cluster form costs MEMBAR.ALL.GPU per arrival in SASS, which would wait for the
+// epilogue's outstanding global stores.)
+__device__ __forceinline__ void mbarrier_arrive_release_cta_shared_cluster(uint32_t cluster_addr) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr)
+               : "memory");
 #else
   MXMOE_DEVICE_UNSUPPORTED();
 #endif

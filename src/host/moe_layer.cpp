@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "host/check.h"
+#include "kernels/layer/moe_ops_launch.h"
 #include "mxmoe/moe_ops.h"
 #include "mxmoe/moe_plan.h"
 #include "mxmoe/quantize.h"
@@ -48,6 +49,11 @@ struct MoeLayer::Impl {
   size_t plan_ws_bytes = 0;
   MxBuf x_row, x_col, w1_row, w1_col, w2_row, w2_col, h_row, h_col;
   __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr;
+  int64_t tokens = 0;  // of the last forward
+  // backward
+  MxBuf dy_row, dy_col, dgu_row, dgu_col;
+  __nv_bfloat16 *dy = nullptr, *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
+  float *dw = nullptr, *dlogits = nullptr, *x_f32 = nullptr, *wr_f32 = nullptr, *dx_router = nullptr;
 
   // Carves (or, with base == nullptr, only measures) the workspace.
   size_t carve(uint8_t* base) {
@@ -87,6 +93,19 @@ struct MoeLayer::Impl {
     h_row = mx(1, cap, I);
     h_col = mx(1, I, cap);
     y = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
+    dy = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
+    dy_row = mx(1, cap, H);
+    dy_col = mx(1, H, cap);
+    dh = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * I) * 2));
+    dgu = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * 2 * I) * 2));
+    dgu_row = mx(1, cap, 2 * I);
+    dgu_col = mx(1, 2 * I, cap);
+    dxp = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
+    dw = reinterpret_cast<float*>(take(size_t(T * k) * 4));
+    dlogits = reinterpret_cast<float*>(take(size_t(T * E) * 4));
+    x_f32 = reinterpret_cast<float*>(take(size_t(T * H) * 4));
+    wr_f32 = reinterpret_cast<float*>(take(size_t(E * H) * 4));
+    dx_router = reinterpret_cast<float*>(take(size_t(T * H) * 4));
     return off;
   }
 };
@@ -171,10 +190,68 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
   m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2_row.operand(), int(E), H, I, m.plan.padded_offsets, m.y, go);
   // 9. combine in slot order
   moe_combine(m.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
+  m.tokens = tokens;
+}
+
+void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* wr,
+                        __nv_bfloat16* dx, float* dwr, float* dw1, float* dw2, cudaStream_t stream) {
+  const char* fn = "MoeLayer::backward";
+  Impl& m = *impl_;
+  const MoeLayerConfig& c = m.cfg;
+  const int64_t H = c.hidden, I = c.inter, E = c.num_experts, T = m.tokens;
+  const int k = c.routing.top_k;
+  if (T == 0) throw Error("mxmoe::MoeLayer::backward: no forward to differentiate (call forward first)");
+  for (auto [name, p] : {std::pair<const char*, const void*>{"dout", dout}, {"x", x}, {"wr", wr}, {"dx", dx},
+                         {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}}) {
+    detail::check_not_null(fn, name, p);
+    detail::check_aligned(fn, name, p, 16);
+  }
+  const int32_t* rows_used = m.plan.padded_offsets + E;
+  GemmOptions go;
+  go.mode = c.mode;
+  go.stream = stream;
+  GemmOptions go32 = go;
+  go32.out_dtype = GemmOutDtype::kFP32;
+  // 1. dY = bf16(w · dout) in the padded layout, dw = dout · Y; quantize dY both ways
+  moe_combine_backward(dout, m.y, m.cap, H, rows_used, m.plan.row_index, m.plan.row_of, m.weights, T, k, m.dy, m.dw,
+                       stream);
+  const MxOut dyr = m.dy_row.out(), dyc = m.dy_col.out();
+  quantize_mxfp8_grouped(m.dy, m.cap, H, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &dyr, &dyc,
+                         ScaleMode::kRceil, stream);
+  // 2. dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  3. dW2[e] = Σ dYᵀ · Hact
+  m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2_col.operand(), int(E), I, H, m.plan.padded_offsets, m.dh, go);
+  k_grouped_mxfp8_gemm_nt(m.dy_col.operand(), m.h_col.operand(), m.cap, int(E), H, I, m.plan.padded_offsets, dw2, go32);
+  // 4. SwiGLU backward, quantize dGU both ways
+  moe_swiglu_backward(m.gu, m.dh, m.cap, I, rows_used, m.dgu, stream);
+  const MxOut gr = m.dgu_row.out(), gc = m.dgu_col.out();
+  quantize_mxfp8_grouped(m.dgu, m.cap, 2 * I, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &gr, &gc,
+                         ScaleMode::kRceil, stream);
+  // 5. dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  6. dW1[e] = Σ dGUᵀ · Xp
+  m_grouped_mxfp8_gemm_nt(m.dgu_row.operand(), m.cap, m.w1_col.operand(), int(E), H, 2 * I, m.plan.padded_offsets,
+                          m.dxp, go);
+  k_grouped_mxfp8_gemm_nt(m.dgu_col.operand(), m.x_col.operand(), m.cap, int(E), 2 * I, H, m.plan.padded_offsets, dw1,
+                          go32);
+  // 7. router: dlogits, then FP32 GEMMs dWr = dlogitsᵀ·X and dX_router = dlogits·Wr
+  moe_router_backward(m.logits, m.ids, m.dw, T, int(E), c.routing, m.dlogits, stream);
+  detail::launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(x), T * H, m.x_f32, stream);
+  detail::launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(wr), E * H, m.wr_f32, stream);
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(m.cublas, stream), "cublasSetStream");
+  // column-major: dWr_cm [H, E] = X_cm [H, T] · (dlogits_cm [E, T])ᵀ
+  check_cublas(cublasSgemm(m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, int(H), int(E), int(T), &one, m.x_f32, int(H),
+                           m.dlogits, int(E), &zero, dwr, int(H)),
+               "router wgrad GEMM");
+  // column-major: dXr_cm [H, T] = Wr_cm [H, E] · dlogits_cm [E, T]
+  check_cublas(cublasSgemm(m.cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(H), int(T), int(E), &one, m.wr_f32, int(H),
+                           m.dlogits, int(E), &zero, m.dx_router, int(H)),
+               "router dgrad GEMM");
+  // 8. un-permute in slot order, plus the router's part
+  moe_combine(m.dxp, m.cap, H, m.plan.row_of, nullptr, T, k, m.dx_router, dx, stream);
 }
 
 const int32_t* MoeLayer::topk_ids() const { return impl_->ids; }
 const float* MoeLayer::topk_weights() const { return impl_->weights; }
+const float* MoeLayer::topk_weight_grads() const { return impl_->dw; }
 const int32_t* MoeLayer::row_of() const { return impl_->plan.row_of; }
 const int32_t* MoeLayer::padded_offsets() const { return impl_->plan.padded_offsets; }
 int64_t MoeLayer::capacity() const { return impl_->cap; }

@@ -3,6 +3,8 @@
 
 #include "host/check.h"
 #include "host/routing.h"
+
+#include <utility>
 #include "kernels/layer/moe_ops_launch.h"
 
 namespace mxmoe {
@@ -56,6 +58,64 @@ void moe_combine(const __nv_bfloat16* y, int64_t y_rows, int64_t cols, const int
   check_aligned(fn, "out", out, 16);
   detail::launch_moe_combine(reinterpret_cast<const uint16_t*>(y), y_rows, cols, row_of, w, tokens, top_k, addend,
                              reinterpret_cast<uint16_t*>(out), stream);
+}
+
+}  // namespace mxmoe
+
+namespace mxmoe {
+
+void moe_combine_backward(const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows, int64_t cols,
+                          const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of, const float* w,
+                          int64_t tokens, int top_k, __nv_bfloat16* dy, float* dw, cudaStream_t stream) {
+  const char* fn = "moe_combine_backward";
+  if (rows < 0) detail::throw_arg(fn, "rows", detail::to_str(rows), "must be >= 0");
+  if (cols <= 0 || cols % 8 != 0) detail::throw_arg(fn, "cols", detail::to_str(cols), "must be a positive multiple of 8");
+  if (tokens < 0) detail::throw_arg(fn, "tokens", detail::to_str(tokens), "must be >= 0");
+  if (top_k < 1 || top_k > 32) detail::throw_arg(fn, "top_k", detail::to_str(top_k), "must be in [1, 32]");
+  if (tokens == 0 || rows == 0) return;
+  const struct { const char* n; const void* p; uintptr_t a; } ptrs[] = {
+      {"dout", dout, 16}, {"y", y, 16}, {"row_index", row_index, 4}, {"row_of", row_of, 4},
+      {"w", w, 4},        {"dy", dy, 16}, {"dw", dw, 4}};
+  for (const auto& q : ptrs) {
+    detail::check_not_null(fn, q.n, q.p);
+    detail::check_aligned(fn, q.n, q.p, q.a);
+  }
+  detail::check_aligned(fn, "rows_used", rows_used, 4);
+  detail::launch_moe_combine_backward(reinterpret_cast<const uint16_t*>(dout), reinterpret_cast<const uint16_t*>(y),
+                                      rows, cols, rows_used, row_index, row_of, w, tokens, top_k,
+                                      reinterpret_cast<uint16_t*>(dy), dw, stream);
+}
+
+void moe_swiglu_backward(const __nv_bfloat16* gu, const __nv_bfloat16* dh, int64_t rows, int64_t inter,
+                         const int32_t* rows_used, __nv_bfloat16* dgu, cudaStream_t stream) {
+  const char* fn = "moe_swiglu_backward";
+  if (rows < 0) detail::throw_arg(fn, "rows", detail::to_str(rows), "must be >= 0");
+  if (inter <= 0 || inter % 8 != 0) detail::throw_arg(fn, "inter", detail::to_str(inter), "must be a positive multiple of 8");
+  for (auto [n, p] : {std::pair<const char*, const void*>{"gu", gu}, {"dh", dh}, {"dgu", dgu}}) {
+    detail::check_not_null(fn, n, p);
+    detail::check_aligned(fn, n, p, 16);
+  }
+  detail::check_aligned(fn, "rows_used", rows_used, 4);
+  if (rows == 0) return;
+  detail::launch_moe_swiglu_backward(reinterpret_cast<const uint16_t*>(gu), reinterpret_cast<const uint16_t*>(dh), rows,
+                                     inter, rows_used, reinterpret_cast<uint16_t*>(dgu), stream);
+}
+
+void moe_router_backward(const float* logits, const int32_t* topk_ids, const float* dw, int64_t tokens,
+                         int num_experts, const RouterParams& params, float* dlogits, cudaStream_t stream) {
+  const char* fn = "moe_router_backward";
+  if (tokens < 0 || tokens > (int64_t(1) << 30)) detail::throw_arg(fn, "tokens", detail::to_str(tokens), "must be in [0, 2^30]");
+  if (!params.renormalize)
+    detail::throw_arg(fn, "params.renormalize", "false", "only renormalised routing weights have a backward so far");
+  // check_routing checks the (ids, weights) pair; here the ids are inputs and dw takes the weights' place.
+  detail::check_routing(fn, num_experts, params, topk_ids, dw);
+  if (tokens == 0) return;
+  detail::check_not_null(fn, "logits", logits);
+  detail::check_aligned(fn, "logits", logits, 4);
+  detail::check_not_null(fn, "dlogits", dlogits);
+  detail::check_aligned(fn, "dlogits", dlogits, 4);
+  detail::RouterLaunch p = detail::routing_launch(num_experts, params, const_cast<int32_t*>(topk_ids), nullptr);
+  detail::launch_moe_router_backward(logits, dw, tokens, p, dlogits, stream);
 }
 
 }  // namespace mxmoe

@@ -19,10 +19,18 @@
 // Accuracy (brief): fast mode's error against the FP64 product of the unquantized BF16 inputs is
 // within 1.1× of exact mode's on Gaussian, heavy-tailed and outlier-channel data; fast-vs-exact
 // deviation (relative Frobenius, max ulps) is printed.
+//
+// Two kernel paths for fast mode: the default, and the 2-CTA TMA-multicast one (off by default,
+// kConfigClusterMulticast in grouped_gemm_mxfp8_sm90_ws.cuh). The host dispatcher reads
+// MXMOE_GEMM_MULTICAST on every call ("1" on, "0" off, unset: the default), so
+//   MXMOE_GEMM_MULTICAST=1 ./build/mxmoe_gpu_tests --gtest_filter='GemmGpu.*'
+// runs every case below on the multicast path (exact mode ignores it), and additionally runs
+// ClusterMulticastBitwiseMatchesDefault, which compares the two paths byte for byte.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -176,13 +184,15 @@ void reference_with_bound(const std::vector<double>& da, const std::vector<doubl
 }
 
 // Runs the GEMM into a poisoned Y and returns it as double (NaN where poisoned); raw bytes too.
-std::vector<double> run(const Problem& P, GemmMode mode, GemmOutDtype out, std::vector<uint8_t>* raw = nullptr) {
+std::vector<double> run(const Problem& P, GemmMode mode, GemmOutDtype out, std::vector<uint8_t>* raw = nullptr,
+                        int num_sms = 0) {
   const size_t elems = size_t(P.m_total * P.n);
   const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
   DevBuf<uint8_t> y(elems * esz, 0xFF);
   GemmOptions o;
   o.mode = mode;
   o.out_dtype = out;
+  o.num_sms = num_sms;
   m_grouped_mxfp8_gemm_nt(P.a_op(), P.m_total, P.b_op(), P.E, P.n, P.k, P.d_offsets->p, y.p, o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   std::vector<uint8_t> h = y.download();
@@ -472,7 +482,8 @@ void k_reference_with_bound(const std::vector<double>& da, const std::vector<dou
 // Runs the k-grouped GEMM. With `init` the output starts from those values (accumulate test);
 // otherwise it is poisoned (every element must be written).
 std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bool accumulate,
-                          const std::vector<uint8_t>* init, std::vector<uint8_t>* raw) {
+                          const std::vector<uint8_t>* init, std::vector<uint8_t>* raw,
+                          int num_sms = 0) {
   const size_t elems = size_t(P.E * P.n * P.k);
   const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
   DevBuf<uint8_t> y(elems * esz, 0xFF);
@@ -480,6 +491,7 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
   GemmOptions o;
   o.mode = mode;
   o.out_dtype = out;
+  o.num_sms = num_sms;
   o.accumulate = accumulate;
   k_grouped_mxfp8_gemm_nt(P.a_op(), P.b_op(), P.m_total, P.E, P.n, P.k, P.d_offsets->p, y.p, o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
@@ -564,6 +576,97 @@ TEST_F(GemmGpu, WgradManyExperts) {
   KProblem P;
   build_k(P, 64, 128, 128, random_counts(rng_, 64, 0, 200), Dist::kOutlierChannels, rng_);
   check_k_all(P, "E=64");
+}
+
+// ---- 2-CTA multicast path ----------------------------------------------------------------------
+// Same tiles, same chunk order, same promotion per element: the multicast kernel must reproduce the
+// default kernel's bytes exactly, for odd tile counts (phantom partner tiles), one tile, many
+// small experts, and small or odd persistent grids (num_sms 3 launches one cluster of 2).
+bool multicast_requested() {
+  const char* v = std::getenv("MXMOE_GEMM_MULTICAST");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
+// Sets MXMOE_GEMM_MULTICAST for one scope and restores the previous value.
+class ScopedMulticastEnv {
+ public:
+  explicit ScopedMulticastEnv(bool on) {
+    const char* v = std::getenv("MXMOE_GEMM_MULTICAST");
+    had_ = v != nullptr;
+    if (had_) old_ = v;
+    setenv("MXMOE_GEMM_MULTICAST", on ? "1" : "0", 1);
+  }
+  ~ScopedMulticastEnv() {
+    if (had_) setenv("MXMOE_GEMM_MULTICAST", old_.c_str(), 1);
+    else unsetenv("MXMOE_GEMM_MULTICAST");
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST_F(GemmGpu, ClusterMulticastBitwiseMatchesDefault) {
+  REQUIRE_GPU();
+  if (!multicast_requested())
+    GTEST_SKIP() << "the 2-CTA multicast path is off by default; run with MXMOE_GEMM_MULTICAST=1";
+  TRACE_SEED();
+  struct MCase { int E; int64_t n, k; std::vector<int> counts; };
+  const std::vector<MCase> mcases = {
+      {4, 2880, 2880, {100, 0, 250, 40}},                // 23 n-tiles: a phantom partner, K tail
+      {3, 160, 96, {130, 0, 257}},                       // 2 n-tiles, the second past N
+      {5, 32, 32, random_counts(rng_, 5, 0, 200)},       // 1 n-tile: every pair half phantom
+      {384, 128, 256, random_counts(rng_, 384, 0, 40)},  // many small and empty experts
+      {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
+  };
+  for (const MCase& c : mcases) {
+    Problem P;
+    build(P, c.E, c.n, c.k, c.counts, Dist::kGaussian, rng_);
+    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+      for (int sms : {0, 3}) {
+        std::vector<uint8_t> want, got;
+        {
+          ScopedMulticastEnv env(false);
+          run(P, GemmMode::kFast, out, &want);
+        }
+        {
+          ScopedMulticastEnv env(true);
+          run(P, GemmMode::kFast, out, &got, sms);
+        }
+        size_t first = 0;
+        while (first < want.size() && want[first] == got[first]) ++first;
+        EXPECT_TRUE(want == got) << "m-grouped E=" << c.E << " N=" << c.n << " K=" << c.k << " "
+                                 << out_name(out) << " num_sms=" << sms
+                                 << ": multicast output differs from the default path, first at byte "
+                                 << first;
+      }
+    }
+  }
+  struct KCase { int E; int64_t n, k; std::vector<int> counts; };
+  const std::vector<KCase> kcases = {
+      {6, 256, 384, {0, 300, 128, 0, 1, 520}},  // 3 k-tiles: a phantom partner; empty experts
+      {3, 160, 96, {0, 700, 0}},                // 1 k-tile, N tail
+  };
+  for (const KCase& c : kcases) {
+    KProblem P;
+    build_k(P, c.E, c.n, c.k, c.counts, Dist::kHeavyTailed, rng_);
+    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+      for (int sms : {0, 3}) {
+        std::vector<uint8_t> want, got;
+        {
+          ScopedMulticastEnv env(false);
+          run_k(P, GemmMode::kFast, out, false, nullptr, &want);
+        }
+        {
+          ScopedMulticastEnv env(true);
+          run_k(P, GemmMode::kFast, out, false, nullptr, &got, sms);
+        }
+        EXPECT_TRUE(want == got) << "k-grouped E=" << c.E << " N=" << c.n << " K=" << c.k << " "
+                                 << out_name(out) << " num_sms=" << sms
+                                 << ": multicast output differs from the default path";
+      }
+    }
+  }
 }
 
 }  // namespace

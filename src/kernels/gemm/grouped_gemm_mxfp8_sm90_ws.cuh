@@ -45,6 +45,9 @@
 // Pipeline: kNumStages × [A 16 KB | B 16 KB | scales (| decoded scales 1 KB)]; full barrier = TMA
 // tx (+128 gatherer arrivals in exact mode), empty barrier = one arrival per math warp, ready
 // barrier (pipelined fast only) = 32 decoder-lane arrivals.
+// Optional 2-CTA multicast (fast mode, kMulticast; off by default): clusters of two CTAs on tiles
+// that share A, each loading half of A for both; the empty barriers then span the cluster. See
+// "2-CTA multicast" above the kernel for the barrier invariants.
 //
 // Roofline: FLOPs = 2·M·N·K; fewest bytes = M·K + E·N·K (+1/128 or 1/32 for scales) + output.
 // Every model shape in docs/notes/gemm.md is compute-bound (>= 395 FLOP/byte). Ceilings: FP8
@@ -54,7 +57,11 @@
 // bound), pipelined 2 × 199 (docs/notes/gemm.md, "Fast mode schedule").
 // Tests: tests/gpu/test_gemm_gpu.cpp, tests/cpu/test_gemm_ref.cpp. Bench: bench/bench_gemm.py.
 #pragma once
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include <cuda.h>
@@ -63,7 +70,9 @@
 
 #include "host/check.h"
 
+#include "device/barrier_cluster.cuh"
 #include "device/cp_async_bulk_tensor.cuh"
+#include "device/mapa.cuh"
 #include "device/mbarrier.cuh"
 #include "device/setmaxnreg.cuh"
 #include "device/wgmma_mma_async.cuh"
@@ -160,18 +169,26 @@ __device__ __forceinline__ float e8m0_to_float_fast(uint32_t byte_in_low_bits) {
 
 // m-grouped schedule (forward, dgrad): tiles (m-tile, n-tile) over the segments, identical in
 // every role of every CTA (a pure function of the offsets in shared memory).
-template <int kBlockN>
+// kPair = 2 (2-CTA cluster, A multicast): linear tiles 2u and 2u + 1 are n-tiles 2q and 2q + 1 of
+// one m-tile, so the two CTAs of a cluster (blockIdx.x = 2c, 2c + 1, stepping by the even
+// gridDim.x) always share A rows and the number of chunks. The n-tile count is rounded up to
+// even: an odd last n-tile gets a phantom partner (n0 >= N: B and its scales read zero fill or
+// the next expert's rows, every output column is >= N so nothing is stored) that still takes part
+// in every barrier. kPair = 1 is the plain schedule.
+template <int kBlockN, int kPair = 1>
 struct MGroupedScheduler {
+  static_assert(kPair == 1 || kPair == 2, "pairs of n-tiles at most");
   const int32_t* s_off;
   const Params* p;
-  int m_tile_begin, num_m_tiles, num_n_tiles, num_tiles, num_kc;
+  int m_tile_begin, num_m_tiles, num_n_units, num_tiles, num_kc;
 
   __device__ MGroupedScheduler(const int32_t* s_off_, const Params& p_) : s_off(s_off_), p(&p_) {
     m_tile_begin = s_off[0] / kBlockM;
     const int m_tile_end = min(s_off[p_.num_experts] / kBlockM, p_.m_tiles_cap);
     num_m_tiles = max(0, m_tile_end - m_tile_begin);
-    num_n_tiles = (p_.n + kBlockN - 1) / kBlockN;
-    num_tiles = num_m_tiles * num_n_tiles;  // host checks m_tiles_cap · num_n_tiles < 2^31
+    num_n_units = ((p_.n + kBlockN - 1) / kBlockN + kPair - 1) / kPair;  // n-tiles, or pairs of them
+    // host checks m_tiles_cap · (num_n_units · kPair) < 2^31
+    num_tiles = num_m_tiles * num_n_units * kPair;
     num_kc = (p_.k + kBlockK - 1) / kBlockK;
   }
 
@@ -185,16 +202,17 @@ struct MGroupedScheduler {
     return lo;
   }
 
-  // Bands of kGroupM m-tiles; inside a band m runs fastest, so concurrent CTAs share A rows and
-  // one expert's B.
+  // Bands of kGroupM m-tiles; inside a band m runs fastest (then the n-unit; with kPair = 2 the
+  // pair member fastest of all), so concurrent CTAs share A rows and one expert's B.
   __device__ Tile tile(int t) const {
-    const int per_band = kGroupM * num_n_tiles;
-    const int band = t / per_band;
-    const int r = t - band * per_band;
+    const int u = t / kPair, member = t % kPair;  // kPair = 1: u = t, member = 0
+    const int per_band = kGroupM * num_n_units;
+    const int band = u / per_band;
+    const int r = u - band * per_band;
     const int m0 = band * kGroupM;
     const int rows_in_band = min(kGroupM, num_m_tiles - m0);
     const int m_tile = m_tile_begin + m0 + r % rows_in_band;
-    const int n_tile = r / rows_in_band;
+    const int n_tile = (r / rows_in_band) * kPair + member;
     const int row0 = m_tile * kBlockM, n0 = n_tile * kBlockN;
     const int e = expert_of_row(row0);
     Tile x;
@@ -220,15 +238,19 @@ struct MGroupedScheduler {
 // [N, M_total] and B = Xᵀ [K, M_total] are K-major along tokens; tiles (e, n-tile, k-tile), expert
 // by expert so that concurrent CTAs share one segment of both operands. Chunks of 128 tokens never
 // cross experts (segments are 128-aligned). An empty expert's tiles reduce nothing and store zeros.
-template <int kBlockN>
+// kPair = 2 (2-CTA cluster, A multicast): the k-tile count is rounded up to even, so linear tiles
+// 2u, 2u + 1 are k-tiles 2q, 2q + 1 of one (e, n-tile): the cluster shares A (dYᵀ rows) and the
+// segment, hence the chunk count. A phantom k-tile (k0 >= K) reads zero fill and stores nothing.
+template <int kBlockN, int kPair = 1>
 struct KGroupedScheduler {
+  static_assert(kPair == 1 || kPair == 2, "pairs of k-tiles at most");
   const int32_t* s_off;
   const Params* p;
   int num_n_tiles, num_k_tiles, num_tiles;
 
   __device__ KGroupedScheduler(const int32_t* s_off_, const Params& p_) : s_off(s_off_), p(&p_) {
     num_n_tiles = (p_.n + kBlockM - 1) / kBlockM;
-    num_k_tiles = (p_.k + kBlockN - 1) / kBlockN;
+    num_k_tiles = ((p_.k + kBlockN - 1) / kBlockN + kPair - 1) / kPair * kPair;
     num_tiles = p_.num_experts * num_n_tiles * num_k_tiles;  // host checks < 2^31
   }
 
@@ -357,12 +379,20 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
   }
 }
 
-template <int kBlockN, int kNumStages, bool kExact, class Scheduler>
+// kMulticast (2-CTA cluster sharing the A tile; see "2-CTA multicast" at the kernel): this CTA
+// (cluster rank `rank`) loads A rows [64·rank, 64·rank + 64) of the tile with one multicast TMA
+// (box [64, 128]) into both CTAs' stage s at the same offset, signalling both CTAs' full[s]; B and
+// both scale boxes stay local. Each full[s] still expects kTxBytes per pass (8 KB of A from each
+// CTA). empty[s] is then a cluster barrier (both CTAs' math warps arrive), waited with acquire at
+// cluster scope because the partner's consumers release the stage that this CTA's multicast
+// overwrites in the partner's shared memory.
+template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensorMap* tm_b,
                                          const CUtensorMap* tm_sa, const CUtensorMap* tm_sb,
                                          const Params& p, uint8_t* smem, const Scheduler& sched,
-                                         uint64_t* full, uint64_t* empty) {
+                                         uint64_t* full, uint64_t* empty, uint32_t rank) {
   using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a multicast pair loads
   const int pt = threadIdx.x;  // 0..127
   const bool lead = pt == 0;
   if (!kExact && !lead) return;  // fast mode: one thread does everything
@@ -386,8 +416,13 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
         if (kExact) device::mbarrier_expect_tx(&full[s], L::kTxBytes);
         else device::mbarrier_arrive_expect_tx(&full[s], L::kTxBytes);
         const int kc = x.k0 + c * kBlockK;
-        device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffA + s * L::kTileA, tm_a,
-                                                         &full[s], kc, x.a_row);
+        if constexpr (kMulticast)  // [64, 128] half of A, 128B swizzle, into both CTAs
+          device::cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
+              smem + L::kOffA + s * L::kTileA + int(rank) * kHalfA * kBlockK, tm_a, &full[s], kc,
+              x.a_row + int(rank) * kHalfA, uint16_t(0x3));
+        else
+          device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffA + s * L::kTileA, tm_a,
+                                                           &full[s], kc, x.a_row);
         device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffB + s * L::kTileB, tm_b,
                                                          &full[s], kc, x.b_row);
         if (!kExact) {
@@ -402,6 +437,20 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
       }
       if (++s == kNumStages) { s = 0; phase ^= 1u; }
     }
+  }
+}
+
+// One math warp (lane 0, after __syncwarp) hands stage `bar`'s slot back. kMulticast: to both
+// CTAs of the cluster (the stage is filled by both producers), release at cluster scope.
+template <bool kMulticast>
+__device__ __forceinline__ void arrive_empty(uint64_t* bar) {
+  if constexpr (kMulticast) {
+    const uint32_t local = device::smem_addr(bar);
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r)
+      device::mbarrier_arrive_release_cta_shared_cluster(device::mapa_shared_cluster_u32(local, r));
+  } else {
+    device::mbarrier_arrive(bar);
   }
 }
 
@@ -459,7 +508,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
   }
 }
 
-template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, class Scheduler>
+template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Scheduler& sched,
                                      uint64_t* full, uint64_t* empty) {
   static_assert(kBlockN == 128, "the wgmma wrapper is m64n128k32");
@@ -508,7 +557,7 @@ __device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Sched
         // Stage s is no longer read (tiles by the finished wgmmas, scales already in registers;
         // the arrive's release orders the loads above): hand it back before promoting.
         __syncwarp();
-        if (lane == 0) device::mbarrier_arrive(&empty[s]);
+        if (lane == 0) arrive_empty<kMulticast>(&empty[s]);
         promote<kBlockN>(tot, acc, sa0, sa1, sb_pairs);
       } else {
         // Exact: one k32 block per wgmma, two accumulators in ping-pong so that block b+1's
@@ -548,7 +597,7 @@ __device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Sched
           }
         }
         __syncwarp();
-        if (lane == 0) device::mbarrier_arrive(&empty[s]);  // this warp is done with stage s
+        if (lane == 0) arrive_empty<kMulticast>(&empty[s]);  // this warp is done with stage s
       }
       if (++s == kNumStages) { s = 0; phase ^= 1u; }
     }
@@ -602,7 +651,7 @@ __device__ __forceinline__ void issue_chunk(float (&acc)[kBlockN / 2], uint8_t* 
 }
 
 // tot += acc · sa[row] · sb[col] for the chunk at `at`, whose wgmma group has been retired.
-template <int kBlockN, int kNumStages>
+template <int kBlockN, int kNumStages, bool kMulticast>
 __device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
                                               uint8_t* smem, uint64_t* empty, uint64_t* ready,
                                               PipeState<kNumStages>& at, int sa_slot, int sb_slot,
@@ -630,11 +679,11 @@ __device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (
   // Stage at.s is no longer read: its wgmmas are retired, its scales are in registers (the
   // arrive's release orders this warp's loads, __syncwarp the other lanes').
   __syncwarp();
-  if (lane == 0) device::mbarrier_arrive(&empty[at.s]);
+  if (lane == 0) arrive_empty<kMulticast>(&empty[at.s]);
   at.advance();
 }
 
-template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* smem,
                                                     const Scheduler& sched, uint64_t* full,
                                                     uint64_t* empty, uint64_t* ready) {
@@ -662,38 +711,81 @@ __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* sm
       for (; c + 2 < n; c += 2) {
         issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 -> acc1
         device::wgmma_wait_group_sync_aligned<1>();                 // chunk c retired
-        promote_chunk<kBlockN>(tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc0, smem, empty, ready, promote_at,
+                                                       sa_slot, sb_slot, lane);
         issue_chunk<kBlockN>(acc0, smem, full, issue_at, math_wg);  // chunk c+2 -> acc0
         device::wgmma_wait_group_sync_aligned<1>();                 // chunk c+1 retired
-        promote_chunk<kBlockN>(tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc1, smem, empty, ready, promote_at,
+                                                       sa_slot, sb_slot, lane);
       }
       // Chunk c is in flight in acc0 and is the last or the second to last.
       if (c + 1 < n) {
         issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 (last) -> acc1
         device::wgmma_wait_group_sync_aligned<1>();
-        promote_chunk<kBlockN>(tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc0, smem, empty, ready, promote_at,
+                                                       sa_slot, sb_slot, lane);
         device::wgmma_wait_group_sync_aligned<0>();
-        promote_chunk<kBlockN>(tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc1, smem, empty, ready, promote_at,
+                                                       sa_slot, sb_slot, lane);
       } else {
         device::wgmma_wait_group_sync_aligned<0>();
-        promote_chunk<kBlockN>(tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc0, smem, empty, ready, promote_at,
+                                                       sa_slot, sb_slot, lane);
       }
     }
     store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
   }
 }
 
+// ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
+//
+// A cluster of two CTAs (ranks 0, 1 = blockIdx.x % 2) works on two tiles that share the A tile
+// (scheduler kPair = 2: n-tiles 2q, 2q + 1 of one m-tile; k-grouped: k-tiles 2q, 2q + 1 of one
+// (expert, n-tile)). Per chunk each producer loads half of A (rows 64·rank..) with one multicast
+// TMA into both CTAs, its own B, and both scale boxes locally: per CTA 8 + 16 KB of tiles from L2
+// instead of 16 + 16 (-25% L2->SM bytes per FLOP). Barrier invariants (each CTA has its own ring):
+//  I1 Same walk. Both CTAs visit the same units in the same order (t = blockIdx.x, stepping by the
+//     even gridDim.x; tiles 2u, 2u + 1 go to one cluster in the same iteration) with the same
+//     chunk count, so chunk c of unit u uses the same stage s and phase in both rings. Phantom
+//     tiles keep this: they load, compute and arrive like real ones and only skip the stores.
+//  I2 full[s] (1 local arrival + kTxBytes per pass): the local producer's arrive_expect_tx, 8 KB
+//     of A from each producer's multicast, B and the scales from the local producer. The partner's
+//     complete_tx may land before the local expect_tx; the phase cannot complete early because
+//     its one arrival (the local producer's) is still pending, and transaction counts may go
+//     transiently negative within a phase.
+//  I3 empty[s] (16 arrivals per pass: every math warp of both CTAs, release.cluster via mapa). A
+//     producer writes stage s of BOTH CTAs, so it waits (acquire.cluster) until both CTAs'
+//     consumers have released the previous pass: no write-after-read on either side.
+//  I4 No lapping. The partner's pass-k+1 write to my full[s] comes after its wait on its empty[s]
+//     for pass k, which needs my math warps' arrivals for pass k, which follow their wait on my
+//     full[s] for pass k: my full[s] phase k has completed first. Symmetrically, an arrival for
+//     pass k+1 on my empty[s] needs that pass's full[s] in the arriving CTA, which needs my
+//     producer's pass-k+1 multicast, issued after my empty[s] pass k completed.
+//  I5 ready[s] (decoded scales) stays CTA-local; its invariant (decode_fast_scales) is unchanged,
+//     because full[s] of the next pass still needs the local producer's arrival after its empty[s]
+//     wait, i.e. after every local math warp finished reading stage s's floats.
+//  I6 Start/exit. Both CTAs initialise their barriers and meet at a cluster barrier before any
+//     remote arrival or multicast. At the end every thread meets at a cluster barrier again, so
+//     no CTA exits while its partner may still arrive on its empty barriers (the multicast writes
+//     into a CTA are all consumed by that CTA's own math warps before they get there).
+
 // kKGrouped selects the schedule: false = m-grouped (forward/dgrad), true = k-grouped (wgrad).
 // kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined over the serial
-// fast path in math(); exact mode always runs math()'s ping-pong per 32.
-template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined>
+// fast path in math(); exact mode always runs math()'s ping-pong per 32. kMulticast (fast mode
+// only): launched as 2-CTA clusters sharing A, see above.
+template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
+          bool kMulticast = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
                                   const __grid_constant__ CUtensorMap tm_sa,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
+  static_assert(!(kExact && kMulticast), "multicast is fast mode's (exact is promotion-bound)");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
+  static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
+                "multicast halves of A keep whole 1024-byte swizzle atoms");
+  constexpr int kClusterSize = kMulticast ? 2 : 1;
   using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined>;
   using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
@@ -701,6 +793,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                 "the pipelined layout only appends to the serial one");
   extern __shared__ uint8_t smem_raw[];
   // Pointer arithmetic on the shared array itself, so the compiler keeps LDS/STS (not generic).
+  // Same offset in every CTA (same kernel), as multicast requires.
   uint8_t* smem = smem_raw + ((1024u - (device::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBarriers);
   uint64_t* empty = full + kNumStages;
@@ -711,31 +804,44 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   if (threadIdx.x == 0) {
     for (int i = 0; i < kNumStages; ++i) {
       device::mbarrier_init(&full[i], kExact ? 128 : 1);    // exact: every producer thread arrives
-      device::mbarrier_init(&empty[i], 4 * kNumMathWarpgroups);  // one arrival per math warp
+      // one arrival per math warp (of both CTAs when multicasting: I3)
+      device::mbarrier_init(&empty[i], 4 * kNumMathWarpgroups * kClusterSize);
       if (kPipelined) device::mbarrier_init(&ready[i], 32);      // every decoder lane arrives
     }
     device::fence_mbarrier_init_release_cluster();
     device::fence_proxy_async_shared_cta();
   }
   __syncthreads();
+  uint32_t rank = 0;
+  if constexpr (kMulticast) {  // I6: the partner's barriers exist before any remote access
+    rank = device::cluster_ctarank();
+    device::barrier_cluster_arrive_release();
+    device::barrier_cluster_wait_acquire();
+  }
 
-  using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN>, MGroupedScheduler<kBlockN>>;
+  constexpr int kPair = kMulticast ? 2 : 1;
+  using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN, kPair>,
+                                       MGroupedScheduler<kBlockN, kPair>>;
   const Scheduler sched(s_off, p);
   if (threadIdx.x < 128) {
     device::setmaxnreg_dec_sync_aligned_u32<kProducerRegs>();
-    if constexpr (kPipelined) {
-      if (threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
-        decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
-        return;
-      }
+    if (kPipelined && threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
+      if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
+    } else {
+      producer<kBlockN, kNumStages, kExact, kMulticast>(&tm_a, &tm_b, &tm_sa, &tm_sb, p, smem, sched,
+                                                        full, empty, rank);
     }
-    producer<kBlockN, kNumStages, kExact>(&tm_a, &tm_b, &tm_sa, &tm_sb, p, smem, sched, full, empty);
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
     if constexpr (kPipelined)
-      math_fast_pipelined<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
+      math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty,
+                                                                    ready);
     else
-      math<kBlockN, kNumStages, kExact, kOutF32>(p, smem, sched, full, empty);
+      math<kBlockN, kNumStages, kExact, kOutF32, kMulticast>(p, smem, sched, full, empty);
+  }
+  if constexpr (kMulticast) {  // I6: no CTA leaves while its partner may still arrive on it
+    device::barrier_cluster_arrive_release();
+    device::barrier_cluster_wait_acquire();
   }
 }
 
@@ -749,18 +855,89 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 //   + scales decoded once per stage by producer warp 1 (math_fast_pipelined); false = the
 //   original serial schedule (math(): issue, wait 0, decode scales in every thread, promote).
 //   Both give bitwise identical results. Measured alternatives: docs/notes/gemm.md.
-// To measure (docs/notes/gemm.md): kBlockN 192/256 for large N, 2-CTA multicast of the shared
-// operand, epilogue overlapped with the next tile's first chunk.
+//   kConfigClusterMulticast: fast mode as 2-CTA clusters sharing the A tile by TMA multicast
+//   (-25% L2->SM bytes per FLOP; predicted, not yet measured: docs/notes/gemm.md "2-CTA
+//   multicast"). Bitwise identical results (same tiles, same chunk order). Off by default until
+//   measured; the environment variable MXMOE_GEMM_MULTICAST=1 (or 0) overrides it per call.
+// To measure (docs/notes/gemm.md): kBlockN 192 for large N, epilogue overlapped with the next
+// tile's first chunk, multicast of both operands (2×2 clusters).
 constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
+constexpr bool kConfigClusterMulticast = false;
+
+// Whether this call runs the multicast kernel: fast mode only; MXMOE_GEMM_MULTICAST ("1" on,
+// "0" off; read on every call so that a process can time both) overrides kConfigClusterMulticast.
+inline bool use_cluster_multicast(bool exact) {
+  if (exact) return false;
+  const char* env = std::getenv("MXMOE_GEMM_MULTICAST");
+  if (env != nullptr && env[0] != '\0') return env[0] != '0';
+  return kConfigClusterMulticast;
+}
+
+// Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
+inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kBlockM; }
+
+// Clusters of `kernel` (2 CTAs of `smem` bytes) that fit on the device at once, cached per device
+// (a GPC's SM count may be odd, so this can be below #SMs / 2).
+template <class Kernel>
+int max_active_pairs(const char* fn, Kernel kernel, int smem) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int device = 0;
+  MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) > 0)
+    return cached[device].load(std::memory_order_relaxed);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(kNumThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  if (clusters < 1)
+    throw CudaError(std::string("mxmoe::") + fn + ": no 2-CTA cluster of the GEMM kernel fits");
+  if (device < kMaxDevices) cached[device].store(clusters, std::memory_order_relaxed);
+  return clusters;
+}
 
 template <bool kExact, bool kOutF32, bool kKGrouped>
-void launch_grouped(const char* fn, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
+void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                     const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
                     cudaStream_t stream) {
   constexpr bool kPipelined = !kExact && kConfigFastPipelined;
   using L = SmemLayout<kConfigBlockN, kConfigStages, kExact, kPipelined>;
+  if constexpr (!kExact) {
+    if (multicast) {
+      auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
+                                                      kKGrouped, kPipelined, true>;
+      MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                L::kAlloc));
+      // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
+      const int pairs = std::max(1, std::min(grid / 2, max_active_pairs(fn, kernel, L::kAlloc)));
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(2 * pairs));
+      cfg.blockDim = dim3(kNumThreads);
+      cfg.dynamicSmemBytes = size_t(L::kAlloc);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 2;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_sa, tm_sb, p));
+      MXMOE_CHECK_LAUNCH(fn);
+      return;
+    }
+  }
   auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
                                                   kKGrouped, kPipelined>;
   MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -769,20 +946,24 @@ void launch_grouped(const char* fn, const CUtensorMap& tm_a, const CUtensorMap& 
   MXMOE_CHECK_LAUNCH(fn);
 }
 
+// multicast: from use_cluster_multicast (the A map's box must have a_box_rows(multicast) rows).
 template <bool kKGrouped>
-void dispatch_grouped(const char* fn, bool exact, bool out_f32, const CUtensorMap& tm_a,
-                      const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
-                      const Params& p, int grid, cudaStream_t stream) {
+void dispatch_grouped(const char* fn, bool exact, bool out_f32, bool multicast,
+                      const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
+                      const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
   if (exact) {
-    if (out_f32) launch_grouped<true, true, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<true, false, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else {
-    if (out_f32) launch_grouped<false, true, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<false, false, kKGrouped>(fn, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32)
+      launch_grouped<false, true, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else
+      launch_grouped<false, false, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   }
 }
 
-// Persistent grid: opts.num_sms if in (0, #SMs), else every SM.
+// Persistent grid: opts.num_sms if in (0, #SMs), else every SM. (The multicast launch rounds it
+// down to whole co-resident clusters of 2, at least one.)
 inline int persistent_grid(const char* fn, int num_sms) {
   int device = 0, sms = 0;
   MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));

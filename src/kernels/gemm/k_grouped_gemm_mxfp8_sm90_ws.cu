@@ -39,11 +39,13 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
   const bool exact = opts.mode == GemmMode::kExact;
+  const bool multicast = gemm_sm90::use_cluster_multicast(exact);  // 2-CTA clusters sharing dYᵀ
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
   const uint8_t* a_data = exact ? a.data : a.fast_data;
   const uint8_t* b_data = exact ? b.data : b.fast_data;
-  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(
-      kFn, a_data, n, m_total, m_total, kBlockM, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // dYᵀ [128, 128]
+  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(  // dYᵀ [128 (64 when multicast), 128]
+      kFn, a_data, n, m_total, m_total, gemm_sm90::a_box_rows(multicast), kBlockK,
+      CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
       kFn, b_data, k, m_total, m_total, kBlockN, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // Xᵀ [kBlockN, 128]
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
@@ -64,8 +66,8 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.kdim = int(m_total);
   p.m_tiles_cap = 0;  // unused by the k-grouped schedule
   p.accumulate = opts.accumulate;
-  gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, tm_a, tm_b,
-                                    tm_sa, tm_sb, p, grid, opts.stream);
+  gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, multicast,
+                                    tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream);
 }
 
 }  // namespace mxmoe

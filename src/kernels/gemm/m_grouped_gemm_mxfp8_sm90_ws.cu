@@ -27,7 +27,10 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   using detail::to_str;
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
-  const int64_t n_tiles = (n + kBlockN - 1) / kBlockN;
+  const bool exact = opts.mode == GemmMode::kExact;
+  const bool multicast = gemm_sm90::use_cluster_multicast(exact);
+  int64_t n_tiles = (n + kBlockN - 1) / kBlockN;
+  if (multicast) n_tiles += n_tiles % 2;  // 2-CTA clusters pair n-tiles (phantom partner if odd)
   if ((m_total / kBlockM) * n_tiles >= (int64_t(1) << 31))
     throw_arg(kFn, "m_total", to_str(m_total), "(m_total/128)·ceil(n/128) must be < 2^31");
   detail::check_grouped_operand(kFn, "b", b, opts.mode);
@@ -38,12 +41,12 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
 
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
-  const bool exact = opts.mode == GemmMode::kExact;
   const int64_t num_kc = (k + kBlockK - 1) / kBlockK;
   const uint8_t* a_data = exact ? a.data : a.fast_data;
   const uint8_t* b_data = exact ? b.data : b.fast_data;
-  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(
-      kFn, a_data, m_total, k, k, kBlockM, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // [128, 128]
+  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(  // [128 (64 when multicast), 128]
+      kFn, a_data, m_total, k, k, gemm_sm90::a_box_rows(multicast), kBlockK,
+      CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
       kFn, b_data, num_experts * n, k, k, kBlockN, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
@@ -64,8 +67,8 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   p.kdim = int(k);
   p.m_tiles_cap = int(m_total / kBlockM);
   p.accumulate = opts.accumulate;
-  gemm_sm90::dispatch_grouped<false>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, tm_a, tm_b,
-                                     tm_sa, tm_sb, p, grid, opts.stream);
+  gemm_sm90::dispatch_grouped<false>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, multicast,
+                                     tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream);
 }
 
 }  // namespace mxmoe

@@ -78,6 +78,84 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const uint16_t* __res
   }
 }
 
+__device__ __forceinline__ float dsilu(float g) {
+  const float sg = 1.0f / (1.0f + expf(-g));
+  return sg * (1.0f + g * (1.0f - sg));
+}
+
+__global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const uint16_t* __restrict__ gu,
+                                                                   const uint16_t* __restrict__ dh, int64_t rows,
+                                                                   int64_t inter, const int32_t* __restrict__ rows_used,
+                                                                   uint16_t* __restrict__ dgu) {
+  const int64_t used = rows_used ? min(rows, int64_t(__ldg(rows_used))) : rows;
+  const int64_t vec_per_row = inter / 8, total = used * vec_per_row;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = v / vec_per_row, c = (v - r * vec_per_row) * 8;
+    const uint4 g = __ldg(reinterpret_cast<const uint4*>(gu + r * 2 * inter + c));
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(gu + r * 2 * inter + inter + c));
+    const uint4 d = __ldg(reinterpret_cast<const uint4*>(dh + r * inter + c));
+    const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w}, dw[4] = {d.x, d.y, d.z, d.w};
+    uint32_t og[4], ou[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float g0 = bf_lo(gw[i]), g1 = bf_hi(gw[i]), u0 = bf_lo(uw[i]), u1 = bf_hi(uw[i]);
+      const float d0 = bf_lo(dw[i]), d1 = bf_hi(dw[i]);
+      og[i] = pack_bf16x2(d0 * u0 * dsilu(g0), d1 * u1 * dsilu(g1));
+      ou[i] = pack_bf16x2(d0 * silu(g0), d1 * silu(g1));
+    }
+    *reinterpret_cast<uint4*>(dgu + r * 2 * inter + c) = make_uint4(og[0], og[1], og[2], og[3]);
+    *reinterpret_cast<uint4*>(dgu + r * 2 * inter + inter + c) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
+  }
+}
+
+// One warp per used padded row: dy = bf16(w · dout[t]) and dw[t, j] = dout[t] · y[r].
+__global__ void __launch_bounds__(kThreads) combine_backward_kernel(
+    const uint16_t* __restrict__ dout, const uint16_t* __restrict__ y, int64_t rows, int64_t cols,
+    const int32_t* __restrict__ rows_used, const int32_t* __restrict__ row_index, const int32_t* __restrict__ row_of,
+    const float* __restrict__ w, int top_k, uint16_t* __restrict__ dy, float* __restrict__ dw) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t used = rows_used ? min(rows, int64_t(__ldg(rows_used))) : rows;
+  if (r >= used) return;  // whole warp
+  const int64_t vec_per_row = cols / 8;
+  uint16_t* dyr = dy + r * cols;
+  const int32_t t = __ldg(row_index + r);
+  int j = -1;
+  if (t >= 0)
+    for (int q = 0; q < top_k; ++q)
+      if (__ldg(row_of + int64_t(t) * top_k + q) == r) j = q;
+  if (j < 0) {  // padding (or a row no slot points at)
+    for (int64_t v = lane; v < vec_per_row; v += 32) *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const float wj = __ldg(w + int64_t(t) * top_k + j);
+  const uint16_t* dot = dout + int64_t(t) * cols;
+  const uint16_t* yr = y + r * cols;
+  float acc = 0.0f;
+  for (int64_t v = lane; v < vec_per_row; v += 32) {  // per lane in increasing column order
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(dot + v * 8));
+    const uint4 b = __ldg(reinterpret_cast<const uint4*>(yr + v * 8));
+    const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc = fmaf(bf_lo(aw[i]), bf_lo(bw[i]), acc);
+      acc = fmaf(bf_hi(aw[i]), bf_hi(bw[i]), acc);
+      o[i] = pack_bf16x2(wj * bf_lo(aw[i]), wj * bf_hi(aw[i]));
+    }
+    *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);  // fixed butterfly
+  if (lane == 0) dw[int64_t(t) * top_k + j] = acc;
+}
+
+__global__ void __launch_bounds__(kThreads) bf16_to_f32_kernel(const uint16_t* __restrict__ x, int64_t n,
+                                                               float* __restrict__ y) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __uint_as_float(uint32_t(x[i]) << 16);
+}
+
 unsigned grid_for(int64_t work) {
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -86,6 +164,29 @@ unsigned grid_for(int64_t work) {
 }
 
 }  // namespace
+
+void launch_bf16_to_f32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n == 0) return;
+  bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
+  MXMOE_CHECK_LAUNCH("bf16_to_f32");
+}
+
+void launch_moe_swiglu_backward(const uint16_t* gu, const uint16_t* dh, int64_t rows, int64_t inter,
+                                const int32_t* rows_used, uint16_t* dgu, cudaStream_t stream) {
+  swiglu_backward_kernel<<<grid_for(rows * inter / 8), kThreads, 0, stream>>>(gu, dh, rows, inter, rows_used, dgu);
+  MXMOE_CHECK_LAUNCH("moe_swiglu_backward");
+}
+
+void launch_moe_combine_backward(const uint16_t* dout, const uint16_t* y, int64_t rows, int64_t cols,
+                                 const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
+                                 const float* w, int64_t tokens, int top_k, uint16_t* dy, float* dw,
+                                 cudaStream_t stream) {
+  MXMOE_CUDA_CHECK("moe_combine_backward", cudaMemsetAsync(dw, 0, size_t(tokens * top_k) * sizeof(float), stream));
+  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;  // one warp per row (capacity)
+  combine_backward_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(dout, y, rows, cols, rows_used, row_index,
+                                                                     row_of, w, top_k, dy, dw);
+  MXMOE_CHECK_LAUNCH("moe_combine_backward");
+}
 
 void launch_moe_swiglu(const uint16_t* gu, int64_t rows, int64_t inter, const int32_t* rows_used, uint16_t* h,
                        cudaStream_t stream) {

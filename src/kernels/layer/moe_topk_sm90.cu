@@ -27,7 +27,65 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) moe_topk_kernel(const float
   select_top_k(p, s_logits[warp], s_scratch[warp], int(t), lane);
 }
 
+// One warp per token: dlogits from dw through the routing weights (see moe_ops.h). p.ids holds
+// the selected experts; lane j < k owns slot j. Warp sums are fixed butterflies (deterministic).
+__global__ void __launch_bounds__(32 * kWarpsPerCta) moe_router_backward_kernel(const float* __restrict__ logits,
+                                                                                const float* __restrict__ dw,
+                                                                                int64_t tokens, const RouterLaunch p,
+                                                                                float* __restrict__ dlogits) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarpsPerCta + warp;
+  if (t >= tokens) return;
+  const int E = p.num_experts, k = p.top_k;
+  const float* lg = logits + t * E;
+  const bool mine = lane < k;
+  const int id = mine ? p.ids[t * k + lane] : 0;
+  const float dwj = mine ? __ldg(dw + t * k + lane) : 0.0f;
+  float* out = dlogits + t * E;
+  if (!p.sigmoid) {
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldg(lg + e));
+    m = dev::warp_max(m);
+    float z = 0.0f;
+    for (int e = lane; e < E; e += 32) z += expf(__ldg(lg + e) - m);
+    z = dev::warp_sum(z);
+    const float pj = mine ? expf(__ldg(lg + id) - m) / z : 0.0f;
+    const float S = dev::warp_sum(pj), wsum = dev::warp_sum(dwj * pj);
+    const float dpj = mine ? dwj / S - wsum / (S * S) : 0.0f;  // dp of the selected expert
+    const float pdp = dev::warp_sum(pj * dpj);
+    for (int e = lane; e < E; e += 32) {
+      float dp = 0.0f;
+      for (int q = 0; q < k; ++q) {
+        const float dq = __shfl_sync(dev::kFullMask, dpj, q);
+        const int iq = __shfl_sync(dev::kFullMask, id, q);
+        if (iq == e) dp = dq;
+      }
+      out[e] = expf(__ldg(lg + e) - m) / z * (dp - pdp);
+    }
+  } else {
+    const float sj = mine ? 1.0f / (1.0f + expf(-__ldg(lg + id))) : 0.0f;
+    const float S = dev::warp_sum(sj), wsum = dev::warp_sum(dwj * sj);
+    const float dlj = mine ? p.scaling * (dwj / S - wsum / (S * S)) * sj * (1.0f - sj) : 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      float dl = 0.0f;
+      for (int q = 0; q < k; ++q) {
+        const float dq = __shfl_sync(dev::kFullMask, dlj, q);
+        const int iq = __shfl_sync(dev::kFullMask, id, q);
+        if (iq == e) dl = dq;
+      }
+      out[e] = dl;
+    }
+  }
+}
+
 }  // namespace
+
+void launch_moe_router_backward(const float* logits, const float* dw, int64_t tokens, const RouterLaunch& p,
+                                float* dlogits, cudaStream_t stream) {
+  const unsigned grid = unsigned((tokens + kWarpsPerCta - 1) / kWarpsPerCta);
+  moe_router_backward_kernel<<<grid, 32 * kWarpsPerCta, 0, stream>>>(logits, dw, tokens, p, dlogits);
+  MXMOE_CHECK_LAUNCH("moe_router_backward");
+}
 
 void launch_moe_topk(const float* logits, int64_t tokens, const RouterLaunch& p, cudaStream_t stream) {
   const unsigned grid = unsigned((tokens + kWarpsPerCta - 1) / kWarpsPerCta);
