@@ -4,7 +4,8 @@
 #   scripts/gpu_run.sh OUT [--quick]
 # Files written (at most 8, so a remote run can bring them all back):
 #   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
-#   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant)
+#   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant);
+#   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}
@@ -36,6 +37,10 @@ run_bench() {  # name
 }
 [ -e build ] || ln -s $BUILD build
 for b in ${MXMOE_BENCHES:-bench_quant bench_gemm}; do run_bench $b; done
+if [ "${MXMOE_PYTHON:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # the PyTorch binding and its pytest suite
+  timeout 900 ./scripts/python_test.sh "$OUT" > /dev/null 2>&1
+  echo "python tests rc=$?"; tail -3 "$OUT/python_tests.log" 2>/dev/null
+fi
 if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
      --section WarpStateStats --section Occupancy -k regex:quantize_mxfp8 python3 profile_quant.py) > "$OUT/ncu_quant.txt" 2>&1

@@ -1,0 +1,19 @@
+"""mxmoe: MXFP8 Mixture-of-Experts kernels for NVIDIA Hopper (sm_90a) as PyTorch ops.
+
+Importing the package registers the custom ops torch.ops.mxmoe.* (CUDA implementations from the
+compiled extension mxmoe._C, fake implementations for torch.compile from mxmoe._fake). The
+helpers below (mxmoe.ops) name the layouts; mxmoe.reference holds the plain-PyTorch numerics.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from . import _C  # noqa: F401  (registers torch.ops.mxmoe.*)
+from . import _fake  # noqa: F401  (shape functions for torch.compile)
+from . import reference
+from .ops import (MoePlan, MxTensor, Quantized, compute_padded_offsets, decode_down, decode_gate_up,
+                  decode_router, dequantize, dequantize_fast, grouped_gemm, grouped_gemm_wgrad, moe_plan,
+                  quantize, quantize_gather, quantize_grouped)
+
+__all__ = ["MoePlan", "MxTensor", "Quantized", "compute_padded_offsets", "decode_down", "decode_gate_up",
+           "decode_router", "dequantize", "dequantize_fast", "grouped_gemm", "grouped_gemm_wgrad", "moe_plan",
+           "quantize", "quantize_gather", "quantize_grouped", "reference"]
+__version__ = "0.1.0"

@@ -1,0 +1,105 @@
+"""Fake (meta) implementations of the mxmoe ops, so that torch.compile and FakeTensor tracing can
+run them without a GPU: output shapes and dtypes only, in step with python/csrc/mxmoe_ops.cpp."""
+import torch
+
+FP8 = torch.float8_e4m3fn
+U8 = torch.uint8
+I32 = torch.int32
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _mx_like(x, lead, rows, cols, fast):
+    """data, scales (and fast_data, fast_scales) of one MX copy of logical shape lead + [rows, cols]."""
+    outs = [x.new_empty((*lead, rows, cols), dtype=FP8), x.new_empty((*lead, rows, cols // 32), dtype=U8)]
+    if fast:
+        outs += [x.new_empty((*lead, rows, cols), dtype=FP8),
+                 x.new_empty((*lead, _cdiv(cols, 128), rows), dtype=U8)]
+    return outs
+
+
+def _quantized(x, lead, rows, cols, rowwise, colwise, fast):
+    if not (rowwise or colwise):
+        raise ValueError("mxmoe: arguments 'rowwise', 'colwise': at least one must be true")
+    outs = []
+    if rowwise:
+        outs += _mx_like(x, lead, rows, cols, fast)
+    if colwise:
+        outs += _mx_like(x, lead, cols, rows, fast)
+    return outs
+
+
+@torch.library.register_fake("mxmoe::quantize_mxfp8")
+def _quantize_mxfp8(x, rowwise=True, colwise=False, fast=False, mode=0):
+    if x.dim() not in (2, 3):
+        raise RuntimeError(f"mxmoe.quantize_mxfp8: argument 'x' must be 2-D or 3-D, got shape {tuple(x.shape)}")
+    lead = tuple(x.shape[:-2])
+    return _quantized(x, lead, x.shape[-2], x.shape[-1], rowwise, colwise, fast)
+
+
+@torch.library.register_fake("mxmoe::quantize_mxfp8_grouped")
+def _quantize_mxfp8_grouped(x, offsets, padded_offsets, out_rows, rowwise=True, colwise=False, fast=False,
+                            mode=0):
+    return _quantized(x, (), out_rows, x.shape[1], rowwise, colwise, fast)
+
+
+@torch.library.register_fake("mxmoe::quantize_mxfp8_gather")
+def _quantize_mxfp8_gather(x, row_index, rows_used=None, rowwise=True, colwise=False, fast=False, mode=0):
+    return _quantized(x, (), row_index.shape[0], x.shape[1], rowwise, colwise, fast)
+
+
+@torch.library.register_fake("mxmoe::compute_padded_offsets")
+def _compute_padded_offsets(offsets, align=128):
+    return torch.empty_like(offsets)
+
+
+def _plan_capacity(tokens, top_k, num_experts):
+    return (tokens * top_k + num_experts * 127 + 127) // 128 * 128
+
+
+@torch.library.register_fake("mxmoe::moe_plan")
+def _moe_plan(ids, num_experts, capacity=0):
+    tokens, top_k = ids.shape
+    cap = capacity if capacity else _plan_capacity(tokens, top_k, num_experts)
+    return (ids.new_empty((num_experts,), dtype=I32), ids.new_empty((num_experts + 1,), dtype=I32),
+            ids.new_empty((num_experts + 1,), dtype=I32), ids.new_empty((tokens, top_k), dtype=I32),
+            ids.new_empty((cap,), dtype=I32))
+
+
+@torch.library.register_fake("mxmoe::m_grouped_mxfp8_gemm_nt")
+def _m_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.bfloat16)
+
+
+@torch.library.register_fake("mxmoe::m_grouped_mxfp8_gemm_nt_out")
+def _m_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0):
+    return None
+
+
+@torch.library.register_fake("mxmoe::k_grouped_mxfp8_gemm_nt")
+def _k_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0):
+    return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=out_dtype or torch.bfloat16)
+
+
+@torch.library.register_fake("mxmoe::k_grouped_mxfp8_gemm_nt_out")
+def _k_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0):
+    return None
+
+
+@torch.library.register_fake("mxmoe::decode_router")
+def _decode_router(x, router_w, top_k, sigmoid=False, renormalize=True, n_groups=1, topk_groups=1,
+                   scaling_factor=1.0, bias=None):
+    return (x.new_empty((x.shape[0], top_k), dtype=I32), x.new_empty((x.shape[0], top_k), dtype=torch.float32))
+
+
+@torch.library.register_fake("mxmoe::decode_gate_up")
+def _decode_gate_up(x, w1, w1_scales, topk_ids, shared_w1=None, shared_w1_scales=None, h_dtype=None):
+    slots = topk_ids.shape[1] + (1 if shared_w1 is not None else 0)
+    return x.new_empty((x.shape[0], slots, w1.shape[1] // 2), dtype=h_dtype or torch.float32)
+
+
+@torch.library.register_fake("mxmoe::decode_down")
+def _decode_down(h, w2, w2_scales, topk_ids, topk_weights, shared_w2=None, shared_w2_scales=None):
+    return h.new_empty((h.shape[0], w2.shape[1]), dtype=torch.bfloat16)

@@ -1,0 +1,167 @@
+"""Grouped GEMM ops against an FP64 torch reference on the dequantized MX inputs, with the
+element-wise bound of tests/gpu/test_gemm_gpu.cpp (see _util.py: tensor-core block sums, FP32
+promotion, BF16 output rounding 2^-8). Operands come from the quantization ops (tested bit-exact
+in test_quantize.py). Also: pad rows exact zeros, rows past offsets[E] untouched, accumulate,
+empty experts, bitwise reruns."""
+import pytest
+import torch
+
+from _util import assert_bytes_equal, assert_within, dot_with_bound, fresh_seed, mxmoe
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def make_counts(experts):
+    """Rows per expert: an empty expert, counts that are not multiples of 128, one larger one."""
+    counts = torch.randint(1, 200, (experts,))
+    counts[1] = 0
+    counts[-1] += 150
+    return counts
+
+
+def prefix(counts, align=1):
+    c = (counts + align - 1) // align * align
+    return torch.cat([torch.zeros(1, dtype=torch.int64), c.cumsum(0)]).to(torch.int32)
+
+
+def deq(t, fast):
+    """Exact float64 values of an MxTensor as the GEMM mode reads them."""
+    if fast:
+        return mxmoe.reference.dequantize_fast(t.fast_data, t.fast_scales, torch.float64, zero_byte_is_zero=True)
+    return mxmoe.reference.dequantize(t.data, t.scales, torch.float64)
+
+
+class MProblem:
+    def __init__(self, experts, n, k):
+        self.counts = make_counts(experts)
+        self.offsets = prefix(self.counts)
+        self.padded = prefix(self.counts, 128)
+        self.used = int(self.padded[-1])
+        self.m_total = self.used + 256  # rows past offsets[E]: never written
+        x = torch.randn(int(self.offsets[-1]), k, device=DEV).to(torch.bfloat16)
+        w = (torch.randn(experts, n, k, device=DEV) / k ** 0.5).to(torch.bfloat16)
+        self.a = mxmoe.quantize_grouped(x, self.offsets.to(DEV), self.m_total, fast=True).rowwise
+        self.b = mxmoe.quantize(w, fast=True).rowwise
+        self.d_padded = self.padded.to(DEV)
+        self.experts, self.n, self.k = experts, n, k
+
+    def reference(self, fast):
+        """y [used, N] and bound [used, N] in float64."""
+        da = deq(self.a, fast)[: self.used]
+        db = deq(self.b, fast)
+        y = torch.zeros(self.used, self.n, dtype=torch.float64, device=DEV)
+        bound = torch.zeros_like(y)
+        for e in range(self.experts):
+            r0, r1 = int(self.padded[e]), int(self.padded[e + 1])
+            if r1 > r0:
+                y[r0:r1], bound[r0:r1] = dot_with_bound(da[r0:r1], db[e], 128 if fast else 32)
+        return y, bound
+
+
+@pytest.mark.parametrize("n,k", [(256, 384), (160, 288)])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_m_grouped(n, k, fast, out_dtype):
+    seed = fresh_seed()
+    P = MProblem(4, n, k)
+    what = f"m_grouped n={n} k={k} fast={fast} out={out_dtype} counts={P.counts.tolist()} seed={seed}"
+    want, bound = P.reference(fast)
+    out_rel = 2.0 ** -8 if out_dtype == torch.bfloat16 else 0.0
+    y = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=fast, out_dtype=out_dtype)
+    assert y.shape == (P.m_total, n) and y.dtype == out_dtype
+    worst = assert_within(y[: P.used], want, bound + out_rel * (want.abs() + bound), what)
+    print(f"{what}: worst |err|/tol = {worst:.3g}")
+    # Pad rows (zero A rows) come out as exact zeros; reference and bound are 0 there, so the check
+    # above already requires it. Rows past offsets[E] are not written: poison and check via out=.
+    poisoned = torch.full((P.m_total, n), float("nan"), dtype=out_dtype, device=DEV)
+    mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=fast, out=poisoned)
+    assert bool(poisoned[P.used:].isnan().all()), f"{what}: rows past offsets[E] were written"
+    assert_bytes_equal(poisoned[: P.used], y[: P.used], f"{what}: out= vs functional (bitwise)")
+    # Rerun: bitwise identical.
+    y2 = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=fast, out_dtype=out_dtype)
+    assert_bytes_equal(y2[: P.used], y[: P.used], f"{what}: rerun")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_m_grouped_accumulate(out_dtype):
+    seed = fresh_seed()
+    P = MProblem(3, 128, 256)
+    want, bound = P.reference(True)
+    init = torch.randn(P.m_total, P.n, device=DEV).to(out_dtype)
+    out = init.clone()
+    mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=True, out=out, accumulate=True)
+    total = init[: P.used].double() + want
+    # one FP32 addition (2^-24) and, for BF16, one final rounding (2^-8)
+    add = 2.0 ** -24 * (init[: P.used].double().abs() + want.abs() + bound)
+    out_rel = 2.0 ** -8 if out_dtype == torch.bfloat16 else 0.0
+    tol = bound + add + out_rel * (total.abs() + bound + add)
+    assert_within(out[: P.used], total, tol, f"accumulate {out_dtype} seed={seed}")
+    assert_bytes_equal(out[P.used:], init[P.used:], "accumulate: rows past offsets[E] keep their values")
+
+
+class KProblem:
+    """dW[e] = Σ_t dY[t]ᵀ X[t] over expert e's token segment; operands column-wise quantized by the
+    grouped quantizer (blocks of 32 along tokens, pad tokens zero)."""
+
+    def __init__(self, experts, n, k):
+        self.counts = make_counts(experts)
+        self.offsets = prefix(self.counts)
+        self.padded = prefix(self.counts, 128)
+        self.used = int(self.padded[-1])
+        self.m_total = self.used + 128
+        t = int(self.offsets[-1])
+        dy = torch.randn(t, n, device=DEV).to(torch.bfloat16)
+        x = torch.randn(t, k, device=DEV).to(torch.bfloat16)
+        d_off = self.offsets.to(DEV)
+        self.a = mxmoe.quantize_grouped(dy, d_off, self.m_total, rowwise=False, colwise=True, fast=True).colwise
+        self.b = mxmoe.quantize_grouped(x, d_off, self.m_total, rowwise=False, colwise=True, fast=True).colwise
+        self.d_padded = self.padded.to(DEV)
+        self.experts, self.n, self.k = experts, n, k
+
+    def reference(self, fast):
+        da = deq(self.a, fast)  # [N, M_total]
+        db = deq(self.b, fast)  # [K, M_total]
+        y = torch.zeros(self.experts, self.n, self.k, dtype=torch.float64, device=DEV)
+        bound = torch.zeros_like(y)
+        for e in range(self.experts):
+            t0, t1 = int(self.padded[e]), int(self.padded[e + 1])
+            if t1 > t0:
+                y[e], bound[e] = dot_with_bound(da[:, t0:t1], db[:, t0:t1], 128 if fast else 32)
+        return y, bound
+
+
+@pytest.mark.parametrize("n,k", [(256, 384), (96, 160)])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_k_grouped(n, k, fast, out_dtype):
+    seed = fresh_seed()
+    P = KProblem(4, n, k)
+    what = f"k_grouped n={n} k={k} fast={fast} out={out_dtype} counts={P.counts.tolist()} seed={seed}"
+    want, bound = P.reference(fast)
+    out_rel = 2.0 ** -8 if out_dtype == torch.bfloat16 else 0.0
+    dw = mxmoe.grouped_gemm_wgrad(P.a, P.b, P.d_padded, fast=fast, out_dtype=out_dtype)
+    assert dw.shape == (4, n, k) and dw.dtype == out_dtype
+    worst = assert_within(dw, want, bound + out_rel * (want.abs() + bound), what)
+    print(f"{what}: worst |err|/tol = {worst:.3g}")
+    assert bool((dw[1] == 0).all()), f"{what}: the empty expert's dW must be zeros"
+    dw2 = mxmoe.grouped_gemm_wgrad(P.a, P.b, P.d_padded, fast=fast, out_dtype=out_dtype)
+    assert_bytes_equal(dw2, dw, f"{what}: rerun")
+    # accumulate into an existing dW
+    init = torch.randn(4, n, k, device=DEV).to(out_dtype)
+    out = init.clone()
+    mxmoe.grouped_gemm_wgrad(P.a, P.b, P.d_padded, fast=fast, out=out, accumulate=True)
+    total = init.double() + want
+    add = 2.0 ** -24 * (init.double().abs() + want.abs() + bound)
+    tol = bound + add + out_rel * (total.abs() + bound + add)
+    assert_within(out, total, tol, f"{what}: accumulate")
+
+
+def test_fast_and_exact_agree_closely():
+    """Fast mode's extra error (rebasing, longer tensor-core chains) stays small against exact mode."""
+    fresh_seed()
+    P = MProblem(4, 256, 512)
+    yf = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=True, out_dtype=torch.float32)[: P.used].double()
+    ye = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=False, out_dtype=torch.float32)[: P.used].double()
+    rel = (yf - ye).norm() / ye.norm()
+    assert float(rel) < 1e-2, f"fast vs exact relative Frobenius difference {float(rel):.3g}"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build the PyTorch binding (python/mxmoe, extension mxmoe._C) against the installed torch and run
+# its pytest suite. Meant for the GPU machine (no package registry there: nothing is downloaded);
+# on a machine without a GPU the GPU tests skip with the reason.
+#   scripts/python_test.sh [OUT]      logs: OUT/python_build.log, OUT/python_tests.log (default ./out)
+# Environment: MXMOE_PYTEST_TIMEOUT (whole run, s; default 900), MXMOE_PYTEST_ARGS (extra pytest
+# arguments, e.g. "-k gemm"), MAX_JOBS (parallel compiles; default: all cores).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+PY=${PYTHON:-python3}
+
+start=$(date +%s)
+{ $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  nvcc --version | tail -1; } > "$OUT/python_build.log" 2>&1
+# Editable install (the extension lands in python/mxmoe/, ignored by git); if pip cannot do it,
+# build in place and put python/ on the path instead.
+if $PY -m pip install --no-build-isolation --no-deps -v -e . >> "$OUT/python_build.log" 2>&1; then
+  echo "build: pip install -e . ok in $(( $(date +%s) - start )) s"
+else
+  echo "build: pip install -e . failed (see $OUT/python_build.log); trying setup.py build_ext --inplace"
+  $PY setup.py build_ext --inplace >> "$OUT/python_build.log" 2>&1 || {
+    echo "build FAILED in $(( $(date +%s) - start )) s; last lines of $OUT/python_build.log:"
+    tail -40 "$OUT/python_build.log"
+    exit 1
+  }
+  export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+  echo "build: in place ok in $(( $(date +%s) - start )) s"
+fi
+# Import from outside the repository so the installed package (not a stray path) is what loads.
+(cd /tmp && $PY -c 'import mxmoe, torch; print("import ok:", mxmoe.__file__); print(torch.ops.mxmoe.quantize_mxfp8.default._schema)') || {
+  echo "import of mxmoe FAILED"; exit 1; }
+
+timeout_arg=()
+if $PY -c 'import pytest_timeout' 2>/dev/null; then timeout_arg=(-o timeout=300); fi  # per test
+# shellcheck disable=SC2086
+timeout "${MXMOE_PYTEST_TIMEOUT:-900}" $PY -m pytest python/tests -p no:cacheprovider -rs -q \
+  "${timeout_arg[@]}" ${MXMOE_PYTEST_ARGS:-} 2>&1 | tee "$OUT/python_tests.log"
+rc=${PIPESTATUS[0]}
+echo "pytest rc=$rc"
+exit "$rc"
