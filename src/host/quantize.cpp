@@ -70,6 +70,15 @@ void check_gathered(const char* fn, const __nv_bfloat16* x, int64_t x_rows, int6
   check_tiles(fn, 1, out_rows, cols);
 }
 
+void check_group_offsets(const char* fn, const int32_t* offsets, const int32_t* padded_offsets, int num_groups) {
+  check_not_null(fn, "offsets", offsets);
+  check_aligned(fn, "offsets", offsets, 4);
+  check_not_null(fn, "padded_offsets", padded_offsets);
+  check_aligned(fn, "padded_offsets", padded_offsets, 4);
+  if (num_groups < 1 || num_groups > kMaxGroups)
+    throw_arg(fn, "num_groups", to_str(num_groups), "must be in [1, " + to_str(kMaxGroups) + "]");
+}
+
 detail::QuantizeParams make_params(const __nv_bfloat16* x, int64_t batch, int64_t rows_out, int64_t x_rows,
                                    int64_t cols, ScaleMode mode, const MxOut* rowwise, const MxOut* colwise) {
   detail::QuantizeParams p;
@@ -121,12 +130,7 @@ void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols
                             ScaleMode mode, cudaStream_t stream) {
   const char* fn = "quantize_mxfp8_grouped";
   check_gathered(fn, x, x_rows, cols, out_rows, mode, rowwise, colwise);
-  check_not_null(fn, "offsets", offsets);
-  check_aligned(fn, "offsets", offsets, 4);
-  check_not_null(fn, "padded_offsets", padded_offsets);
-  check_aligned(fn, "padded_offsets", padded_offsets, 4);
-  if (num_groups < 1 || num_groups > kMaxGroups)
-    throw_arg(fn, "num_groups", to_str(num_groups), "must be in [1, " + to_str(kMaxGroups) + "]");
+  check_group_offsets(fn, offsets, padded_offsets, num_groups);
   detail::QuantizeParams p = make_params(x, 1, out_rows, x_rows, cols, mode, rowwise, colwise);
   p.offsets = offsets;
   p.padded_offsets = padded_offsets;
@@ -151,12 +155,7 @@ void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
 void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
                             int align, cudaStream_t stream) {
   const char* fn = "compute_padded_offsets";
-  check_not_null(fn, "offsets", offsets);
-  check_aligned(fn, "offsets", offsets, 4);
-  check_not_null(fn, "padded_offsets", padded_offsets);
-  check_aligned(fn, "padded_offsets", padded_offsets, 4);
-  if (num_groups < 1 || num_groups > kMaxGroups)
-    throw_arg(fn, "num_groups", to_str(num_groups), "must be in [1, " + to_str(kMaxGroups) + "]");
+  check_group_offsets(fn, offsets, padded_offsets, num_groups);
   if (align < 1 || align > (1 << 20)) throw_arg(fn, "align", to_str(align), "must be in [1, 2^20]");
   detail::launch_compute_padded_offsets(offsets, padded_offsets, num_groups, align, stream);
 }

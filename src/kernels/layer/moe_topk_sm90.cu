@@ -27,6 +27,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) moe_topk_kernel(const float
   select_top_k(p, s_logits[warp], s_scratch[warp], int(t), lane);
 }
 
+// The value lane q holds for slot q whose expert is e (lane q < k holds expert id_q), or 0 when e
+// is not selected. Every lane of the warp must call it (shuffles); the ids of a token are distinct.
+__device__ __forceinline__ float slot_value(int e, int id, float v, int k) {
+  float r = 0.0f;
+  for (int q = 0; q < k; ++q) {
+    const float vq = __shfl_sync(dev::kFullMask, v, q);
+    if (__shfl_sync(dev::kFullMask, id, q) == e) r = vq;
+  }
+  return r;
+}
+
 // One warp per token: dlogits from dw through the routing weights (see moe_ops.h). p.ids holds
 // the selected experts; lane j < k owns slot j. Warp sums are fixed butterflies (deterministic).
 __global__ void __launch_bounds__(32 * kWarpsPerCta) moe_router_backward_kernel(const float* __restrict__ logits,
@@ -53,27 +64,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) moe_router_backward_kernel(
     const float S = dev::warp_sum(pj), wsum = dev::warp_sum(dwj * pj);
     const float dpj = mine ? dwj / S - wsum / (S * S) : 0.0f;  // dp of the selected expert
     const float pdp = dev::warp_sum(pj * dpj);
-    for (int e = lane; e < E; e += 32) {
-      float dp = 0.0f;
-      for (int q = 0; q < k; ++q) {
-        const float dq = __shfl_sync(dev::kFullMask, dpj, q);
-        const int iq = __shfl_sync(dev::kFullMask, id, q);
-        if (iq == e) dp = dq;
-      }
-      out[e] = expf(__ldg(lg + e) - m) / z * (dp - pdp);
+    for (int e0 = 0; e0 < E; e0 += 32) {  // whole warp per step: slot_value shuffles
+      const int e = e0 + lane;
+      const float dp = slot_value(e, id, dpj, k);
+      if (e < E) out[e] = expf(__ldg(lg + e) - m) / z * (dp - pdp);
     }
   } else {
     const float sj = mine ? 1.0f / (1.0f + expf(-__ldg(lg + id))) : 0.0f;
     const float S = dev::warp_sum(sj), wsum = dev::warp_sum(dwj * sj);
     const float dlj = mine ? p.scaling * (dwj / S - wsum / (S * S)) * sj * (1.0f - sj) : 0.0f;
-    for (int e = lane; e < E; e += 32) {
-      float dl = 0.0f;
-      for (int q = 0; q < k; ++q) {
-        const float dq = __shfl_sync(dev::kFullMask, dlj, q);
-        const int iq = __shfl_sync(dev::kFullMask, id, q);
-        if (iq == e) dl = dq;
-      }
-      out[e] = dl;
+    for (int e0 = 0; e0 < E; e0 += 32) {  // whole warp per step: slot_value shuffles
+      const int e = e0 + lane;
+      const float dl = slot_value(e, id, dlj, k);
+      if (e < E) out[e] = dl;
     }
   }
 }
