@@ -1,0 +1,60 @@
+// C ABI of the MoE layer (bench/bench_layer.py loads it through ctypes). A layer is an opaque
+// handle; every call returns 0 on success, else non-zero with mxmoe_last_error() set.
+#include <cstdint>
+
+#include "host/c_api_guard.h"
+#include "mxmoe/moe_layer.h"
+
+using mxmoe::detail::c_api_guarded;
+
+extern "C" {
+
+// scoring: 0 softmax, 1 sigmoid; mode: 0 fast, 1 exact; bias: FP32 [E] device pointer or null.
+int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scoring, int n_groups, int topk_groups,
+                       float scaling, const float* bias, int mode, int64_t max_tokens, void** handle) {
+  return c_api_guarded([&] {
+    mxmoe::MoeLayerConfig c;
+    c.hidden = hidden;
+    c.inter = inter;
+    c.num_experts = experts;
+    c.routing.scoring = static_cast<mxmoe::RouterScoring>(scoring);
+    c.routing.top_k = top_k;
+    c.routing.n_groups = n_groups;
+    c.routing.topk_groups = topk_groups;
+    c.routing.scaling_factor = scaling;
+    c.routing.bias = bias;
+    c.mode = static_cast<mxmoe::GemmMode>(mode);
+    c.max_tokens = max_tokens;
+    *handle = new mxmoe::MoeLayer(c);
+  });
+}
+
+int mxmoe_layer_destroy(void* handle) {
+  return c_api_guarded([&] { delete static_cast<mxmoe::MoeLayer*>(handle); });
+}
+
+int64_t mxmoe_layer_workspace_bytes(void* handle) {
+  return int64_t(static_cast<mxmoe::MoeLayer*>(handle)->workspace_bytes());
+}
+
+int mxmoe_layer_forward(void* handle, const void* x, int64_t tokens, const void* wr, const void* w1, const void* w2,
+                        void* out, void* stream) {
+  return c_api_guarded([&] {
+    static_cast<mxmoe::MoeLayer*>(handle)->forward(
+        static_cast<const __nv_bfloat16*>(x), tokens, static_cast<const __nv_bfloat16*>(wr),
+        static_cast<const __nv_bfloat16*>(w1), static_cast<const __nv_bfloat16*>(w2), static_cast<__nv_bfloat16*>(out),
+        static_cast<cudaStream_t>(stream));
+  });
+}
+
+int mxmoe_layer_backward(void* handle, const void* dout, const void* x, const void* wr, void* dx, void* dwr,
+                         void* dw1, void* dw2, void* stream) {
+  return c_api_guarded([&] {
+    static_cast<mxmoe::MoeLayer*>(handle)->backward(
+        static_cast<const __nv_bfloat16*>(dout), static_cast<const __nv_bfloat16*>(x),
+        static_cast<const __nv_bfloat16*>(wr), static_cast<__nv_bfloat16*>(dx), static_cast<float*>(dwr),
+        static_cast<float*>(dw1), static_cast<float*>(dw2), static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // extern "C"
