@@ -907,6 +907,19 @@ int max_active_pairs(const char* fn, Kernel kernel, int smem) {
   return clusters;
 }
 
+// Raises the kernel's dynamic shared-memory limit once per (instantiation, device): a call per
+// launch would also run inside CUDA-graph capture, where only stream work belongs.
+template <class Kernel>
+void set_smem_limit_once(const char* fn, Kernel kernel, int bytes) {
+  constexpr int kDevices = 64;  // devices tracked; beyond, the attribute is set on every launch
+  static std::atomic<bool> done[kDevices] = {};
+  int device = 0;
+  MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));
+  if (device < kDevices && done[device].load(std::memory_order_acquire)) return;
+  MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (device < kDevices) done[device].store(true, std::memory_order_release);
+}
+
 template <bool kExact, bool kOutF32, bool kKGrouped>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                     const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
@@ -917,8 +930,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
     if (multicast) {
       auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
                                                       kKGrouped, kPipelined, true>;
-      MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                L::kAlloc));
+      set_smem_limit_once(fn, kernel, L::kAlloc);
       // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
       const int pairs = std::max(1, std::min(grid / 2, max_active_pairs(fn, kernel, L::kAlloc)));
       cudaLaunchConfig_t cfg{};
@@ -940,8 +952,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
   }
   auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
                                                   kKGrouped, kPipelined>;
-  MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            L::kAlloc));
+  set_smem_limit_once(fn, kernel, L::kAlloc);
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
   MXMOE_CHECK_LAUNCH(fn);
 }
