@@ -157,8 +157,11 @@ __global__ void __launch_bounds__(kThreads) bf16_to_f32_kernel(const uint16_t* _
 }
 
 unsigned grid_for(int64_t work) {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  static const int sms = [] {  // looked up once (all H100/H200 parts have the same count per device)
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
   const int64_t blocks = (work + kThreads - 1) / kThreads;
   return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sms) * 8)));
 }
