@@ -33,6 +33,16 @@ def setup(lib):
     lib.mxmoe_layer_workspace_bytes.restype = i64
     lib.mxmoe_layer_forward.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp]
     lib.mxmoe_layer_backward.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp]
+    lib.mxmoe_layer_set_profiling.argtypes = [vp, i32]
+    lib.mxmoe_layer_stage_times.argtypes = [vp, ctypes.c_char_p, i32, ctypes.POINTER(f32), i32, ctypes.POINTER(i32)]
+
+
+def stage_times(lib, h):
+    names = ctypes.create_string_buffer(4096)
+    ms = (ctypes.c_float * 64)()
+    n = ctypes.c_int()
+    check(lib, lib.mxmoe_layer_stage_times(h, names, 4096, ms, 64, ctypes.byref(n)))
+    return list(zip(names.value.decode().split("\n")[: n.value], list(ms)[: n.value]))
 
 
 def torch_layer(x, wr, w1, w2, k, scoring, scaling, bias):
@@ -153,6 +163,10 @@ def main():
                 ok = e_out < 0.1 and e_dx < 0.1
                 t_f = timer(fwd)
                 t_s = timer(step)
+                check(lib, lib.mxmoe_layer_set_profiling(h, 1))  # one profiled step: per-stage breakdown
+                step()
+                stages = stage_times(lib, h)
+                check(lib, lib.mxmoe_layer_set_profiling(h, 0))
                 ws = lib.mxmoe_layer_workspace_bytes(h)
                 peak = (ws + sum(t.numel() * t.element_size() for t in (x, wr, w1, w2, out, dx, dwr, dw1, dw2, dout))) / 1e9
                 check(lib, lib.mxmoe_layer_destroy(h))
@@ -161,7 +175,9 @@ def main():
                               f"out {e_out:.3f} dx {e_dx:.3f}" + ("" if ok else " FAIL")])
                 results["rows"].append(dict(shape=name, routing=routing, impl=mname, fwd_us=t_f, step_us=t_s,
                                             speedup=t_base / t_s, peak_gb=peak, rel_err_out=e_out, rel_err_dx=e_dx,
-                                            verified=ok))
+                                            verified=ok, stages_ms=stages))
+                print_table(f"{name} {routing} {mname}: stages of one step (CUDA events)", ["stage", "ms"],
+                            [[sn, f"{sm:.3f}"] for sn, sm in stages])
             del params, base_out, base_dx
             torch.cuda.empty_cache()
 

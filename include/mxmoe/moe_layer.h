@@ -15,6 +15,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -47,6 +51,12 @@ class MoeLayer {
   // the BF16 x and wr. Deterministic; no host synchronisation.
   void backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* wr, __nv_bfloat16* dx,
                 float* dwr, float* dw1, float* dw2, cudaStream_t stream = nullptr);
+
+  // Per-stage timing with CUDA events, for benchmarks: when on, forward() starts a new record and
+  // forward()/backward() mark every stage; stage_times() waits for the last mark and returns
+  // (stage, milliseconds) in order. Eager runs only: leave it off while capturing a CUDA graph.
+  void set_profiling(bool on);
+  std::vector<std::pair<std::string, float>> stage_times() const;
 
   // State of the last forward (device pointers into the workspace), e.g. for tests and backward.
   const int32_t* topk_ids() const;        // [T, k]

@@ -1,6 +1,8 @@
 // C ABI of the MoE layer (bench/bench_layer.py loads it through ctypes). A layer is an opaque
 // handle; every call returns 0 on success, else non-zero with mxmoe_last_error() set.
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "host/c_api_guard.h"
 #include "mxmoe/moe_layer.h"
@@ -54,6 +56,29 @@ int mxmoe_layer_backward(void* handle, const void* dout, const void* x, const vo
         static_cast<const __nv_bfloat16*>(dout), static_cast<const __nv_bfloat16*>(x),
         static_cast<const __nv_bfloat16*>(wr), static_cast<__nv_bfloat16*>(dx), static_cast<float*>(dwr),
         static_cast<float*>(dw1), static_cast<float*>(dw2), static_cast<cudaStream_t>(stream));
+  });
+}
+
+int mxmoe_layer_set_profiling(void* handle, int on) {
+  return c_api_guarded([&] { static_cast<mxmoe::MoeLayer*>(handle)->set_profiling(on != 0); });
+}
+
+// Stage times of the last profiled forward/backward: up to max_stages entries; names are written
+// '\n'-separated into names (buffer of names_len bytes, NUL-terminated), *count gets the number.
+int mxmoe_layer_stage_times(void* handle, char* names, int names_len, float* ms, int max_stages, int* count) {
+  return c_api_guarded([&] {
+    const auto st = static_cast<mxmoe::MoeLayer*>(handle)->stage_times();
+    std::string joined;
+    int n = 0;
+    for (const auto& [name, t] : st) {
+      if (n == max_stages) break;
+      ms[n++] = t;
+      joined += name + "\n";
+    }
+    *count = n;
+    const size_t len = std::min(joined.size(), size_t(names_len > 0 ? names_len - 1 : 0));
+    std::copy_n(joined.data(), len, names);
+    if (names_len > 0) names[len] = '\0';
   });
 }
 

@@ -50,6 +50,22 @@ struct MoeLayer::Impl {
   MxBuf x_row, x_col, w1_row, w1_col, w2_row, w2_col, h_row, h_col;
   __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr;
   int64_t tokens = 0;  // of the last forward
+  // profiling: events recorded after each stage (a reusable pool)
+  bool profile = false;
+  std::vector<cudaEvent_t> events;
+  std::vector<std::string> names;  // names[i]: the stage that ends at events[i] ("" for the start)
+  size_t used_marks = 0;
+  void mark(const char* stage, cudaStream_t stream) {
+    if (!profile) return;
+    if (used_marks == events.size()) {
+      cudaEvent_t e;
+      MXMOE_CUDA_CHECK("MoeLayer", cudaEventCreate(&e));
+      events.push_back(e);
+      names.emplace_back();
+    }
+    names[used_marks] = stage;
+    MXMOE_CUDA_CHECK("MoeLayer", cudaEventRecord(events[used_marks++], stream));
+  }
   // backward
   MxBuf dy_row, dy_col, dgu_row, dgu_col;
   __nv_bfloat16 *dy = nullptr, *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
@@ -139,6 +155,7 @@ MoeLayer::MoeLayer(const MoeLayerConfig& cfg) : impl_(new Impl) {
 }
 
 MoeLayer::~MoeLayer() {
+  for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
   if (impl_->cublas) cublasDestroy(impl_->cublas);
   if (impl_->arena) cudaFree(impl_->arena);
   delete impl_;
@@ -157,6 +174,8 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
     detail::check_not_null(fn, name, p);
     detail::check_aligned(fn, name, p, 16);
   }
+  m.used_marks = 0;
+  m.mark("", stream);
   // 1. logits [T, E] = x · wrᵀ (FP32 out): column-major C[E, T] = op(Wr)[E, H] · X[H, T].
   const float one = 1.0f, zero = 0.0f;
   check_cublas(cublasSetStream(m.cublas, stream), "cublasSetStream");
@@ -164,32 +183,40 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
                             int(H), x, CUDA_R_16BF, int(H), &zero, m.logits, CUDA_R_32F, int(E), CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT),
                "router GEMM");
+  m.mark("router GEMM (cuBLAS)", stream);
   // 2-3. top-k and the routing plan
   moe_topk(m.logits, tokens, int(E), c.routing, m.ids, m.weights, stream);
   moe_plan(m.ids, tokens, k, int(E), m.cap, m.plan_ws, m.plan_ws_bytes, m.plan, stream);
   const int32_t* rows_used = m.plan.padded_offsets + E;
+  m.mark("top-k + routing plan", stream);
   // 4. gather + quantize x both ways (the column-wise copy is the W1 wgrad operand)
   const MxOut xr = m.x_row.out(), xc = m.x_col.out();
   quantize_mxfp8_gather(x, tokens, H, m.plan.row_index, m.cap, rows_used, &xr, &xc, ScaleMode::kRceil, stream);
+  m.mark("permute + quantize x", stream);
   // 5. weights, both directions, one pass each
   const MxOut w1r = m.w1_row.out(), w1c = m.w1_col.out(), w2r = m.w2_row.out(), w2c = m.w2_col.out();
   quantize_mxfp8(w1, E, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
   quantize_mxfp8(w2, E, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+  m.mark("quantize W1, W2 (both ways)", stream);
   // 6. GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ
   GemmOptions go;
   go.mode = c.mode;
   go.stream = stream;
   m_grouped_mxfp8_gemm_nt(m.x_row.operand(), m.cap, m.w1_row.operand(), int(E), 2 * I, H, m.plan.padded_offsets,
                           m.gu, go);
+  m.mark("GEMM1 (gate/up)", stream);
   // 7. SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
   moe_swiglu(m.gu, m.cap, I, rows_used, m.hact, stream);
   const MxOut hr = m.h_row.out(), hc = m.h_col.out();
   quantize_mxfp8_grouped(m.hact, m.cap, I, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &hr, &hc,
                          ScaleMode::kRceil, stream);
+  m.mark("SwiGLU + quantize", stream);
   // 8. GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
   m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2_row.operand(), int(E), H, I, m.plan.padded_offsets, m.y, go);
+  m.mark("GEMM2 (down)", stream);
   // 9. combine in slot order
   moe_combine(m.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
+  m.mark("combine", stream);
   m.tokens = tokens;
 }
 
@@ -212,25 +239,30 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
   go.stream = stream;
   GemmOptions go32 = go;
   go32.out_dtype = GemmOutDtype::kFP32;
+  m.mark("", stream);
   // 1. dY = bf16(w · dout) in the padded layout, dw = dout · Y; quantize dY both ways
   moe_combine_backward(dout, m.y, m.cap, H, rows_used, m.plan.row_index, m.plan.row_of, m.weights, T, k, m.dy, m.dw,
                        stream);
   const MxOut dyr = m.dy_row.out(), dyc = m.dy_col.out();
   quantize_mxfp8_grouped(m.dy, m.cap, H, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &dyr, &dyc,
                          ScaleMode::kRceil, stream);
+  m.mark("bwd: gather dOut·w, dw, quantize dY", stream);
   // 2. dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  3. dW2[e] = Σ dYᵀ · Hact
   m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2_col.operand(), int(E), I, H, m.plan.padded_offsets, m.dh, go);
   k_grouped_mxfp8_gemm_nt(m.dy_col.operand(), m.h_col.operand(), m.cap, int(E), H, I, m.plan.padded_offsets, dw2, go32);
+  m.mark("bwd: W2 dgrad + wgrad GEMMs", stream);
   // 4. SwiGLU backward, quantize dGU both ways
   moe_swiglu_backward(m.gu, m.dh, m.cap, I, rows_used, m.dgu, stream);
   const MxOut gr = m.dgu_row.out(), gc = m.dgu_col.out();
   quantize_mxfp8_grouped(m.dgu, m.cap, 2 * I, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &gr, &gc,
                          ScaleMode::kRceil, stream);
+  m.mark("bwd: SwiGLU backward + quantize", stream);
   // 5. dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  6. dW1[e] = Σ dGUᵀ · Xp
   m_grouped_mxfp8_gemm_nt(m.dgu_row.operand(), m.cap, m.w1_col.operand(), int(E), H, 2 * I, m.plan.padded_offsets,
                           m.dxp, go);
   k_grouped_mxfp8_gemm_nt(m.dgu_col.operand(), m.x_col.operand(), m.cap, int(E), 2 * I, H, m.plan.padded_offsets, dw1,
                           go32);
+  m.mark("bwd: W1 dgrad + wgrad GEMMs", stream);
   // 7. router: dlogits, then FP32 GEMMs dWr = dlogitsᵀ·X and dX_router = dlogits·Wr
   moe_router_backward(m.logits, m.ids, m.dw, T, int(E), c.routing, m.dlogits, stream);
   detail::launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(x), T * H, m.x_f32, stream);
@@ -245,8 +277,26 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
   check_cublas(cublasSgemm(m.cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(H), int(T), int(E), &one, m.wr_f32, int(H),
                            m.dlogits, int(E), &zero, m.dx_router, int(H)),
                "router dgrad GEMM");
+  m.mark("bwd: router backward", stream);
   // 8. un-permute in slot order, plus the router's part
   moe_combine(m.dxp, m.cap, H, m.plan.row_of, nullptr, T, k, m.dx_router, dx, stream);
+  m.mark("bwd: un-permute dX", stream);
+}
+
+void MoeLayer::set_profiling(bool on) { impl_->profile = on; }
+
+std::vector<std::pair<std::string, float>> MoeLayer::stage_times() const {
+  const Impl& m = *impl_;
+  std::vector<std::pair<std::string, float>> out;
+  if (m.used_marks == 0) return out;
+  MXMOE_CUDA_CHECK("MoeLayer::stage_times", cudaEventSynchronize(m.events[m.used_marks - 1]));
+  for (size_t i = 1; i < m.used_marks; ++i) {
+    if (m.names[i].empty()) continue;  // a start mark (backward's first)
+    float ms = 0.0f;
+    MXMOE_CUDA_CHECK("MoeLayer::stage_times", cudaEventElapsedTime(&ms, m.events[i - 1], m.events[i]));
+    out.emplace_back(m.names[i], ms);
+  }
+  return out;
 }
 
 const int32_t* MoeLayer::topk_ids() const { return impl_->ids; }
