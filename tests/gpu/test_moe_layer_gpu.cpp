@@ -215,3 +215,36 @@ TEST(MoeLayerGpu, ForwardBackwardCapturedInOneGraphReplaysWithNewRouting) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
 }
+
+TEST(MoeLayerGpu, ProfilingReportsEveryStage) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 128, H = 128, I = 64, E = 8;
+  MoeLayerConfig cfg;
+  cfg.hidden = int(H);
+  cfg.inter = int(I);
+  cfg.num_experts = int(E);
+  cfg.routing.top_k = 2;
+  cfg.max_tokens = T;
+  MoeLayer layer(cfg);
+  DevBuf<uint16_t> x{size_t(T * H)}, wr{size_t(E * H)}, w1{size_t(E * 2 * I * H)}, w2{size_t(E * H * I)},
+      out{size_t(T * H)}, dx{size_t(T * H)};
+  DevBuf<float> dwr{size_t(E * H)}, dw1{size_t(E * 2 * I * H)}, dw2{size_t(E * H * I)};
+  x.upload(rand_bf16(x.n, 1.0, rng));
+  wr.upload(rand_bf16(wr.n, 0.5, rng));
+  w1.upload(rand_bf16(w1.n, 0.1, rng));
+  w2.upload(rand_bf16(w2.n, 0.1, rng));
+  auto c = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
+  auto m = [](DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); };
+  layer.forward(c(x), T, c(wr), c(w1), c(w2), m(out));
+  EXPECT_TRUE(layer.stage_times().empty());  // off by default
+  layer.set_profiling(true);
+  layer.forward(c(x), T, c(wr), c(w1), c(w2), m(out));
+  layer.backward(c(out), c(x), c(wr), m(dx), dwr.p, dw1.p, dw2.p);
+  const auto st = layer.stage_times();
+  EXPECT_EQ(st.size(), 14u);  // 8 forward + 6 backward stages
+  for (const auto& [name, ms] : st) {
+    EXPECT_FALSE(name.empty());
+    EXPECT_GE(ms, 0.0f) << name;
+  }
+}
