@@ -35,16 +35,18 @@ double rel_err(const std::vector<uint16_t>& got, const std::vector<uint16_t>& wa
 
 }  // namespace
 
-TEST(MoeLayerGpu, ForwardMatchesMxReference) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
-  ref::MoeConfig c;
-  c.tokens = 200;
-  c.hidden = 256;
-  c.inter = 128;
-  c.experts = 8;
-  c.top_k = 2;
+namespace {
+
+// One layer configuration: GPU forward + backward against the MX reference (and forward against
+// the unquantized FP64 layer), in the given GEMM modes. skewed: a few hot experts take most tokens
+// (some experts stay empty).
+void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> modes, bool skewed, std::mt19937& rng) {
+  SCOPED_TRACE("T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
+               " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) +
+               (c.routing == ref::Routing::kSigmoidGrouped ? " sigmoid-grouped" : " softmax") +
+               (skewed ? " skewed" : " uniform"));
   const int64_t T = c.tokens, H = c.hidden, I = c.inter, E = c.experts;
+  const bool sigmoid = c.routing == ref::Routing::kSigmoidGrouped;
   ref::MxLayerInputs in;
   // Router weights large enough that FP32 (GPU) and FP64 (reference) logits pick the same experts:
   // redraw until every token's decision margin is far above FP32 rounding.
@@ -52,6 +54,12 @@ TEST(MoeLayerGpu, ForwardMatchesMxReference) {
     ASSERT_LT(attempt, 20) << "could not draw well-separated routing";
     in.x = rand_bf16(size_t(T * H), 1.0, rng);
     in.wr = rand_bf16(size_t(E * H), 0.5, rng);
+    if (skewed) {  // tokens share a direction that 3 hot experts align with
+      for (auto& v : in.x) v = ref::float_to_bf16(ref::bf16_to_float(v) + 0.5f);
+      for (int64_t e = 0; e < 3; ++e)
+        for (int64_t h = 0; h < H; ++h)
+          in.wr[size_t(e * H + h)] = ref::float_to_bf16(ref::bf16_to_float(in.wr[size_t(e * H + h)]) + 0.08f);
+    }
     std::vector<double> logits(size_t(T * E), 0.0);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < E; ++e)
@@ -59,7 +67,11 @@ TEST(MoeLayerGpu, ForwardMatchesMxReference) {
           logits[size_t(t * E + e)] += double(ref::bf16_to_float(in.x[size_t(t * H + h)])) *
                                        ref::bf16_to_float(in.wr[size_t(e * H + h)]);
     ref::RouterRefParams rp;
+    rp.sigmoid = sigmoid;
     rp.top_k = c.top_k;
+    rp.n_groups = sigmoid ? c.n_groups : 1;
+    rp.topk_groups = sigmoid ? c.topk_groups : 1;
+    rp.scaling_factor = sigmoid ? c.route_scale : 1.0;
     const auto r = ref::route_from_logits(logits, int(T), int(E), rp);
     if (*std::min_element(r.margin.begin(), r.margin.end()) > 1e-3) break;
   }
@@ -72,15 +84,21 @@ TEST(MoeLayerGpu, ForwardMatchesMxReference) {
   dwr.upload(in.wr);
   dw1.upload(in.w1);
   dw2.upload(in.w2);
-  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+  for (GemmMode mode : modes) {
     SCOPED_TRACE(mode == GemmMode::kFast ? "fast" : "exact");
     MoeLayerConfig cfg;
     cfg.hidden = int(H);
     cfg.inter = int(I);
     cfg.num_experts = int(E);
     cfg.routing.top_k = c.top_k;
+    if (sigmoid) {
+      cfg.routing.scoring = RouterScoring::kSigmoid;
+      cfg.routing.n_groups = c.n_groups;
+      cfg.routing.topk_groups = c.topk_groups;
+      cfg.routing.scaling_factor = float(c.route_scale);
+    }
     cfg.mode = mode;
-    cfg.max_tokens = 256;
+    cfg.max_tokens = T + 17;  // the workspace may be larger than the step
     MoeLayer layer(cfg);
     auto bf = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
     layer.forward(bf(dx), T, bf(dwr), bf(dw1), bf(dw2), reinterpret_cast<__nv_bfloat16*>(dout.p));
@@ -144,6 +162,38 @@ TEST(MoeLayerGpu, ForwardMatchesMxReference) {
     EXPECT_LT(rel_f(ddw2.download(), g.dw2), 1e-2);
     EXPECT_LT(rel_f(ddwr.download(), g.dwr), 1e-2);
   }
+}
+
+ref::MoeConfig layer_config(int64_t T, int64_t H, int64_t I, int E, int k) {
+  ref::MoeConfig c;
+  c.tokens = T;
+  c.hidden = H;
+  c.inter = I;
+  c.experts = E;
+  c.top_k = k;
+  return c;
+}
+
+}  // namespace
+
+TEST(MoeLayerGpu, ForwardBackwardMatchMxReferenceBothModes) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_layer_case(layer_config(200, 256, 128, 8, 2), {GemmMode::kFast, GemmMode::kExact}, false, rng);
+}
+
+TEST(MoeLayerGpu, RoutingCases) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_layer_case(layer_config(130, 128, 64, 8, 1), {GemmMode::kFast}, false, rng);    // k = 1, T % 128 != 0
+  run_layer_case(layer_config(300, 128, 64, 16, 8), {GemmMode::kFast}, true, rng);   // k = 8, skewed: empty experts
+  run_layer_case(layer_config(97, 128, 64, 256, 8), {GemmMode::kFast}, false, rng);  // E = 256, mostly empty
+  ref::MoeConfig ds = layer_config(160, 128, 64, 64, 8);                              // DeepSeek-V3-style routing
+  ds.routing = ref::Routing::kSigmoidGrouped;
+  ds.n_groups = 8;
+  ds.topk_groups = 4;
+  ds.route_scale = 2.5;
+  run_layer_case(ds, {GemmMode::kFast}, false, rng);
 }
 
 TEST(MoeLayerGpu, RejectsBadConfiguration) {
