@@ -1,0 +1,214 @@
+// Expert-parallel dispatch and combine over NVLink with NCCL's device API (DESIGN.md §5,
+// include/mxmoe/ep.h, docs/notes/ep.md).
+//
+// dispatch: for every token t < max_tokens of this rank (t >= tokens: ids all -1) and every rank d:
+//     window_d.record(self, t).ids    = topk_ids[t, :]                       (always, 16-byte stores)
+//     window_d.record(self, t).data   = x_data[t, :]   E4M3 [H]              (if d owns one of the
+//     window_d.record(self, t).scales = x_scales[t, :] E8M0 [H/32] + zero pad  token's experts)
+//   then, on the receiving side, local_ids[s·max_tokens + t, j] = id − rank·E/R for the ids this
+//   rank owns, else -1; home_row[t, j] = t·k + j for a valid id, else -1.
+// combine: for every (s, t, j) with local_ids >= 0 and row = row_of[s·max_tokens + t, j] >= 0:
+//     window_s.combine[t·k + j, :] = y[row, :]   BF16 [H]
+//   (the final Σ_j w·Y runs afterwards as moe_combine on the local combine region.)
+//
+// Work split: CTA b owns tokens t ≡ b (mod gridDim.x) on every rank, one warp per token at a time.
+// Because the split is the same on every rank, CTA b's LSA barrier (index b) is enough: after it,
+// CTA b of the receiver sees everything CTA b of every sender stored, which is exactly the set of
+// records it unpacks. Each kernel syncs twice: on entry (the receiver has finished with the
+// buffer: it reached this kernel in its stream order) and after the stores.
+//
+// Bytes per token and destination: H + roundup(H/32, 16) + roundup(4k, 16) (dispatch; 7168-wide
+// rows: 7408 bytes, 52% of the BF16 row), 2H per (t, j) back (combine, BF16). Stores are 16 bytes
+// per lane, a warp writes 512 contiguous bytes per instruction.
+// Covered by tests/ep/ep_test.cu (bitwise against the single-GPU computation) — run with
+// scripts/ep_launch.sh.
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "host/check.h"
+#include "kernels/ep/ep_launch.h"
+#include "kernels/ep/lsa_barrier_timed.cuh"
+#include "mxmoe/ep.h"
+
+namespace mxmoe::ep {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+static_assert(mxmoe::kMaxEpTopK <= 32, "one lane per slot j");
+static_assert(mxmoe::kMaxEpRanks <= 64, "destination sets are 64-bit masks");
+
+using detail::EpKernelArgs;
+
+__device__ __forceinline__ char* lsa_ptr(ncclWindow_t win, int64_t offset, int peer) {
+  return static_cast<char*>(ncclGetLsaPointer(win, size_t(offset), peer));
+}
+
+__device__ __forceinline__ void st16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+
+// Lane j (< k) holds id j of token t (-1 past `tokens` or for j >= k).
+__device__ __forceinline__ int load_slot_id(const int32_t* ids, int t, const EpKernelArgs& a, int lane) {
+  return (t < a.tokens && lane < a.top_k) ? ids[int64_t(t) * a.top_k + lane] : -1;
+}
+
+// One warp sends token t of this rank to every rank (ids always; data + scales to the owners).
+__device__ void dispatch_token(const EpKernelArgs& a, int t, const uint8_t* x_data, const uint8_t* x_scales,
+                               const int32_t* topk_ids, int lane) {
+  const int id = load_slot_id(topk_ids, t, a, lane);
+  const bool valid = id >= 0 && id < a.num_experts;
+  const int owner = valid ? id / a.local_experts : -1;
+  const uint32_t lo = __reduce_or_sync(kFull, (owner >= 0 && owner < 32) ? 1u << owner : 0u);
+  const uint32_t hi = __reduce_or_sync(kFull, owner >= 32 ? 1u << (owner - 32) : 0u);
+  const uint64_t dest_mask = (uint64_t(hi) << 32) | lo;
+  if (lane < a.top_k) a.home_row[int64_t(t) * a.top_k + lane] = valid ? t * a.top_k + lane : -1;
+
+  const int64_t rec = a.record_bytes * (int64_t(a.rank) * a.max_tokens + t);  // record (self, t)
+  const int64_t ids_off = rec + a.hidden + a.scale_bytes;
+  // ids: 16-byte words of 4 slots; raw ids (the receiver re-checks the range), -1 past k.
+  const int n_id_vec = a.ids_bytes / 16;
+  uint4 idv = make_uint4(0, 0, 0, 0);
+  for (int w = 0; w < n_id_vec; ++w) {  // every lane takes part in the shuffles
+    uint32_t q[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = 4 * w + i;
+      const int v = __shfl_sync(kFull, id, j & 31);
+      q[i] = uint32_t(j < a.top_k ? v : -1);
+    }
+    if (lane == w) idv = make_uint4(q[0], q[1], q[2], q[3]);
+  }
+  for (int d = 0; d < a.world; ++d)
+    if (lane < n_id_vec) st16(lsa_ptr(a.win, ids_off + 16 * lane, d), idv);
+  if (dest_mask == 0) return;
+
+  // scales: H/32 bytes, zero-padded to scale_bytes (16-byte stores).
+  const int n_scale = a.hidden / 32;
+  for (int c = lane; c < a.scale_bytes / 16; c += 32) {
+    uint32_t w4[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int b = 16 * c + i;
+      const uint32_t byte = b < n_scale ? x_scales[int64_t(t) * n_scale + b] : 0u;
+      w4[i / 4] |= byte << (8 * (i % 4));
+    }
+    const uint4 v = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+    for (uint64_t m = dest_mask; m; m &= m - 1)
+      st16(lsa_ptr(a.win, rec + a.hidden + 16 * c, __ffsll(int64_t(m)) - 1), v);
+  }
+  // data: H bytes, read once, stored to every destination.
+  const uint4* src = reinterpret_cast<const uint4*>(x_data + int64_t(t) * a.hidden);
+  for (int c = lane; c < a.hidden / 16; c += 32) {
+    const uint4 v = __ldg(src + c);
+    for (uint64_t m = dest_mask; m; m &= m - 1)
+      st16(lsa_ptr(a.win, rec + 16 * c, __ffsll(int64_t(m)) - 1), v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) ep_dispatch_kernel(const __grid_constant__ ncclDevComm dev,
+                                                               const EpKernelArgs a, const uint8_t* x_data,
+                                                               const uint8_t* x_scales, const int32_t* topk_ids) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamLsa(dev), dev.lsaBarrier, blockIdx.x);
+  // Entry: every peer has reached this kernel, so it no longer reads its dispatch region.
+  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrDispatchEntry);
+
+  for (int t = blockIdx.x + gridDim.x * warp; t < a.max_tokens; t += gridDim.x * kWarps)
+    dispatch_token(a, t, x_data, x_scales, topk_ids, lane);
+
+  // Exit: CTA b of every peer has stored its records (tokens ≡ b) into our window.
+  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrDispatchExit);
+
+  // Unpack the ids of the records CTA b of every source just wrote.
+  const int64_t ids_in_rec = a.hidden + a.scale_bytes;
+  for (int t = blockIdx.x + gridDim.x * warp; t < a.max_tokens; t += gridDim.x * kWarps) {
+    for (int s = 0; s < a.world; ++s) {
+      const int64_t u = int64_t(s) * a.max_tokens + t;
+      if (lane < a.top_k) {
+        const int32_t* rid = reinterpret_cast<const int32_t*>(
+            lsa_ptr(a.win, a.record_bytes * u + ids_in_rec, a.rank));
+        const int id = rid[lane];
+        const bool mine = id >= 0 && id < a.num_experts && id / a.local_experts == a.rank;
+        a.local_ids[u * a.top_k + lane] = mine ? id - a.rank * a.local_experts : -1;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) ep_combine_kernel(const __grid_constant__ ncclDevComm dev,
+                                                              const EpKernelArgs a, const uint4* y, int64_t y_rows,
+                                                              const int32_t* row_of) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamLsa(dev), dev.lsaBarrier, blockIdx.x);
+  // Entry: every token owner has reached this kernel, so its previous combine sum is done.
+  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrCombineEntry);
+
+  const int vec_per_row = a.hidden * 2 / 16;  // BF16 row in 16-byte vectors
+  for (int t = blockIdx.x + gridDim.x * warp; t < a.max_tokens; t += gridDim.x * kWarps) {
+    for (int s = 0; s < a.world; ++s) {
+      const int64_t u = int64_t(s) * a.max_tokens + t;
+      int row = -1;
+      if (lane < a.top_k && a.local_ids[u * a.top_k + lane] >= 0) row = row_of[u * a.top_k + lane];
+      for (int j = 0; j < a.top_k; ++j) {
+        const int r = __shfl_sync(kFull, row, j);
+        if (r < 0 || r >= y_rows) continue;
+        const uint4* src = y + int64_t(r) * vec_per_row;
+        char* dst = lsa_ptr(a.win, a.combine_offset + (int64_t(t) * a.top_k + j) * a.hidden * 2, s);
+        for (int c = lane; c < vec_per_row; c += 32) st16(dst + 16 * c, __ldg(src + c));
+      }
+    }
+  }
+  // Exit: our slots are in the owners' windows; theirs are in ours.
+  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrCombineExit);
+}
+
+// One warp per output row: data (16-byte vectors) and scales (bytes) of record row_index[r].
+__global__ void __launch_bounds__(256) ep_gather_recv_mx_kernel(const uint8_t* records, int64_t record_bytes,
+                                                                int64_t num_records, int hidden,
+                                                                const int32_t* row_index, int64_t out_rows,
+                                                                const int32_t* rows_used, uint8_t* data,
+                                                                uint8_t* scales) {
+  const int lane = threadIdx.x % 32;
+  const int64_t limit = rows_used ? min(out_rows, int64_t(*rows_used)) : out_rows;
+  const int n_scale = hidden / 32;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < limit;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t u = row_index[r];
+    const bool live = u >= 0 && u < num_records;
+    const uint8_t* rec = records + (live ? u : 0) * record_bytes;
+    uint4* dst = reinterpret_cast<uint4*>(data + r * hidden);
+    for (int c = lane; c < hidden / 16; c += 32)
+      dst[c] = live ? *reinterpret_cast<const uint4*>(rec + 16 * c) : make_uint4(0, 0, 0, 0);
+    for (int c = lane; c < n_scale; c += 32) scales[r * n_scale + c] = live ? rec[hidden + c] : uint8_t(0);
+  }
+}
+
+}  // namespace mxmoe::ep
+
+namespace mxmoe::detail {
+
+void launch_ep_gather_recv_mx(const uint8_t* records, int64_t record_bytes, int64_t num_records, int hidden,
+                              const int32_t* row_index, int64_t out_rows, const int32_t* rows_used, uint8_t* data,
+                              uint8_t* scales, cudaStream_t stream) {
+  if (out_rows == 0) return;
+  const int64_t blocks = std::min<int64_t>((out_rows + 7) / 8, 132 * 16);
+  ep::ep_gather_recv_mx_kernel<<<int(blocks), 256, 0, stream>>>(records, record_bytes, num_records, hidden, row_index,
+                                                                out_rows, rows_used, data, scales);
+  MXMOE_CHECK_LAUNCH("EpComm::gather_recv_mx");
+}
+
+void launch_ep_dispatch(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const uint8_t* x_data,
+                        const uint8_t* x_scales, const int32_t* topk_ids, cudaStream_t stream) {
+  ep::ep_dispatch_kernel<<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, x_data, x_scales, topk_ids);
+  MXMOE_CHECK_LAUNCH("EpComm::dispatch");
+}
+
+void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,
+                       const int32_t* row_of, cudaStream_t stream) {
+  ep::ep_combine_kernel<<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, static_cast<const uint4*>(y), y_rows,
+                                                               row_of);
+  MXMOE_CHECK_LAUNCH("EpComm::combine");
+}
+
+}  // namespace mxmoe::detail
