@@ -54,7 +54,7 @@ void moe_swiglu_backward(const __nv_bfloat16* gu, const __nv_bfloat16* dh, int64
                          const int32_t* rows_used, __nv_bfloat16* dgu, cudaStream_t stream = nullptr);
 
 // Router backward: dlogits [tokens, E] FP32 from the gradient of the routing weights dw [tokens, k]
-// (softmax renormalised: dl = p ⊙ (dp − p·dp) with dp_e = dw_e/S − Σ_j dw_j p_j/S²; sigmoid:
+// (softmax renormalised: dl = p ⊙ (dp − p·dp) with dp_e = c·(dw_e/S − Σ_j dw_j p_j/S²); sigmoid:
 // dl_e = c·(dw_e/S − Σ_j dw_j s_j/S²)·s_e(1 − s_e) for the selected e). One warp per token, fixed
 // order. logits as given to moe_topk; ids, dw [tokens, k]. The selection has no gradient.
 void moe_router_backward(const float* logits, const int32_t* topk_ids, const float* dw, int64_t tokens,

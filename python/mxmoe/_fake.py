@@ -103,3 +103,17 @@ def _decode_gate_up(x, w1, w1_scales, topk_ids, shared_w1=None, shared_w1_scales
 @torch.library.register_fake("mxmoe::decode_down")
 def _decode_down(h, w2, w2_scales, topk_ids, topk_weights, shared_w2=None, shared_w2_scales=None):
     return h.new_empty((h.shape[0], w2.shape[1]), dtype=torch.bfloat16)
+
+
+# ---- MoE training layer (python/csrc/moe_layer_ops.cpp) ------------------------------------------
+
+@torch.library.register_fake("mxmoe::moe_layer_forward")
+def _moe_layer_forward(layer, x, router, w1, w2):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("mxmoe::moe_layer_backward")
+def _moe_layer_backward(layer, dout, x, router, w1, w2):
+    f32 = torch.float32
+    return (x.new_empty(x.shape), router.new_empty(router.shape, dtype=f32), w1.new_empty(w1.shape, dtype=f32),
+            w2.new_empty(w2.shape, dtype=f32))

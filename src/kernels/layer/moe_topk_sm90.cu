@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) moe_router_backward_kernel(
     z = dev::warp_sum(z);
     const float pj = mine ? expf(__ldg(lg + id) - m) / z : 0.0f;
     const float S = dev::warp_sum(pj), wsum = dev::warp_sum(dwj * pj);
-    const float dpj = mine ? dwj / S - wsum / (S * S) : 0.0f;  // dp of the selected expert
+    // w_j = scaling · p_j / S (the forward router scales softmax weights too)
+    const float dpj = mine ? p.scaling * (dwj / S - wsum / (S * S)) : 0.0f;  // dp of the selected expert
     const float pdp = dev::warp_sum(pj * dpj);
     for (int e0 = 0; e0 < E; e0 += 32) {  // whole warp per step: slot_value shuffles
       const int e = e0 + lane;
