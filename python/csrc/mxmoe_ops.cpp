@@ -328,6 +328,19 @@ void run_m_grouped(const char* op, const Tensor& a, const Tensor& a_scales, cons
   });
 }
 
+// The output of a grouped GEMM's `_out` variant: BF16 or FP32, on the operands' device, contiguous,
+// 16-byte aligned, of the given shape; and the num_sms argument.
+void check_gemm_out(Checker& c, const Tensor& out, std::initializer_list<int64_t> shape, int64_t num_sms) {
+  c.device_of("out", out);
+  TORCH_CHECK_VALUE(out.scalar_type() == kBf16 || out.scalar_type() == kF32, "mxmoe.", c.op,
+                    ": argument 'out' must have dtype torch.bfloat16 or torch.float32, got ",
+                    c10::toString(out.scalar_type()));
+  c.contiguous("out", out);
+  c.aligned("out", out, 16);
+  c.shape("out", out, shape);
+  c.value(num_sms >= 0, "num_sms", num_sms, "must be >= 0 (0 = every SM)");
+}
+
 // Y [M_total, N] = per expert segment A · B[e]ᵀ (gemm.h: m_grouped_mxfp8_gemm_nt). Rows at or
 // beyond offsets[E] are not written (content undefined: torch.empty); pad rows are zeros.
 Tensor m_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Tensor& b,
@@ -352,14 +365,7 @@ void m_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const 
   const char* op = "m_grouped_mxfp8_gemm_nt_out";
   Checker c{op};
   const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast);
-  c.device_of("out", out);
-  TORCH_CHECK_VALUE(out.scalar_type() == kBf16 || out.scalar_type() == kF32, "mxmoe.", op,
-                    ": argument 'out' must have dtype torch.bfloat16 or torch.float32, got ",
-                    c10::toString(out.scalar_type()));
-  c.contiguous("out", out);
-  c.aligned("out", out, 16);
-  c.shape("out", out, {s.m, s.n});
-  c.value(num_sms >= 0, "num_sms", num_sms, "must be >= 0 (0 = every SM)");
+  check_gemm_out(c, out, {s.m, s.n}, num_sms);
   run_m_grouped(op, a, a_scales, b, b_scales, offsets, s, out, fast, accumulate, num_sms);
 }
 
@@ -430,14 +436,7 @@ void k_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const 
   const char* op = "k_grouped_mxfp8_gemm_nt_out";
   Checker c{op};
   const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
-  c.device_of("out", out);
-  TORCH_CHECK_VALUE(out.scalar_type() == kBf16 || out.scalar_type() == kF32, "mxmoe.", op,
-                    ": argument 'out' must have dtype torch.bfloat16 or torch.float32, got ",
-                    c10::toString(out.scalar_type()));
-  c.contiguous("out", out);
-  c.aligned("out", out, 16);
-  c.shape("out", out, {s.e, s.n, s.k});
-  c.value(num_sms >= 0, "num_sms", num_sms, "must be >= 0 (0 = every SM)");
+  check_gemm_out(c, out, {s.e, s.n, s.k}, num_sms);
   run_k_grouped(op, a, a_scales, b, b_scales, offsets, s, out, fast, accumulate, num_sms);
 }
 
