@@ -183,6 +183,23 @@ void reference_with_bound(const std::vector<double>& da, const std::vector<doubl
   });
 }
 
+// A GEMM output (FP32 or BF16 bytes, element size esz) as doubles; the 0xFF poison reads as NaN.
+std::vector<double> output_values(const std::vector<uint8_t>& h, size_t esz) {
+  std::vector<double> v(h.size() / esz);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (esz == 4) {
+      float f;
+      std::memcpy(&f, &h[4 * i], 4);
+      v[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, &h[2 * i], 2);
+      v[i] = ref::bf16_to_float(b);
+    }
+  }
+  return v;
+}
+
 // Runs the GEMM into a poisoned Y and returns it as double (NaN where poisoned); raw bytes too.
 std::vector<double> run(const Problem& P, GemmMode mode, GemmOutDtype out, std::vector<uint8_t>* raw = nullptr,
                         int num_sms = 0) {
@@ -196,18 +213,7 @@ std::vector<double> run(const Problem& P, GemmMode mode, GemmOutDtype out, std::
   m_grouped_mxfp8_gemm_nt(P.a_op(), P.m_total, P.b_op(), P.E, P.n, P.k, P.d_offsets->p, y.p, o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   std::vector<uint8_t> h = y.download();
-  std::vector<double> v(elems);
-  for (size_t i = 0; i < elems; ++i) {
-    if (esz == 4) {
-      float f;
-      std::memcpy(&f, &h[4 * i], 4);
-      v[i] = f;
-    } else {
-      uint16_t b;
-      std::memcpy(&b, &h[2 * i], 2);
-      v[i] = ref::bf16_to_float(b);
-    }
-  }
+  std::vector<double> v = output_values(h, esz);
   if (raw) *raw = std::move(h);
   return v;
 }
@@ -496,18 +502,7 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
   k_grouped_mxfp8_gemm_nt(P.a_op(), P.b_op(), P.m_total, P.E, P.n, P.k, P.d_offsets->p, y.p, o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   std::vector<uint8_t> h = y.download();
-  std::vector<double> v(elems);
-  for (size_t i = 0; i < elems; ++i) {
-    if (esz == 4) {
-      float f;
-      std::memcpy(&f, &h[4 * i], 4);
-      v[i] = f;
-    } else {
-      uint16_t b;
-      std::memcpy(&b, &h[2 * i], 2);
-      v[i] = ref::bf16_to_float(b);
-    }
-  }
+  std::vector<double> v = output_values(h, esz);
   if (raw) *raw = std::move(h);
   return v;
 }
