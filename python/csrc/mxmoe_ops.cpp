@@ -311,15 +311,22 @@ MGroupedShape check_m_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
   return {m, n, k, e};
 }
 
-void run_m_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
-                   const Tensor& b_scales, const Tensor& offsets, const MGroupedShape& s,
-                   const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
+// Options of a grouped GEMM call on a's device and current stream.
+mxmoe::GemmOptions gemm_options(const char* op, const Tensor& a, const Tensor& out, bool fast, bool accumulate,
+                                int64_t num_sms) {
   mxmoe::GemmOptions opts;
   opts.mode = fast ? mxmoe::GemmMode::kFast : mxmoe::GemmMode::kExact;
   opts.out_dtype = gemm_out_dtype(op, out.scalar_type());
   opts.num_sms = int(num_sms);
   opts.accumulate = accumulate;
   opts.stream = current_stream(a.device());
+  return opts;
+}
+
+void run_m_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
+                   const Tensor& b_scales, const Tensor& offsets, const MGroupedShape& s,
+                   const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
+  const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
   call_api([&] {
     mxmoe::m_grouped_mxfp8_gemm_nt(operand(a, a_scales, fast), s.m, operand(b, b_scales, fast),
@@ -399,12 +406,7 @@ KGroupedShape check_k_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
 void run_k_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
                    const Tensor& b_scales, const Tensor& offsets, const KGroupedShape& s,
                    const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
-  mxmoe::GemmOptions opts;
-  opts.mode = fast ? mxmoe::GemmMode::kFast : mxmoe::GemmMode::kExact;
-  opts.out_dtype = gemm_out_dtype(op, out.scalar_type());
-  opts.num_sms = int(num_sms);
-  opts.accumulate = accumulate;
-  opts.stream = current_stream(a.device());
+  const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
   call_api([&] {
     mxmoe::k_grouped_mxfp8_gemm_nt(operand(a, a_scales, fast), operand(b, b_scales, fast), s.m,

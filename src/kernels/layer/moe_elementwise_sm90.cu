@@ -25,15 +25,23 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // .x = a (low half)
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+// Grid-stride walk over the 8-element vectors of the used rows ([rows, inter], rows at or beyond
+// *rows_used skipped) of the SwiGLU kernels.
+__device__ __forceinline__ int64_t used_vecs(int64_t rows, int64_t inter, const int32_t* rows_used) {
+  const int64_t used = rows_used ? min(rows, int64_t(__ldg(rows_used))) : rows;
+  return used * (inter / 8);
+}
+__device__ __forceinline__ int64_t first_vec() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t vec_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint16_t* __restrict__ gu, int64_t rows,
                                                           int64_t inter, const int32_t* __restrict__ rows_used,
                                                           uint16_t* __restrict__ h) {
-  const int64_t used = rows_used ? min(rows, int64_t(__ldg(rows_used))) : rows;
-  const int64_t vec_per_row = inter / 8, total = used * vec_per_row;
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = v / vec_per_row, c = (v - r * vec_per_row) * 8;
+  const int64_t total = used_vecs(rows, inter, rows_used);
+  for (int64_t v = first_vec(); v < total; v += vec_stride()) {
+    const int64_t r = v / (inter / 8), c = (v - r * (inter / 8)) * 8;
     const uint4 g = __ldg(reinterpret_cast<const uint4*>(gu + r * 2 * inter + c));
     const uint4 u = __ldg(reinterpret_cast<const uint4*>(gu + r * 2 * inter + inter + c));
     const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
@@ -87,10 +95,9 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const uint16_
                                                                    const uint16_t* __restrict__ dh, int64_t rows,
                                                                    int64_t inter, const int32_t* __restrict__ rows_used,
                                                                    uint16_t* __restrict__ dgu) {
-  const int64_t used = rows_used ? min(rows, int64_t(__ldg(rows_used))) : rows;
-  const int64_t vec_per_row = inter / 8, total = used * vec_per_row;
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = v / vec_per_row, c = (v - r * vec_per_row) * 8;
+  const int64_t total = used_vecs(rows, inter, rows_used);
+  for (int64_t v = first_vec(); v < total; v += vec_stride()) {
+    const int64_t r = v / (inter / 8), c = (v - r * (inter / 8)) * 8;
     const uint4 g = __ldg(reinterpret_cast<const uint4*>(gu + r * 2 * inter + c));
     const uint4 u = __ldg(reinterpret_cast<const uint4*>(gu + r * 2 * inter + inter + c));
     const uint4 d = __ldg(reinterpret_cast<const uint4*>(dh + r * inter + c));
