@@ -35,6 +35,14 @@ struct MoeLayerConfig {
   int64_t max_tokens = 0;           // workspace sized for up to this many tokens
 };
 
+// A weight tensor [E, N, K] already quantized both ways, as quantize_mxfp8(w, E, N, K, &row, &col)
+// writes it: rowwise = MX of W[e] ([E, N, K], fast scales [E, ceil(K/128), N]) for the forward GEMM,
+// colwise = MX of W[e]ᵀ ([E, K, N], fast scales [E, ceil(N/128), K]) for the dgrad GEMM. The layer's
+// GEMM mode reads the matching pair (fast_data + fast_scales, or data + scales).
+struct MxWeights {
+  MxOperand rowwise, colwise;
+};
+
 class MoeLayer {
  public:
   explicit MoeLayer(const MoeLayerConfig& cfg);  // validates, allocates the workspace
@@ -44,6 +52,10 @@ class MoeLayer {
 
   void forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const __nv_bfloat16* w1,
                const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream = nullptr);
+  // The same with pre-quantized expert weights (no weight quantization in the step); they must stay
+  // valid and unchanged until the matching backward.
+  void forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const MxWeights& w1,
+               const MxWeights& w2, __nv_bfloat16* out, cudaStream_t stream = nullptr);
 
   // Backward of the last forward (same x and weights): dout BF16 [T, H] →
   //   dx BF16 [T, H]; dwr FP32 [E, H]; dw1 FP32 [E, 2I, H]; dw2 FP32 [E, H, I] (all overwritten).

@@ -50,6 +50,10 @@ struct MoeLayer::Impl {
   MxBuf x_row, x_col, w1_row, w1_col, w2_row, w2_col, h_row, h_col;
   __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr;
   int64_t tokens = 0;  // of the last forward
+  MxOperand w1r_op, w1c_op, w2r_op, w2c_op;  // weight operands of the last forward
+
+  void run_forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, __nv_bfloat16* out,
+                   cudaStream_t stream, bool quantize_weights, const __nv_bfloat16* w1, const __nv_bfloat16* w2);
   // profiling: events recorded after each stage (a reusable pool)
   bool profile = false;
   std::vector<cudaEvent_t> events;
@@ -161,19 +165,40 @@ MoeLayer::~MoeLayer() {
   delete impl_;
 }
 
-void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const __nv_bfloat16* w1,
-                       const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream) {
-  const char* fn = "MoeLayer::forward";
-  Impl& m = *impl_;
-  const MoeLayerConfig& c = m.cfg;
-  const int64_t H = c.hidden, I = c.inter, E = c.num_experts;
-  const int k = c.routing.top_k;
+namespace {
+
+void check_forward_inputs(const char* fn, const MoeLayerConfig& c, const __nv_bfloat16* x, int64_t tokens,
+                          const __nv_bfloat16* wr, const __nv_bfloat16* out) {
   if (tokens < 1 || tokens > c.max_tokens)
     throw_arg(fn, "tokens", to_str(tokens), "must be in [1, max_tokens = " + to_str(c.max_tokens) + "]");
-  for (auto [name, p] : {std::pair<const char*, const void*>{"x", x}, {"wr", wr}, {"w1", w1}, {"w2", w2}, {"out", out}}) {
+  for (auto [name, p] : {std::pair<const char*, const void*>{"x", x}, {"wr", wr}, {"out", out}}) {
     detail::check_not_null(fn, name, p);
     detail::check_aligned(fn, name, p, 16);
   }
+}
+
+// A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned.
+void check_weight_operand(const char* fn, const std::string& name, const MxOperand& o, GemmMode mode) {
+  const bool fast = mode == GemmMode::kFast;
+  const std::string d = name + (fast ? ".fast_data" : ".data"), sc = name + (fast ? ".fast_scales" : ".scales");
+  const void* data = fast ? o.fast_data : o.data;
+  const void* scales = fast ? o.fast_scales : o.scales;
+  detail::check_not_null(fn, d.c_str(), data);
+  detail::check_aligned(fn, d.c_str(), data, 16);
+  detail::check_not_null(fn, sc.c_str(), scales);
+  if (fast) detail::check_aligned(fn, sc.c_str(), scales, 16);
+}
+
+}  // namespace
+
+// Steps 1-4 and 6-9 of the recipe with the given weight operands (step 5 is the caller's).
+void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, __nv_bfloat16* out,
+                                 cudaStream_t stream, bool quantize_weights, const __nv_bfloat16* w1,
+                                 const __nv_bfloat16* w2) {
+  Impl& m = *this;
+  const MoeLayerConfig& c = m.cfg;
+  const int64_t H = c.hidden, I = c.inter, E = c.num_experts;
+  const int k = c.routing.top_k;
   m.used_marks = 0;
   m.mark("", stream);
   // 1. logits [T, E] = x · wrᵀ (FP32 out): column-major C[E, T] = op(Wr)[E, H] · X[H, T].
@@ -193,17 +218,22 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
   const MxOut xr = m.x_row.out(), xc = m.x_col.out();
   quantize_mxfp8_gather(x, tokens, H, m.plan.row_index, m.cap, rows_used, &xr, &xc, ScaleMode::kRceil, stream);
   m.mark("permute + quantize x", stream);
-  // 5. weights, both directions, one pass each
-  const MxOut w1r = m.w1_row.out(), w1c = m.w1_col.out(), w2r = m.w2_row.out(), w2c = m.w2_col.out();
-  quantize_mxfp8(w1, E, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
-  quantize_mxfp8(w2, E, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
-  m.mark("quantize W1, W2 (both ways)", stream);
+  // 5. weights, both directions, one pass each (unless given pre-quantized)
+  if (quantize_weights) {
+    const MxOut w1r = m.w1_row.out(), w1c = m.w1_col.out(), w2r = m.w2_row.out(), w2c = m.w2_col.out();
+    quantize_mxfp8(w1, E, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
+    quantize_mxfp8(w2, E, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+    m.w1r_op = m.w1_row.operand();
+    m.w1c_op = m.w1_col.operand();
+    m.w2r_op = m.w2_row.operand();
+    m.w2c_op = m.w2_col.operand();
+    m.mark("quantize W1, W2 (both ways)", stream);
+  }
   // 6. GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ
   GemmOptions go;
   go.mode = c.mode;
   go.stream = stream;
-  m_grouped_mxfp8_gemm_nt(m.x_row.operand(), m.cap, m.w1_row.operand(), int(E), 2 * I, H, m.plan.padded_offsets,
-                          m.gu, go);
+  m_grouped_mxfp8_gemm_nt(m.x_row.operand(), m.cap, m.w1r_op, int(E), 2 * I, H, m.plan.padded_offsets, m.gu, go);
   m.mark("GEMM1 (gate/up)", stream);
   // 7. SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
   moe_swiglu(m.gu, m.cap, I, rows_used, m.hact, stream);
@@ -212,12 +242,39 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
                          ScaleMode::kRceil, stream);
   m.mark("SwiGLU + quantize", stream);
   // 8. GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
-  m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2_row.operand(), int(E), H, I, m.plan.padded_offsets, m.y, go);
+  m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2r_op, int(E), H, I, m.plan.padded_offsets, m.y, go);
   m.mark("GEMM2 (down)", stream);
   // 9. combine in slot order
   moe_combine(m.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
   m.mark("combine", stream);
   m.tokens = tokens;
+}
+
+void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const __nv_bfloat16* w1,
+                       const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "MoeLayer::forward";
+  check_forward_inputs(fn, impl_->cfg, x, tokens, wr, out);
+  for (auto [name, p] : {std::pair<const char*, const void*>{"w1", w1}, {"w2", w2}}) {
+    detail::check_not_null(fn, name, p);
+    detail::check_aligned(fn, name, p, 16);
+  }
+  impl_->run_forward(x, tokens, wr, out, stream, true, w1, w2);
+}
+
+void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const MxWeights& w1,
+                       const MxWeights& w2, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "MoeLayer::forward";
+  Impl& m = *impl_;
+  check_forward_inputs(fn, m.cfg, x, tokens, wr, out);
+  check_weight_operand(fn, "w1.rowwise", w1.rowwise, m.cfg.mode);
+  check_weight_operand(fn, "w1.colwise", w1.colwise, m.cfg.mode);
+  check_weight_operand(fn, "w2.rowwise", w2.rowwise, m.cfg.mode);
+  check_weight_operand(fn, "w2.colwise", w2.colwise, m.cfg.mode);
+  m.w1r_op = w1.rowwise;
+  m.w1c_op = w1.colwise;
+  m.w2r_op = w2.rowwise;
+  m.w2c_op = w2.colwise;
+  m.run_forward(x, tokens, wr, out, stream, false, nullptr, nullptr);
 }
 
 void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* wr,
@@ -248,7 +305,7 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
                          ScaleMode::kRceil, stream);
   m.mark("bwd: gather dOut·w, dw, quantize dY", stream);
   // 2. dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  3. dW2[e] = Σ dYᵀ · Hact
-  m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2_col.operand(), int(E), I, H, m.plan.padded_offsets, m.dh, go);
+  m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2c_op, int(E), I, H, m.plan.padded_offsets, m.dh, go);
   k_grouped_mxfp8_gemm_nt(m.dy_col.operand(), m.h_col.operand(), m.cap, int(E), H, I, m.plan.padded_offsets, dw2, go32);
   m.mark("bwd: W2 dgrad + wgrad GEMMs", stream);
   // 4. SwiGLU backward, quantize dGU both ways
@@ -258,7 +315,7 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
                          ScaleMode::kRceil, stream);
   m.mark("bwd: SwiGLU backward + quantize", stream);
   // 5. dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  6. dW1[e] = Σ dGUᵀ · Xp
-  m_grouped_mxfp8_gemm_nt(m.dgu_row.operand(), m.cap, m.w1_col.operand(), int(E), H, 2 * I, m.plan.padded_offsets,
+  m_grouped_mxfp8_gemm_nt(m.dgu_row.operand(), m.cap, m.w1c_op, int(E), H, 2 * I, m.plan.padded_offsets,
                           m.dxp, go);
   k_grouped_mxfp8_gemm_nt(m.dgu_col.operand(), m.x_col.operand(), m.cap, int(E), 2 * I, H, m.plan.padded_offsets, dw1,
                           go32);

@@ -8,6 +8,7 @@
 
 #include "common/gpu_test_util.h"
 #include "mxmoe/moe_layer.h"
+#include "mxmoe/quantize.h"
 #include "ref/decode_ref.h"
 #include "ref/moe_layer_mx_ref.h"
 
@@ -296,5 +297,64 @@ TEST(MoeLayerGpu, ProfilingReportsEveryStage) {
   for (const auto& [name, ms] : st) {
     EXPECT_FALSE(name.empty());
     EXPECT_GE(ms, 0.0f) << name;
+  }
+}
+
+TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 200, H = 256, I = 96, E = 8;  // I = 96: K = 96 is not a multiple of 128
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+    MoeLayerConfig cfg;
+    cfg.hidden = int(H);
+    cfg.inter = int(I);
+    cfg.num_experts = int(E);
+    cfg.routing.top_k = 2;
+    cfg.mode = mode;
+    cfg.max_tokens = T;
+    MoeLayer layer(cfg);
+    DevBuf<uint16_t> x{size_t(T * H)}, wr{size_t(E * H)}, w1{size_t(E * 2 * I * H)}, w2{size_t(E * H * I)},
+        out_a{size_t(T * H)}, out_b{size_t(T * H)}, dx_a{size_t(T * H)}, dx_b{size_t(T * H)};
+    DevBuf<float> dwr{size_t(E * H)}, dw1_a{w1.n}, dw1_b{w1.n}, dw2_a{w2.n}, dw2_b{w2.n};
+    x.upload(rand_bf16(x.n, 1.0, rng));
+    wr.upload(rand_bf16(wr.n, 0.5, rng));
+    w1.upload(rand_bf16(w1.n, 0.06, rng));
+    w2.upload(rand_bf16(w2.n, 0.1, rng));
+    auto c = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
+    auto m = [](DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); };
+    // Quantize both weights both ways (with fast forms) into caller-owned buffers.
+    struct Q {
+      DevBuf<uint8_t> rd, rs, rfd, rfs, cd, cs, cfd, cfs;
+      Q(int64_t E_, int64_t N, int64_t K)
+          : rd{size_t(E_ * N * K)}, rs{size_t(E_ * N * K / 32)}, rfd{size_t(E_ * N * K)},
+            rfs{size_t(E_ * ((K + 127) / 128) * N)}, cd{size_t(E_ * N * K)}, cs{size_t(E_ * N * K / 32)},
+            cfd{size_t(E_ * N * K)}, cfs{size_t(E_ * ((N + 127) / 128) * K)} {}
+      MxWeights weights() const {
+        return MxWeights{MxOperand{rd.p, rs.p, rfd.p, rfs.p}, MxOperand{cd.p, cs.p, cfd.p, cfs.p}};
+      }
+    };
+    Q q1(E, 2 * I, H), q2(E, H, I);
+    const MxOut r1{q1.rd.p, q1.rs.p, q1.rfd.p, q1.rfs.p}, c1{q1.cd.p, q1.cs.p, q1.cfd.p, q1.cfs.p};
+    const MxOut r2{q2.rd.p, q2.rs.p, q2.rfd.p, q2.rfs.p}, c2{q2.cd.p, q2.cs.p, q2.cfd.p, q2.cfs.p};
+    quantize_mxfp8(c(w1), E, 2 * I, H, &r1, &c1);
+    quantize_mxfp8(c(w2), E, H, I, &r2, &c2);
+    layer.forward(c(x), T, c(wr), c(w1), c(w2), m(out_a));
+    layer.backward(c(out_a), c(x), c(wr), m(dx_a), dwr.p, dw1_a.p, dw2_a.p);
+    layer.forward(c(x), T, c(wr), q1.weights(), q2.weights(), m(out_b));
+    layer.backward(c(out_a), c(x), c(wr), m(dx_b), dwr.p, dw1_b.p, dw2_b.p);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(out_a.download(), out_b.download());
+    EXPECT_EQ(dx_a.download(), dx_b.download());
+    EXPECT_EQ(dw1_a.download(), dw1_b.download());
+    EXPECT_EQ(dw2_a.download(), dw2_b.download());
+    // A missing operand of the mode is rejected by name, before any launch.
+    MxWeights bad = q1.weights();
+    (mode == GemmMode::kFast ? bad.colwise.fast_scales : bad.colwise.scales) = nullptr;
+    try {
+      layer.forward(c(x), T, c(wr), bad, q2.weights(), m(out_b));
+      ADD_FAILURE() << "no error for a null w1.colwise scale pointer";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("w1.colwise"), std::string::npos) << e.what();
+    }
   }
 }
