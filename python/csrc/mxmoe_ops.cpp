@@ -335,6 +335,15 @@ void run_m_grouped(const char* op, const Tensor& a, const Tensor& a_scales, cons
   });
 }
 
+// A new output of a grouped GEMM: BF16 (default) or FP32 on a's device; and the num_sms argument.
+Tensor new_gemm_out(Checker& c, const Tensor& a, std::optional<ScalarType> out_dtype,
+                    std::initializer_list<int64_t> shape, int64_t num_sms) {
+  const ScalarType odt = out_dtype.value_or(kBf16);
+  gemm_out_dtype(c.op, odt);
+  c.value(num_sms >= 0, "num_sms", num_sms, "must be >= 0 (0 = every SM)");
+  return at::empty(shape, a.options().dtype(odt));
+}
+
 // The output of a grouped GEMM's `_out` variant: BF16 or FP32, on the operands' device, contiguous,
 // 16-byte aligned, of the given shape; and the num_sms argument.
 void check_gemm_out(Checker& c, const Tensor& out, std::initializer_list<int64_t> shape, int64_t num_sms) {
@@ -356,10 +365,7 @@ Tensor m_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Te
   const char* op = "m_grouped_mxfp8_gemm_nt";
   Checker c{op};
   const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast);
-  const ScalarType odt = out_dtype.value_or(kBf16);
-  gemm_out_dtype(op, odt);
-  c.value(num_sms >= 0, "num_sms", num_sms, "must be >= 0 (0 = every SM)");
-  Tensor y = at::empty({s.m, s.n}, a.options().dtype(odt));
+  Tensor y = new_gemm_out(c, a, out_dtype, {s.m, s.n}, num_sms);
   run_m_grouped(op, a, a_scales, b, b_scales, offsets, s, y, fast, false, num_sms);
   return y;
 }
@@ -423,10 +429,7 @@ Tensor k_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Te
   const char* op = "k_grouped_mxfp8_gemm_nt";
   Checker c{op};
   const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
-  const ScalarType odt = out_dtype.value_or(kBf16);
-  gemm_out_dtype(op, odt);
-  c.value(num_sms >= 0, "num_sms", num_sms, "must be >= 0 (0 = every SM)");
-  Tensor dw = at::empty({s.e, s.n, s.k}, a.options().dtype(odt));
+  Tensor dw = new_gemm_out(c, a, out_dtype, {s.e, s.n, s.k}, num_sms);
   run_k_grouped(op, a, a_scales, b, b_scales, offsets, s, dw, fast, false, num_sms);
   return dw;
 }

@@ -208,16 +208,27 @@ TEST(MoeLayerGpu, RejectsBadConfiguration) {
   EXPECT_THROW({ MoeLayer l(cfg); }, Error);
 }
 
-TEST(MoeLayerGpu, ForwardBackwardCapturedInOneGraphReplaysWithNewRouting) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
-  const int64_t T = 300, H = 256, I = 128, E = 16;
+namespace {
+
+MoeLayerConfig small_layer(int64_t H, int64_t I, int64_t E, int top_k, int64_t max_tokens,
+                           GemmMode mode = GemmMode::kFast) {
   MoeLayerConfig cfg;
   cfg.hidden = int(H);
   cfg.inter = int(I);
   cfg.num_experts = int(E);
-  cfg.routing.top_k = 4;
-  cfg.max_tokens = T;
+  cfg.routing.top_k = top_k;
+  cfg.mode = mode;
+  cfg.max_tokens = max_tokens;
+  return cfg;
+}
+
+}  // namespace
+
+TEST(MoeLayerGpu, ForwardBackwardCapturedInOneGraphReplaysWithNewRouting) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 300, H = 256, I = 128, E = 16;
+  const MoeLayerConfig cfg = small_layer(H, I, E, 4, T);
   MoeLayer layer(cfg);
   const auto wr = rand_bf16(size_t(E * H), 0.5, rng), w1 = rand_bf16(size_t(E * 2 * I * H), 0.06, rng),
              w2 = rand_bf16(size_t(E * H * I), 0.09, rng), dout = rand_bf16(size_t(T * H), 1.0, rng);
@@ -271,12 +282,7 @@ TEST(MoeLayerGpu, ProfilingReportsEveryStage) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
   const int64_t T = 128, H = 128, I = 64, E = 8;
-  MoeLayerConfig cfg;
-  cfg.hidden = int(H);
-  cfg.inter = int(I);
-  cfg.num_experts = int(E);
-  cfg.routing.top_k = 2;
-  cfg.max_tokens = T;
+  const MoeLayerConfig cfg = small_layer(H, I, E, 2, T);
   MoeLayer layer(cfg);
   DevBuf<uint16_t> x{size_t(T * H)}, wr{size_t(E * H)}, w1{size_t(E * 2 * I * H)}, w2{size_t(E * H * I)},
       out{size_t(T * H)}, dx{size_t(T * H)};
@@ -305,14 +311,7 @@ TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
   std::mt19937 rng(fresh_seed());
   const int64_t T = 200, H = 256, I = 96, E = 8;  // I = 96: K = 96 is not a multiple of 128
   for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
-    MoeLayerConfig cfg;
-    cfg.hidden = int(H);
-    cfg.inter = int(I);
-    cfg.num_experts = int(E);
-    cfg.routing.top_k = 2;
-    cfg.mode = mode;
-    cfg.max_tokens = T;
-    MoeLayer layer(cfg);
+    MoeLayer layer(small_layer(H, I, E, 2, T, mode));
     DevBuf<uint16_t> x{size_t(T * H)}, wr{size_t(E * H)}, w1{size_t(E * 2 * I * H)}, w2{size_t(E * H * I)},
         out_a{size_t(T * H)}, out_b{size_t(T * H)}, dx_a{size_t(T * H)}, dx_b{size_t(T * H)};
     DevBuf<float> dwr{size_t(E * H)}, dw1_a{w1.n}, dw1_b{w1.n}, dw2_a{w2.n}, dw2_b{w2.n};
