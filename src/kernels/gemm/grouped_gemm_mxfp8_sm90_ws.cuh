@@ -69,6 +69,7 @@
 #include <cuda_runtime.h>
 
 #include "host/check.h"
+#include "host/kernel_attr.h"
 
 #include "device/barrier_cluster.cuh"
 #include "device/cp_async_bulk_tensor.cuh"
@@ -880,8 +881,8 @@ inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kB
 
 // Clusters of `kernel` (2 CTAs of `smem` bytes) that fit on the device at once, cached per device
 // (a GPC's SM count may be odd, so this can be below #SMs / 2).
-template <class Kernel>
-int max_active_pairs(const char* fn, Kernel kernel, int smem) {
+template <auto kernel>
+int max_active_pairs(const char* fn, int smem) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};
   int device = 0;
@@ -907,19 +908,6 @@ int max_active_pairs(const char* fn, Kernel kernel, int smem) {
   return clusters;
 }
 
-// Raises the kernel's dynamic shared-memory limit once per (instantiation, device): a call per
-// launch would also run inside CUDA-graph capture, where only stream work belongs.
-template <class Kernel>
-void set_smem_limit_once(const char* fn, Kernel kernel, int bytes) {
-  constexpr int kDevices = 64;  // devices tracked; beyond, the attribute is set on every launch
-  static std::atomic<bool> done[kDevices] = {};
-  int device = 0;
-  MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));
-  if (device < kDevices && done[device].load(std::memory_order_acquire)) return;
-  MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  if (device < kDevices) done[device].store(true, std::memory_order_release);
-}
-
 template <bool kExact, bool kOutF32, bool kKGrouped>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                     const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
@@ -928,11 +916,11 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
   using L = SmemLayout<kConfigBlockN, kConfigStages, kExact, kPipelined>;
   if constexpr (!kExact) {
     if (multicast) {
-      auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
+      constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
                                                       kKGrouped, kPipelined, true>;
-      set_smem_limit_once(fn, kernel, L::kAlloc);
+      detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
       // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
-      const int pairs = std::max(1, std::min(grid / 2, max_active_pairs(fn, kernel, L::kAlloc)));
+      const int pairs = std::max(1, std::min(grid / 2, max_active_pairs<kernel>(fn, L::kAlloc)));
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(2 * pairs));
       cfg.blockDim = dim3(kNumThreads);
@@ -950,9 +938,9 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
       return;
     }
   }
-  auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
+  constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
                                                   kKGrouped, kPipelined>;
-  set_smem_limit_once(fn, kernel, L::kAlloc);
+  detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
   MXMOE_CHECK_LAUNCH(fn);
 }

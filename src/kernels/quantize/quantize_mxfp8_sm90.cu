@@ -24,6 +24,7 @@
 #include "device/fast_divmod.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
+#include "host/kernel_attr.h"
 #include "kernels/quantize/quantize_launch.h"
 #include "mxmoe/quantize.h"
 
@@ -375,12 +376,11 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
 
 template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 void launch(const QuantizeParams& p, cudaStream_t stream) {
-  auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kMap>;
+  constexpr auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kMap>;
   constexpr int kSmem = kSmemBytes;
-  static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once
+  detail::set_smem_limit_once<kernel>("quantize_mxfp8", kSmem);
+  static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once (one GPU model per process)
   if (ctas_per_sm == 0) {
-    MXMOE_CUDA_CHECK("quantize_mxfp8",
-                     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     int dev = 0;
     MXMOE_CUDA_CHECK("quantize_mxfp8", cudaGetDevice(&dev));
     MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
