@@ -25,6 +25,8 @@ if [ $build_rc -eq 0 ]; then
   (cd $BUILD && timeout ${MXMOE_TESTS_TIMEOUT:-420} ctest --output-on-failure -j1 --timeout 90) > "$OUT/tests.log" 2>&1
   tests_rc=$?
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -20
+  # What failed, inline (the log itself may not come back from a remote run)
+  grep -E -B1 -A4 "^[^ ]*: Failure|C\+\+ exception|Value of:|Expected" "$OUT/tests.log" | cut -c1-200 | head -60
   timeout 60 ./$BUILD/mxmoe_example_quantize >> "$OUT/tests.log" 2>&1; echo "example rc=$?"
 fi
 run_bench() {  # name

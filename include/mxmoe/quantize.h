@@ -20,6 +20,8 @@ namespace mxmoe {
 //   scales      E8M0 [rows, cols/32]
 //   fast_data   E4M3 [rows, cols]                (optional; give both fast pointers or neither)
 //   fast_scales E8M0 [ceil(cols/128), rows]      (optional; chunk-major, see mx_format.h)
+// data and scales may also both be null when the fast pair is given: then only the fast form is
+// written (what a fast-mode GEMM reads), saving half the output bytes. At least one pair is needed.
 struct MxOut {
   uint8_t* data = nullptr;
   uint8_t* scales = nullptr;

@@ -84,12 +84,19 @@ struct MoeLayer::Impl {
       return p;
     };
     const int64_t T = cfg.max_tokens, H = cfg.hidden, I = cfg.inter, E = cfg.num_experts, k = cfg.routing.top_k;
-    auto mx = [&](int64_t batch, int64_t rows, int64_t cols) {  // an MX copy of [batch, rows, cols]
+    // An MX copy of [batch, rows, cols] in the one form the GEMM mode reads (fast: the rebased
+    // 1x128 form; exact: plain MX). The quantizers write only the pair that is given, so fast
+    // mode neither writes nor holds the plain copies.
+    const bool fast = cfg.mode == GemmMode::kFast;
+    auto mx = [&](int64_t batch, int64_t rows, int64_t cols) {
       MxBuf b;
-      b.data = take(size_t(batch * rows * cols));
-      b.scales = take(size_t(batch * rows * cols / 32));
-      b.fast = take(size_t(batch * rows * cols));
-      b.fast_scales = take(size_t(batch * cdiv(cols, 128) * rows));
+      if (fast) {
+        b.fast = take(size_t(batch * rows * cols));
+        b.fast_scales = take(size_t(batch * cdiv(cols, 128) * rows));
+      } else {
+        b.data = take(size_t(batch * rows * cols));
+        b.scales = take(size_t(batch * rows * cols / 32));
+      }
       return b;
     };
     logits = reinterpret_cast<float*>(take(size_t(T * E) * 4));

@@ -21,9 +21,13 @@ constexpr int64_t kTile = 128;
 void check_out(const char* fn, const std::string& name, const MxOut& o) {
   const std::string d = name + ".data", s = name + ".scales", fd = name + ".fast_data",
                     fs = name + ".fast_scales";
-  check_not_null(fn, d.c_str(), o.data);
-  check_aligned(fn, d.c_str(), o.data, 16);
-  check_not_null(fn, s.c_str(), o.scales);
+  // The plain MX pair (data, scales) and the fast pair are each optional, but each pair comes whole
+  // and at least one must be given.
+  if (o.data == nullptr && o.scales == nullptr && o.fast_data == nullptr && o.fast_scales == nullptr)
+    throw_arg(fn, d.c_str(), "null", "give data + scales, fast_data + fast_scales, or both");
+  if ((o.data == nullptr) != (o.scales == nullptr))
+    throw_arg(fn, (o.data ? s : d).c_str(), "null", "data and scales must be given together");
+  if (o.data) check_aligned(fn, d.c_str(), o.data, 16);
   if ((o.fast_data == nullptr) != (o.fast_scales == nullptr))
     throw_arg(fn, (o.fast_data ? fs : fd).c_str(), "null",
               "fast_data and fast_scales must be given together");

@@ -47,6 +47,19 @@ TEST(QuantizeArgs, DenseRejectsBadArguments) {
   bad.fast_data = fake(0x40004);
   bad.fast_scales = fake(0x50000);
   expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &bad, nullptr); }, "rowwise.fast_data");
+  // Fast-only copies: the plain pair may be absent, but never half of it, and not both pairs.
+  bad = MxOut{};
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &bad, nullptr); }, "rowwise.data");
+  bad.fast_data = fake(0x40000);
+  bad.fast_scales = fake(0x50000);
+  bad.scales = fake(0x30000);
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, nullptr, &bad); }, "colwise.data");
+  bad.scales = nullptr;
+  bad.data = fake(0x20000);
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, nullptr, &bad); }, "colwise.scales");
+  bad.data = nullptr;
+  bad.fast_data = fake(0x40008);
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 128, 128, &bad, nullptr); }, "rowwise.fast_data");
 }
 
 TEST(QuantizeArgs, GroupedRejectsBadArguments) {

@@ -24,6 +24,11 @@ std::vector<uint16_t> rand_bf16(size_t n, double scale, std::mt19937& rng) {
   return v;
 }
 
+// Relative Frobenius error; where the reference is exactly zero (e.g. the router gradient at k = 1,
+// where the renormalised weight is identically 1) it is the absolute norm of got, so 0/0 never
+// turns into a NaN that fails every bound.
+double rel_norm(double num, double den) { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
+
 double rel_err(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -31,7 +36,7 @@ double rel_err(const std::vector<uint16_t>& got, const std::vector<uint16_t>& wa
     num += (g - w) * (g - w);
     den += w * w;
   }
-  return std::sqrt(num / den);
+  return rel_norm(num, den);
 }
 
 }  // namespace
@@ -153,7 +158,7 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
         num += (got[i] - ref_v[i]) * (got[i] - ref_v[i]);
         den += ref_v[i] * ref_v[i];
       }
-      return std::sqrt(num / den);
+      return rel_norm(num, den);
     };
     std::vector<float> dwt(size_t(T * c.top_k));
     MXMOE_ASSERT_CUDA(cudaMemcpy(dwt.data(), layer.topk_weight_grads(), dwt.size() * 4, cudaMemcpyDeviceToHost));
@@ -161,7 +166,18 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     EXPECT_LT(rel_err(ddx.download(), g.dx), 2e-2);
     EXPECT_LT(rel_f(ddw1.download(), g.dw1), 1e-2);
     EXPECT_LT(rel_f(ddw2.download(), g.dw2), 1e-2);
-    EXPECT_LT(rel_f(ddwr.download(), g.dwr), 1e-2);
+    if (c.top_k == 1 && !sigmoid) {
+      // Renormalised top-1 weights are identically 1: the router gradient is zero up to rounding
+      // (the FP64 reference leaves ~1e-14), so bound it against the scale it would otherwise have,
+      // |dw|·|x|, instead of against itself.
+      double got2 = 0, dw2n = 0, x2 = 0;
+      for (float v : ddwr.download()) got2 += double(v) * v;
+      for (double v : g.dw) dw2n += v * v;
+      for (uint16_t v : in.x) x2 += double(ref::bf16_to_float(v)) * ref::bf16_to_float(v);
+      EXPECT_LE(std::sqrt(got2), 1e-5 * std::sqrt(dw2n * x2));
+    } else {
+      EXPECT_LT(rel_f(ddwr.download(), g.dwr), 1e-2);
+    }
   }
 }
 

@@ -26,10 +26,12 @@ struct CopyBufs {
         scales(size_t(batch * n_rows * n_cols / 32), poison),
         fast_data(fast ? size_t(batch * n_rows * n_cols) : 0, poison),
         fast_scales(fast ? size_t(batch * cdiv(n_cols, 128) * n_rows) : 0, poison) {}
-  MxOut out(bool fast) const {
+  MxOut out(bool fast, bool plain = true) const {
     MxOut o;
-    o.data = data.p;
-    o.scales = scales.p;
+    if (plain) {
+      o.data = data.p;
+      o.scales = scales.p;
+    }
     if (fast) {
       o.fast_data = fast_data.p;
       o.fast_scales = fast_scales.p;
@@ -39,12 +41,21 @@ struct CopyBufs {
 };
 
 // Compare batch entry b of a device copy with the reference MX matrix (and its fast form).
-void expect_copy(const std::string& what, const CopyBufs& d, bool fast, int64_t b, const ref::MxMatrix& want) {
+// plain = false: the copy was asked for in its fast form only, so its plain buffers must still hold
+// the poison byte (nothing written).
+void expect_copy(const std::string& what, const CopyBufs& d, bool fast, int64_t b, const ref::MxMatrix& want,
+                 bool plain = true) {
   const int64_t R = want.rows, C = want.cols;
   const auto data = d.data.download(), scales = d.scales.download();
-  EXPECT_TRUE(bytes_equal((what + " data").c_str(), data.data() + b * R * C, C, want.data.data(), C, R, C));
-  EXPECT_TRUE(bytes_equal((what + " scales").c_str(), scales.data() + b * R * (C / 32), C / 32,
-                          want.scales.data(), C / 32, R, C / 32));
+  if (plain) {
+    EXPECT_TRUE(bytes_equal((what + " data").c_str(), data.data() + b * R * C, C, want.data.data(), C, R, C));
+    EXPECT_TRUE(bytes_equal((what + " scales").c_str(), scales.data() + b * R * (C / 32), C / 32,
+                            want.scales.data(), C / 32, R, C / 32));
+  } else {
+    const bool untouched = std::all_of(data.begin(), data.end(), [](uint8_t v) { return v == 0xA5; }) &&
+                           std::all_of(scales.begin(), scales.end(), [](uint8_t v) { return v == 0xA5; });
+    EXPECT_TRUE(untouched) << what << ": fast-only quantization wrote the plain copy";
+  }
   if (!fast) return;
   const ref::FastMatrix f = ref::rebase_fast(want);
   const auto fd = d.fast_data.download(), fs = d.fast_scales.download();
@@ -56,6 +67,7 @@ void expect_copy(const std::string& what, const CopyBufs& d, bool fast, int64_t 
 struct DenseCase {
   int64_t batch, rows, cols;
   bool row, col, fast;
+  bool plain = true;  // false: fast form only (data and scales null)
 };
 
 void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
@@ -64,14 +76,14 @@ void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& 
   DevBuf<uint16_t> dx(x.size());
   dx.upload(x);
   CopyBufs rw(c.batch, c.rows, c.cols, c.fast), cw(c.batch, c.cols, c.rows, c.fast);
-  const MxOut ro = rw.out(c.fast), co = cw.out(c.fast);
+  const MxOut ro = rw.out(c.fast, c.plain), co = cw.out(c.fast, c.plain);
   quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), c.batch, c.rows, c.cols, c.row ? &ro : nullptr,
                  c.col ? &co : nullptr, mode, nullptr);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
   for (int64_t b = 0; b < c.batch; ++b) {
     const uint16_t* xb = x.data() + b * c.rows * c.cols;
-    if (c.row) expect_copy("rowwise", rw, c.fast, b, ref::quantize_rows(xb, c.rows, c.cols, mode));
-    if (c.col) expect_copy("colwise", cw, c.fast, b, ref::quantize_cols(xb, c.rows, c.cols, mode));
+    if (c.row) expect_copy("rowwise", rw, c.fast, b, ref::quantize_rows(xb, c.rows, c.cols, mode), c.plain);
+    if (c.col) expect_copy("colwise", cw, c.fast, b, ref::quantize_cols(xb, c.rows, c.cols, mode), c.plain);
   }
 }
 
@@ -116,8 +128,9 @@ TEST(QuantizeGpu, BatchedWeightsBothDirectionsOnePass) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
   // Weights [E, N, K]: rowwise [E, N, K] and colwise [E, K, N], plus fast forms, one launch.
-  const DenseCase cases[] = {{4, 384, 2880, true, true, true}, {3, 2880, 256, true, true, true},
-                             {8, 256, 512, true, true, false}};
+  const DenseCase cases[] = {{4, 384, 2880, true, true, true},        {3, 2880, 256, true, true, true},
+                             {8, 256, 512, true, true, false},        {4, 384, 2880, true, true, true, false},
+                             {2, 160, 96, true, true, true, false}};  // fast form only, partial tiles
   for (const auto& c : cases)
     for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor})
       run_dense(c, mode, random_bf16(c.batch * c.rows, c.cols, Dist::kOutlierChannels, rng), "weights");

@@ -195,7 +195,7 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, const Ti
 
   const int32_t cols = int32_t(p.cols), nblk = cols / kMxBlock;
   const int32_t off = r * cols + vec * 8;
-  if (store) {
+  if (store && p.row_data != nullptr) {  // null: only the fast form was asked for
     *reinterpret_cast<uint2*>(o.rd + off) = q;
     if ((vec & 3) == 0) o.rs[r * nblk + vec / 4] = uint8_t(sbyte);
   }
@@ -264,7 +264,7 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const Tile
   }
   const int32_t rows = int32_t(p.rows_out), nblk = rows / kMxBlock;
   const bool ok = kFull || (t.c0 + 4 * q < p.cols && 16 * h < t.out_valid);
-  if (ok) {
+  if (ok && p.col_data != nullptr) {  // null: only the fast form was asked for
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       *reinterpret_cast<uint4*>(o.cd + (4 * q + c) * rows + 16 * h) = make_uint4(qv[c][0], qv[c][1], qv[c][2], qv[c][3]);
@@ -403,7 +403,9 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
 
 template <bool kFast, RowMap kMap>
 void dispatch_dirs(const QuantizeParams& p, cudaStream_t stream) {
-  const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+  // A direction is on when either of its forms is asked for (plain MX, fast, or both).
+  const bool row = p.row_data != nullptr || p.row_fast_data != nullptr;
+  const bool col = p.col_data != nullptr || p.col_fast_data != nullptr;
   if (row && col) launch<true, true, kFast, kMap>(p, stream);
   else if (row) launch<true, false, kFast, kMap>(p, stream);
   else if (col) launch<false, true, kFast, kMap>(p, stream);
