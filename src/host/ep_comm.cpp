@@ -99,7 +99,10 @@ struct EpComm::Impl {
       if (dev_created) ncclDevCommDestroy(comm, &dev);
       if (win != nullptr) ncclCommWindowDeregister(comm, win);
     }
-    if (window_buf != nullptr) ncclMemFree(window_buf);
+    if (window_buf != nullptr) {
+      if (world == 1) cudaFree(window_buf);
+      else ncclMemFree(window_buf);
+    }
     if (comm != nullptr) ncclCommDestroy(comm);
     cudaFree(error_flag);
     cudaFree(home_row);
@@ -110,6 +113,7 @@ struct EpComm::Impl {
   detail::EpKernelArgs args(int64_t tokens) const {
     detail::EpKernelArgs a;
     a.win = win;
+    if (world == 1) a.local_window = static_cast<char*>(window_buf);
     a.rank = rank;
     a.world = world;
     a.hidden = cfg.hidden;
@@ -196,6 +200,15 @@ struct EpComm::Impl {
     // Allocate and register a whole number of 2 MiB pages (the usual VMM granularity on Hopper),
     // so registration never depends on how NCCL rounds a partial page; identical on every rank.
     const size_t alloc_bytes = (size_t(layout.total_bytes) + kWindowPage - 1) / kWindowPage * kWindowPage;
+    if (world == 1) {
+      // NCCL gives a one-rank communicator no symmetric memory ("Communicator does not support
+      // symmetric memory", run 17): the window is plain device memory and the kernels skip the
+      // peer barriers (ep_launch.h).
+      MXMOE_CUDA_CHECK(kFn, cudaMalloc(&window_buf, alloc_bytes));
+      MXMOE_CUDA_CHECK(kFn, cudaMemset(window_buf, 0, alloc_bytes));
+      MXMOE_CUDA_CHECK(kFn, cudaDeviceSynchronize());
+      return;
+    }
     MXMOE_NCCL_CHECK(comm, ncclMemAlloc(&window_buf, alloc_bytes));
     MXMOE_CUDA_CHECK(kFn, cudaMemset(window_buf, 0, alloc_bytes));
     MXMOE_CUDA_CHECK(kFn, cudaDeviceSynchronize());

@@ -42,9 +42,29 @@ static_assert(mxmoe::kMaxEpRanks <= 64, "destination sets are 64-bit masks");
 
 using detail::EpKernelArgs;
 
-__device__ __forceinline__ char* lsa_ptr(ncclWindow_t win, int64_t offset, int peer) {
-  return static_cast<char*>(ncclGetLsaPointer(win, size_t(offset), peer));
+// Address of byte `offset` of peer's window. kSingle (world == 1): the window is local memory.
+template <bool kSingle>
+__device__ __forceinline__ char* win_ptr(const EpKernelArgs& a, int64_t offset, int peer) {
+  if constexpr (kSingle) return a.local_window + offset;
+  else return static_cast<char*>(ncclGetLsaPointer(a.win, size_t(offset), peer));
 }
+
+// The entry/exit barriers across ranks. A single rank has no peer: stream order already separates
+// this kernel from the previous one, so the barrier is a no-op.
+template <bool kSingle>
+struct RankBarrier;
+template <>
+struct RankBarrier<true> {
+  __device__ RankBarrier(const ncclDevComm&) {}
+  __device__ void sync(const EpKernelArgs&, int) {}
+};
+template <>
+struct RankBarrier<false> {
+  ncclLsaBarrierSession<ncclCoopCta> bar;
+  __device__ RankBarrier(const ncclDevComm& dev)
+      : bar(ncclCoopCta(), dev, ncclTeamLsa(dev), dev.lsaBarrier, blockIdx.x) {}
+  __device__ void sync(const EpKernelArgs& a, int err) { lsa_sync_timed(bar, a.timeout_ns, a.error_flag, err); }
+};
 
 __device__ __forceinline__ void st16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
@@ -54,6 +74,7 @@ __device__ __forceinline__ int load_slot_id(const int32_t* ids, int t, const EpK
 }
 
 // One warp sends token t of this rank to every rank (ids always; data + scales to the owners).
+template <bool kSingle>
 __device__ void dispatch_token(const EpKernelArgs& a, int t, const uint8_t* x_data, const uint8_t* x_scales,
                                const int32_t* topk_ids, int lane) {
   const int id = load_slot_id(topk_ids, t, a, lane);
@@ -80,7 +101,7 @@ __device__ void dispatch_token(const EpKernelArgs& a, int t, const uint8_t* x_da
     if (lane == w) idv = make_uint4(q[0], q[1], q[2], q[3]);
   }
   for (int d = 0; d < a.world; ++d)
-    if (lane < n_id_vec) st16(lsa_ptr(a.win, ids_off + 16 * lane, d), idv);
+    if (lane < n_id_vec) st16(win_ptr<kSingle>(a, ids_off + 16 * lane, d), idv);
   if (dest_mask == 0) return;
 
   // scales: H/32 bytes, zero-padded to scale_bytes (16-byte stores).
@@ -95,30 +116,31 @@ __device__ void dispatch_token(const EpKernelArgs& a, int t, const uint8_t* x_da
     }
     const uint4 v = make_uint4(w4[0], w4[1], w4[2], w4[3]);
     for (uint64_t m = dest_mask; m; m &= m - 1)
-      st16(lsa_ptr(a.win, rec + a.hidden + 16 * c, __ffsll(int64_t(m)) - 1), v);
+      st16(win_ptr<kSingle>(a, rec + a.hidden + 16 * c, __ffsll(int64_t(m)) - 1), v);
   }
   // data: H bytes, read once, stored to every destination.
   const uint4* src = reinterpret_cast<const uint4*>(x_data + int64_t(t) * a.hidden);
   for (int c = lane; c < a.hidden / 16; c += 32) {
     const uint4 v = __ldg(src + c);
     for (uint64_t m = dest_mask; m; m &= m - 1)
-      st16(lsa_ptr(a.win, rec + 16 * c, __ffsll(int64_t(m)) - 1), v);
+      st16(win_ptr<kSingle>(a, rec + 16 * c, __ffsll(int64_t(m)) - 1), v);
   }
 }
 
+template <bool kSingle>
 __global__ void __launch_bounds__(kThreads) ep_dispatch_kernel(const __grid_constant__ ncclDevComm dev,
                                                                const EpKernelArgs a, const uint8_t* x_data,
                                                                const uint8_t* x_scales, const int32_t* topk_ids) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamLsa(dev), dev.lsaBarrier, blockIdx.x);
+  RankBarrier<kSingle> bar(dev);
   // Entry: every peer has reached this kernel, so it no longer reads its dispatch region.
-  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrDispatchEntry);
+  bar.sync(a, detail::kEpErrDispatchEntry);
 
   for (int t = blockIdx.x + gridDim.x * warp; t < a.max_tokens; t += gridDim.x * kWarps)
-    dispatch_token(a, t, x_data, x_scales, topk_ids, lane);
+    dispatch_token<kSingle>(a, t, x_data, x_scales, topk_ids, lane);
 
   // Exit: CTA b of every peer has stored its records (tokens ≡ b) into our window.
-  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrDispatchExit);
+  bar.sync(a, detail::kEpErrDispatchExit);
 
   // Unpack the ids of the records CTA b of every source just wrote.
   const int64_t ids_in_rec = a.hidden + a.scale_bytes;
@@ -127,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch_kernel(const __grid_cons
       const int64_t u = int64_t(s) * a.max_tokens + t;
       if (lane < a.top_k) {
         const int32_t* rid = reinterpret_cast<const int32_t*>(
-            lsa_ptr(a.win, a.record_bytes * u + ids_in_rec, a.rank));
+            win_ptr<kSingle>(a, a.record_bytes * u + ids_in_rec, a.rank));
         const int id = rid[lane];
         const bool mine = id >= 0 && id < a.num_experts && id / a.local_experts == a.rank;
         a.local_ids[u * a.top_k + lane] = mine ? id - a.rank * a.local_experts : -1;
@@ -136,13 +158,14 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch_kernel(const __grid_cons
   }
 }
 
+template <bool kSingle>
 __global__ void __launch_bounds__(kThreads) ep_combine_kernel(const __grid_constant__ ncclDevComm dev,
                                                               const EpKernelArgs a, const uint4* y, int64_t y_rows,
                                                               const int32_t* row_of) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamLsa(dev), dev.lsaBarrier, blockIdx.x);
+  RankBarrier<kSingle> bar(dev);
   // Entry: every token owner has reached this kernel, so its previous combine sum is done.
-  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrCombineEntry);
+  bar.sync(a, detail::kEpErrCombineEntry);
 
   const int vec_per_row = a.hidden * 2 / 16;  // BF16 row in 16-byte vectors
   for (int t = blockIdx.x + gridDim.x * warp; t < a.max_tokens; t += gridDim.x * kWarps) {
@@ -154,13 +177,13 @@ __global__ void __launch_bounds__(kThreads) ep_combine_kernel(const __grid_const
         const int r = __shfl_sync(kFull, row, j);
         if (r < 0 || r >= y_rows) continue;
         const uint4* src = y + int64_t(r) * vec_per_row;
-        char* dst = lsa_ptr(a.win, a.combine_offset + (int64_t(t) * a.top_k + j) * a.hidden * 2, s);
+        char* dst = win_ptr<kSingle>(a, a.combine_offset + (int64_t(t) * a.top_k + j) * a.hidden * 2, s);
         for (int c = lane; c < vec_per_row; c += 32) st16(dst + 16 * c, __ldg(src + c));
       }
     }
   }
   // Exit: our slots are in the owners' windows; theirs are in ours.
-  lsa_sync_timed(bar, a.timeout_ns, a.error_flag, detail::kEpErrCombineExit);
+  bar.sync(a, detail::kEpErrCombineExit);
 }
 
 // One warp per output row: data (16-byte vectors) and scales (bytes) of record row_index[r].
@@ -200,14 +223,16 @@ void launch_ep_gather_recv_mx(const uint8_t* records, int64_t record_bytes, int6
 
 void launch_ep_dispatch(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const uint8_t* x_data,
                         const uint8_t* x_scales, const int32_t* topk_ids, cudaStream_t stream) {
-  ep::ep_dispatch_kernel<<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, x_data, x_scales, topk_ids);
+  if (a.world == 1) ep::ep_dispatch_kernel<true><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, x_data, x_scales, topk_ids);
+  else ep::ep_dispatch_kernel<false><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, x_data, x_scales, topk_ids);
   MXMOE_CHECK_LAUNCH("EpComm::dispatch");
 }
 
 void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,
                        const int32_t* row_of, cudaStream_t stream) {
-  ep::ep_combine_kernel<<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, static_cast<const uint4*>(y), y_rows,
-                                                               row_of);
+  const auto* yv = static_cast<const uint4*>(y);
+  if (a.world == 1) ep::ep_combine_kernel<true><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, yv, y_rows, row_of);
+  else ep::ep_combine_kernel<false><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, yv, y_rows, row_of);
   MXMOE_CHECK_LAUNCH("EpComm::combine");
 }
 

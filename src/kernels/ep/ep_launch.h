@@ -20,6 +20,8 @@ enum EpErrorBits : int {
 
 struct EpKernelArgs {
   ncclWindow_t win = nullptr;    // the symmetric window (device handle from ncclCommWindowRegister)
+  char* local_window = nullptr;  // world == 1: the window is plain device memory (NCCL gives a 1-rank
+                                 // communicator no symmetric memory), and there are no peers to wait for
   int rank = 0, world = 1;       // world rank == LSA rank (checked at construction)
   int hidden = 0, top_k = 0, num_experts = 0, local_experts = 0;
   int max_tokens = 0, tokens = 0;
@@ -32,7 +34,8 @@ struct EpKernelArgs {
   int32_t* local_ids = nullptr;  // [R · max_tokens, k] (dispatch writes, combine reads)
 };
 
-// grid = num_ctas (= the device communicator's lsaBarrierCount), every rank the same.
+// grid = num_ctas (= the device communicator's lsaBarrierCount), every rank the same. With
+// a.world == 1, `dev` is not used (a.local_window is the window, no barriers).
 void launch_ep_dispatch(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const uint8_t* x_data,
                         const uint8_t* x_scales, const int32_t* topk_ids, cudaStream_t stream);
 void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,
