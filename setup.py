@@ -60,6 +60,12 @@ def extensions():
             # The GEMM's TMA descriptors are encoded through cudaGetDriverEntryPointByVersion
             # (src/kernels/gemm/tensor_map.cu), so libcuda is not linked.
             libraries=["cublas"],
+            # libstdc++ must be the process's shared one: a compiler that links it statically by
+            # default (as the GPU machine's /opt/gcc does) puts a second copy of the iostream/locale
+            # machinery in _C.so, whose num_put facet is never set up, so formatting a number in an
+            # error message crashed (run 20: segfault in std::ostream::_M_insert<long>). Naming the
+            # shared library first resolves every std:: symbol there before any static archive.
+            extra_link_args=["-l:libstdc++.so.6"],
         )
     ]
 

@@ -30,6 +30,11 @@ else
   export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
   echo "build: in place ok in $(( $(date +%s) - start )) s"
 fi
+# The extension must use the process's shared libstdc++ (setup.py): report how it is linked.
+so=$(ls python/mxmoe/_C*.so 2>/dev/null | head -1)
+if [ -n "$so" ]; then
+  echo "libstdc++: $(ldd "$so" | grep -c 'libstdc++.so') shared reference(s); std::ostream code defined inside: $(nm -C --defined-only "$so" 2>/dev/null | grep -c 'std::ostream::_M_insert')"
+fi
 # Import from outside the repository so the installed package (not a stray path) is what loads.
 (cd /tmp && $PY -c 'import mxmoe, torch; print("import ok:", mxmoe.__file__); print(torch.ops.mxmoe.quantize_mxfp8.default._schema)') || {
   echo "import of mxmoe FAILED"; exit 1; }

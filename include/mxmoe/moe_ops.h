@@ -47,6 +47,14 @@ void moe_combine_backward(const __nv_bfloat16* dout, const __nv_bfloat16* y, int
                           const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of, const float* w,
                           int64_t tokens, int top_k, __nv_bfloat16* dy, float* dw, cudaStream_t stream = nullptr);
 
+// The same, but instead of dy it writes the scale of each row, row_w[r] = w[t, j] (0 for padding),
+// FP32 [rows]: quantize_mxfp8_gather_scaled(dout, ..., row_index, row_w, ...) then forms
+// dy = bf16(row_w · dout) inside the quantizer (same bits) without a BF16 dy round trip.
+void moe_combine_backward_scales(const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows, int64_t cols,
+                                 const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
+                                 const float* w, int64_t tokens, int top_k, float* row_w, float* dw,
+                                 cudaStream_t stream = nullptr);
+
 // SwiGLU backward on the padded layout: with g = gu[r, i], u = gu[r, I + i], d = dh[r, i]:
 //   dgu[r, i] = bf16(d · u · silu'(g)),  dgu[r, I + i] = bf16(d · silu(g)),  silu'(g) = s(1 + g(1 - s)).
 //   gu, dgu BF16 [rows, 2I]; dh BF16 [rows, I]; rows at or beyond *rows_used are not written.

@@ -67,6 +67,16 @@ void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
                            const MxOut* colwise, ScaleMode mode = ScaleMode::kRceil,
                            cudaStream_t stream = nullptr);
 
+// quantize_mxfp8_gather with a per-output-row scale (the combine backward's dY, fused):
+//   row_scale  FP32 [out_rows], device memory, 4-byte aligned: output row r is
+//              bf16_rn(row_scale[r] · x[row_index[r]]) (FP32 product, rounded to BF16 to nearest
+//              even), then quantized. row_scale[r] is read only for rows that take x data (pads and
+//              rows at or beyond *rows_used are zeros/unwritten as in quantize_mxfp8_gather).
+void quantize_mxfp8_gather_scaled(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                                  const float* row_scale, int64_t out_rows, const int32_t* rows_used,
+                                  const MxOut* rowwise, const MxOut* colwise, ScaleMode mode = ScaleMode::kRceil,
+                                  cudaStream_t stream = nullptr);
+
 // padded_offsets[g] = Σ_{j<g} roundup(offsets[j+1] - offsets[j], align), for g = 0..num_groups.
 // One small kernel; device in, device out.
 void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,

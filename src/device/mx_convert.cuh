@@ -1,9 +1,12 @@
 // Device-side MX numerics: E8M0 scale exponents from BF16 amax bits, E4M3 conversion in pairs.
 // Instructions used: cvt.rn.satfinite.e4m3x2.f32 (FP32 pair → E4M3 pair, RNE, saturating, NaN kept)
-// and cvt.rn.f16x2.e4m3x2 (E4M3 pair → FP16 pair, exact) through cuda_fp8.h, sm_89+.
+// and cvt.rn.f16x2.e4m3x2 (E4M3 pair → FP16 pair, exact) through cuda_fp8.h, sm_89+; BF16 pair
+// packing with round-to-nearest-even (cuda_bf16.h).
 // The rules are mx_format.h's; src/ref/mx_ref.cpp is the oracle these are tested against.
 #pragma once
 #include <cstdint>
+
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -73,6 +76,11 @@ __device__ __forceinline__ uint32_t e4m3x4_rebase(uint32_t codes, float pow2_d) 
 // BF16 halves of a packed word as FP32 (exact).
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+// Two FP32 → one BF16x2 word (round to nearest even; a in the low half).
+__device__ __forceinline__ uint32_t pack_bf16x2_rn(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 inline constexpr uint32_t kE4M3NanX4 = 0x7F7F7F7Fu;
 

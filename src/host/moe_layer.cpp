@@ -72,7 +72,8 @@ struct MoeLayer::Impl {
   }
   // backward
   MxBuf dy_row, dy_col, dgu_row, dgu_col;
-  __nv_bfloat16 *dy = nullptr, *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
+  __nv_bfloat16 *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
+  float* row_w = nullptr;  // [cap]: routing weight of each padded row (dY = bf16(row_w · dout))
   float *dw = nullptr, *dlogits = nullptr, *x_f32 = nullptr, *wr_f32 = nullptr, *dx_router = nullptr;
 
   // Carves (or, with base == nullptr, only measures) the workspace.
@@ -120,7 +121,7 @@ struct MoeLayer::Impl {
     h_row = mx(1, cap, I);
     h_col = mx(1, I, cap);
     y = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
-    dy = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
+    row_w = reinterpret_cast<float*>(take(size_t(cap) * 4));
     dy_row = mx(1, cap, H);
     dy_col = mx(1, H, cap);
     dh = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * I) * 2));
@@ -304,12 +305,13 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
   GemmOptions go32 = go;
   go32.out_dtype = GemmOutDtype::kFP32;
   m.mark("", stream);
-  // 1. dY = bf16(w · dout) in the padded layout, dw = dout · Y; quantize dY both ways
-  moe_combine_backward(dout, m.y, m.cap, H, rows_used, m.plan.row_index, m.plan.row_of, m.weights, T, k, m.dy, m.dw,
-                       stream);
+  // 1. dw = dout · Y and each padded row's weight; then dY = bf16(w · dout) gathered into the padded
+  //    layout and quantized both ways in one pass (no BF16 dY in memory)
+  moe_combine_backward_scales(dout, m.y, m.cap, H, rows_used, m.plan.row_index, m.plan.row_of, m.weights, T, k,
+                              m.row_w, m.dw, stream);
   const MxOut dyr = m.dy_row.out(), dyc = m.dy_col.out();
-  quantize_mxfp8_grouped(m.dy, m.cap, H, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &dyr, &dyc,
-                         ScaleMode::kRceil, stream);
+  quantize_mxfp8_gather_scaled(dout, T, H, m.plan.row_index, m.row_w, m.cap, rows_used, &dyr, &dyc,
+                               ScaleMode::kRceil, stream);
   m.mark("bwd: gather dOut·w, dw, quantize dY", stream);
   // 2. dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  3. dW2[e] = Σ dYᵀ · Hact
   m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2c_op, int(E), I, H, m.plan.padded_offsets, m.dh, go);

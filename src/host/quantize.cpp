@@ -142,10 +142,11 @@ void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols
   detail::launch_quantize_mxfp8(p, stream);
 }
 
-void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
-                           int64_t out_rows, const int32_t* rows_used, const MxOut* rowwise,
-                           const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
-  const char* fn = "quantize_mxfp8_gather";
+namespace {
+
+void gather_impl(const char* fn, const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                 const float* row_scale, int64_t out_rows, const int32_t* rows_used, const MxOut* rowwise,
+                 const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
   check_gathered(fn, x, x_rows, cols, out_rows, mode, rowwise, colwise);
   check_not_null(fn, "row_index", row_index);
   check_aligned(fn, "row_index", row_index, 4);
@@ -153,7 +154,26 @@ void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols,
   detail::QuantizeParams p = make_params(x, 1, out_rows, x_rows, cols, mode, rowwise, colwise);
   p.row_index = row_index;
   p.rows_used = rows_used;
+  p.row_scale = row_scale;
   detail::launch_quantize_mxfp8(p, stream);
+}
+
+}  // namespace
+
+void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                           int64_t out_rows, const int32_t* rows_used, const MxOut* rowwise,
+                           const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
+  gather_impl("quantize_mxfp8_gather", x, x_rows, cols, row_index, nullptr, out_rows, rows_used, rowwise, colwise,
+              mode, stream);
+}
+
+void quantize_mxfp8_gather_scaled(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                                  const float* row_scale, int64_t out_rows, const int32_t* rows_used,
+                                  const MxOut* rowwise, const MxOut* colwise, ScaleMode mode, cudaStream_t stream) {
+  const char* fn = "quantize_mxfp8_gather_scaled";
+  check_not_null(fn, "row_scale", row_scale);
+  check_aligned(fn, "row_scale", row_scale, 4);
+  gather_impl(fn, x, x_rows, cols, row_index, row_scale, out_rows, rows_used, rowwise, colwise, mode, stream);
 }
 
 void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,

@@ -89,6 +89,13 @@ TEST(QuantizeArgs, GatherRejectsBadArguments) {
   expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, idx, 512, fake<const int32_t>(0x70001), &o, nullptr); },
                       "rows_used");
   expect_error_naming([&] { quantize_mxfp8_gather(X, 256, 128, idx, 512, nullptr, nullptr, nullptr); }, "rowwise");
+  const float* sc = fake<const float>(0x80000);
+  expect_error_naming([&] { quantize_mxfp8_gather_scaled(X, 256, 128, idx, nullptr, 512, nullptr, &o, nullptr); },
+                      "row_scale");
+  expect_error_naming([&] { quantize_mxfp8_gather_scaled(X, 256, 128, idx, fake<const float>(0x80002), 512, nullptr, &o,
+                                                         nullptr); }, "row_scale");
+  expect_error_naming([&] { quantize_mxfp8_gather_scaled(X, 256, 128, nullptr, sc, 512, nullptr, &o, nullptr); },
+                      "row_index");
 }
 
 TEST(QuantizeArgs, MessageNamesFunctionArgumentAndValue) {

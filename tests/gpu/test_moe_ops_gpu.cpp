@@ -6,6 +6,8 @@
 
 #include "common/gpu_test_util.h"
 #include "mxmoe/moe_ops.h"
+#include "mxmoe/moe_plan.h"
+#include "mxmoe/quantize.h"
 #include "ref/decode_ref.h"
 
 using namespace mxmoe;
@@ -145,4 +147,62 @@ TEST(MoeOpsGpu, TopkMatchesReferenceRouting) {
     EXPECT_EQ(di.download(), ids);
     EXPECT_EQ(dw.download(), w);
   }
+}
+
+// The layer's fused dY path (moe_combine_backward_scales + quantize_mxfp8_gather_scaled) against the
+// two-step one (moe_combine_backward's BF16 dY, then quantize_mxfp8_grouped): same quantized bytes
+// both ways (plain and fast forms), same dw bits, on a real routing plan with empty experts.
+TEST(MoeOpsGpu, FusedDyQuantizeEqualsTwoStep) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 301, H = 384;
+  const int k = 4, E = 16;
+  std::vector<int32_t> ids(size_t(T * k));
+  for (int64_t t = 0; t < T; ++t)  // distinct experts per token, 6 experts never chosen
+    for (int j = 0; j < k; ++j) ids[size_t(t * k + j)] = int32_t((t + 3 * j) % 10);
+  const int64_t cap = moe_plan_capacity(T, k, E);
+  DevBuf<int32_t> dids{ids.size()}, counts{size_t(E)}, offs{size_t(E + 1)}, padded{size_t(E + 1)},
+      row_of{ids.size()}, row_index{size_t(cap)};
+  dids.upload(ids);
+  const size_t ws_bytes = moe_plan_workspace_bytes(T, k, E);
+  DevBuf<uint8_t> ws{ws_bytes};
+  MoePlan plan{counts.p, offs.p, padded.p, row_of.p, row_index.p};
+  moe_plan(dids.p, T, k, E, cap, ws.p, ws_bytes, plan);
+
+  const auto dout = random_bf16(T, H, Dist::kHeavyTailed, rng);
+  const auto y = random_bf16(cap, H, Dist::kGaussian, rng);
+  std::vector<float> w(size_t(T * k));
+  std::uniform_real_distribution<float> uw(-1.0f, 1.0f);
+  for (auto& v : w) v = uw(rng);
+  DevBuf<uint16_t> ddout{dout.size()}, dy_buf{y.size()}, ddy{size_t(cap * H)};
+  DevBuf<float> dwt{w.size()}, dw1{w.size()}, dw2{w.size()}, row_w{size_t(cap)};
+  ddout.upload(dout);
+  dy_buf.upload(y);
+  dwt.upload(w);
+  const int32_t* used = padded.p + E;
+  auto bf = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
+  struct Copy {
+    DevBuf<uint8_t> d, s, fd, fs;
+    Copy(int64_t r, int64_t c) : d(size_t(r * c), 0x5A), s(size_t(r * c / 32), 0x5A), fd(size_t(r * c), 0x5A),
+                                 fs(size_t((c + 127) / 128 * r), 0x5A) {}
+    MxOut out() const { return MxOut{d.p, s.p, fd.p, fs.p}; }
+  };
+  Copy r1(cap, H), c1(H, cap), r2(cap, H), c2(H, cap);
+  const MxOut or1 = r1.out(), oc1 = c1.out(), or2 = r2.out(), oc2 = c2.out();
+  moe_combine_backward(bf(ddout), bf(dy_buf), cap, H, used, row_index.p, row_of.p, dwt.p, T, k,
+                       reinterpret_cast<__nv_bfloat16*>(ddy.p), dw1.p);
+  quantize_mxfp8_grouped(bf(ddy), cap, H, padded.p, padded.p, E, cap, &or1, &oc1);
+  moe_combine_backward_scales(bf(ddout), bf(dy_buf), cap, H, used, row_index.p, row_of.p, dwt.p, T, k, row_w.p,
+                              dw2.p);
+  quantize_mxfp8_gather_scaled(bf(ddout), T, H, row_index.p, row_w.p, cap, used, &or2, &oc2);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(dw1.download(), dw2.download());
+  EXPECT_EQ(r1.d.download(), r2.d.download());
+  EXPECT_EQ(r1.s.download(), r2.s.download());
+  EXPECT_EQ(r1.fd.download(), r2.fd.download());
+  EXPECT_EQ(r1.fs.download(), r2.fs.download());
+  EXPECT_EQ(c1.d.download(), c2.d.download());
+  EXPECT_EQ(c1.s.download(), c2.s.download());
+  EXPECT_EQ(c1.fd.download(), c2.fd.download());
+  EXPECT_EQ(c1.fs.download(), c2.fs.download());
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "common/gpu_test_util.h"
@@ -245,9 +246,13 @@ TEST(QuantizeGpu, GroupedRaggedEmptyAndOverloaded) {
   run_grouped(many, 128, 128, rng);                                   // E = 384, skewed
 }
 
-TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
+namespace {
+
+// scaled: quantize_mxfp8_gather_scaled with a per-row scale (random magnitudes, signs, zeros,
+// powers of two, and a few large enough to overflow BF16 to Inf); the reference applies
+// bf16_rn(scale · x) on the host first.
+void run_gather(bool scaled, std::mt19937& rng) {
+  SCOPED_TRACE(scaled ? "gather_scaled" : "gather");
   const int64_t x_rows = 1000, cols = 2880, out_rows = 1536, used = 1280;
   auto x = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
   // Output row r: a random token, a pad (-1), or an out-of-range index (reads as a zero row).
@@ -261,14 +266,28 @@ TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
   DevBuf<int32_t> didx(idx.size()), dused(1);
   didx.upload(idx);
   dused.upload(std::vector<int32_t>{int32_t(used)});
+  std::vector<float> scale(static_cast<size_t>(out_rows));
+  std::normal_distribution<float> gs(0.0f, 1.0f);
+  for (auto& v : scale) {
+    const uint32_t k = rng() % 10;
+    v = k == 0 ? 0.0f : k == 1 ? -0.5f : k == 2 ? 0x1p100f : k == 3 ? std::ldexp(1.0f, int(rng() % 9) - 4) : gs(rng);
+  }
+  for (int64_t r = used; r < out_rows; ++r) scale[size_t(r)] = std::nanf("");  // never read
+  DevBuf<float> dscale(scale.size());
+  dscale.upload(scale);
   CopyBufs rw(1, out_rows, cols, true), cw(1, cols, out_rows, true);
   const MxOut ro = rw.out(true), co = cw.out(true);
-  quantize_mxfp8_gather(reinterpret_cast<const __nv_bfloat16*>(dx.p), x_rows, cols, didx.p, out_rows, dused.p, &ro, &co);
+  const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dx.p);
+  if (scaled) quantize_mxfp8_gather_scaled(xp, x_rows, cols, didx.p, dscale.p, out_rows, dused.p, &ro, &co);
+  else quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, &ro, &co);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
   std::vector<uint16_t> xg(size_t(used * cols), 0);
   for (int64_t r = 0; r < used; ++r)
     if (idx[size_t(r)] >= 0 && idx[size_t(r)] < x_rows)
-      std::copy_n(&x[size_t(idx[size_t(r)] * cols)], cols, &xg[size_t(r * cols)]);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint16_t v = x[size_t(idx[size_t(r)] * cols + c)];
+        xg[size_t(r * cols + c)] = scaled ? ref::float_to_bf16(scale[size_t(r)] * ref::bf16_to_float(v)) : v;
+      }
   const auto rref = ref::quantize_rows(xg.data(), used, cols, ScaleMode::kRceil);
   const auto rfast = ref::rebase_fast(rref);
   const auto d = rw.data.download(), sc = rw.scales.download(), fd = rw.fast_data.download(), fs = rw.fast_scales.download();
@@ -284,4 +303,18 @@ TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
   EXPECT_TRUE(bytes_equal("gather colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
   for (int64_t r = used; r < out_rows; ++r)
     for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
+}
+
+}  // namespace
+
+TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_gather(false, rng);
+}
+
+TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_gather(true, rng);
 }

@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 
+#include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "kernels/layer/moe_ops_launch.h"
 
@@ -19,12 +20,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
-__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // .x = a (low half)
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+// BF16 pairs in a 32-bit word (low half first); packing rounds to nearest even. The quantizer's
+// fused dY (quantize_mxfp8_gather_scaled) uses the same helpers, so both give the same bits.
+using dev::bf16_hi;
+using dev::bf16_lo;
+using dev::pack_bf16x2_rn;
 // Grid-stride walk over the 8-element vectors of the used rows ([rows, inter], rows at or beyond
 // *rows_used skipped) of the SwiGLU kernels.
 __device__ __forceinline__ int64_t used_vecs(int64_t rows, int64_t inter, const int32_t* rows_used) {
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint16_t* __rest
     uint32_t o[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      o[i] = pack_bf16x2(silu(bf_lo(gw[i])) * bf_lo(uw[i]), silu(bf_hi(gw[i])) * bf_hi(uw[i]));
+      o[i] = pack_bf16x2_rn(silu(bf16_lo(gw[i])) * bf16_lo(uw[i]), silu(bf16_hi(gw[i])) * bf16_hi(uw[i]));
     *reinterpret_cast<uint4*>(h + r * inter + c) = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const uint16_t* __res
       const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        acc[2 * i] = fmaf(wj, bf_lo(qw[i]), acc[2 * i]);
-        acc[2 * i + 1] = fmaf(wj, bf_hi(qw[i]), acc[2 * i + 1]);
+        acc[2 * i] = fmaf(wj, bf16_lo(qw[i]), acc[2 * i]);
+        acc[2 * i + 1] = fmaf(wj, bf16_hi(qw[i]), acc[2 * i + 1]);
       }
     }
     if (addend) {
@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const uint16_t* __res
       acc[4] += a1.x; acc[5] += a1.y; acc[6] += a1.z; acc[7] += a1.w;
     }
     *reinterpret_cast<uint4*>(out + t * cols + c) =
-        make_uint4(pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]),
-                   pack_bf16x2(acc[6], acc[7]));
+        make_uint4(pack_bf16x2_rn(acc[0], acc[1]), pack_bf16x2_rn(acc[2], acc[3]), pack_bf16x2_rn(acc[4], acc[5]),
+                   pack_bf16x2_rn(acc[6], acc[7]));
   }
 }
 
@@ -105,10 +105,10 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const uint16_
     uint32_t og[4], ou[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float g0 = bf_lo(gw[i]), g1 = bf_hi(gw[i]), u0 = bf_lo(uw[i]), u1 = bf_hi(uw[i]);
-      const float d0 = bf_lo(dw[i]), d1 = bf_hi(dw[i]);
-      og[i] = pack_bf16x2(d0 * u0 * dsilu(g0), d1 * u1 * dsilu(g1));
-      ou[i] = pack_bf16x2(d0 * silu(g0), d1 * silu(g1));
+      const float g0 = bf16_lo(gw[i]), g1 = bf16_hi(gw[i]), u0 = bf16_lo(uw[i]), u1 = bf16_hi(uw[i]);
+      const float d0 = bf16_lo(dw[i]), d1 = bf16_hi(dw[i]);
+      og[i] = pack_bf16x2_rn(d0 * u0 * dsilu(g0), d1 * u1 * dsilu(g1));
+      ou[i] = pack_bf16x2_rn(d0 * silu(g0), d1 * silu(g1));
     }
     *reinterpret_cast<uint4*>(dgu + r * 2 * inter + c) = make_uint4(og[0], og[1], og[2], og[3]);
     *reinterpret_cast<uint4*>(dgu + r * 2 * inter + inter + c) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const uint16_
 __global__ void __launch_bounds__(kThreads) combine_backward_kernel(
     const uint16_t* __restrict__ dout, const uint16_t* __restrict__ y, int64_t rows, int64_t cols,
     const int32_t* __restrict__ rows_used, const int32_t* __restrict__ row_index, const int32_t* __restrict__ row_of,
-    const float* __restrict__ w, int top_k, uint16_t* __restrict__ dy, float* __restrict__ dw) {
+    const float* __restrict__ w, int top_k, uint16_t* __restrict__ dy, float* __restrict__ row_w,
+    float* __restrict__ dw) {
   const int lane = threadIdx.x % 32;
   const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t used = rows_used ? min(rows, int64_t(__ldg(rows_used))) : rows;
@@ -132,10 +133,13 @@ __global__ void __launch_bounds__(kThreads) combine_backward_kernel(
     for (int q = 0; q < top_k; ++q)
       if (__ldg(row_of + int64_t(t) * top_k + q) == r) j = q;
   if (j < 0) {  // padding (or a row no slot points at)
-    for (int64_t v = lane; v < vec_per_row; v += 32) *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(0, 0, 0, 0);
+    if (dy != nullptr)
+      for (int64_t v = lane; v < vec_per_row; v += 32) *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(0, 0, 0, 0);
+    if (row_w != nullptr && lane == 0) row_w[r] = 0.0f;
     return;
   }
   const float wj = __ldg(w + int64_t(t) * top_k + j);
+  if (row_w != nullptr && lane == 0) row_w[r] = wj;  // dY = bf16(row_w · dout) is formed by the quantizer
   const uint16_t* dot = dout + int64_t(t) * cols;
   const uint16_t* yr = y + r * cols;
   float acc = 0.0f;
@@ -146,11 +150,11 @@ __global__ void __launch_bounds__(kThreads) combine_backward_kernel(
     uint32_t o[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      acc = fmaf(bf_lo(aw[i]), bf_lo(bw[i]), acc);
-      acc = fmaf(bf_hi(aw[i]), bf_hi(bw[i]), acc);
-      o[i] = pack_bf16x2(wj * bf_lo(aw[i]), wj * bf_hi(aw[i]));
+      acc = fmaf(bf16_lo(aw[i]), bf16_lo(bw[i]), acc);
+      acc = fmaf(bf16_hi(aw[i]), bf16_hi(bw[i]), acc);
+      o[i] = pack_bf16x2_rn(wj * bf16_lo(aw[i]), wj * bf16_hi(aw[i]));
     }
-    *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+    if (dy != nullptr) *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(o[0], o[1], o[2], o[3]);
   }
 #pragma unroll
   for (int o = 16; o >= 1; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);  // fixed butterfly
@@ -189,12 +193,12 @@ void launch_moe_swiglu_backward(const uint16_t* gu, const uint16_t* dh, int64_t 
 
 void launch_moe_combine_backward(const uint16_t* dout, const uint16_t* y, int64_t rows, int64_t cols,
                                  const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
-                                 const float* w, int64_t tokens, int top_k, uint16_t* dy, float* dw,
+                                 const float* w, int64_t tokens, int top_k, uint16_t* dy, float* row_w, float* dw,
                                  cudaStream_t stream) {
   MXMOE_CUDA_CHECK("moe_combine_backward", cudaMemsetAsync(dw, 0, size_t(tokens * top_k) * sizeof(float), stream));
   const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;  // one warp per row (capacity)
   combine_backward_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(dout, y, rows, cols, rows_used, row_index,
-                                                                     row_of, w, top_k, dy, dw);
+                                                                     row_of, w, top_k, dy, row_w, dw);
   MXMOE_CHECK_LAUNCH("moe_combine_backward");
 }
 

@@ -16,8 +16,8 @@ void launch_moe_swiglu_backward(const uint16_t* gu, const uint16_t* dh, int64_t 
                                 const int32_t* rows_used, uint16_t* dgu, cudaStream_t stream);
 void launch_moe_combine_backward(const uint16_t* dout, const uint16_t* y, int64_t rows, int64_t cols,
                                  const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
-                                 const float* w, int64_t tokens, int top_k, uint16_t* dy, float* dw,
-                                 cudaStream_t stream);
+                                 const float* w, int64_t tokens, int top_k, uint16_t* dy, float* row_w, float* dw,
+                                 cudaStream_t stream);  // dy or row_w may be null (not written)
 void launch_moe_router_backward(const float* logits, const float* dw, int64_t tokens, const RouterLaunch& p,
                                 float* dlogits, cudaStream_t stream);
 void launch_moe_combine(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,

@@ -32,6 +32,8 @@ struct QuantizeParams {
   // beyond *rows_used (when given) are not written
   const int32_t* row_index = nullptr;
   const int32_t* rows_used = nullptr;
+  // gather only, optional: output row r holds bf16_rn(row_scale[r] · x[row_index[r]])
+  const float* row_scale = nullptr;
   ScaleMode mode = ScaleMode::kRceil;
 };
 

@@ -173,6 +173,29 @@ __device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const T
   }
 }
 
+// Gather with row_scale: each thread rescales, in place, the vectors it loaded itself, before either
+// pass reads them: v = bf16_rn(row_scale[r] · v), the rounding of moe_combine_backward's dY. Only
+// rows that hold x data are touched (pads and rows past the valid ones keep their zeros, and their
+// row_scale entries are never read). The row-wise pass reads back exactly these slots and the
+// column-wise pass reads after the tile barrier, so no extra barrier is needed.
+__device__ __forceinline__ void scale_own_slots(const QuantizeParams& p, const Tile& t, uint4* stage) {
+  const int vec = threadIdx.x % kVecPerRow;
+  if (t.c0 + vec * 8 >= p.cols) return;
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
+    if (r >= t.src_valid) continue;
+    const int32_t row = __ldg(t.gather + r);
+    if (row < 0 || row >= p.x_rows) continue;
+    const float s = __ldg(p.row_scale + t.r0 + r);
+    uint4& v = stage[r * kVecPerRow + swz_vec(r, vec)];
+    v.x = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.x), s * dev::bf16_hi(v.x));
+    v.y = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.y), s * dev::bf16_hi(v.y));
+    v.z = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.z), s * dev::bf16_hi(v.z));
+    v.w = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.w), s * dev::bf16_hi(v.w));
+  }
+}
+
 // ---- row-wise: one 16-byte vector = 8 values of one row; 4 lanes = one 32-block ----------------
 // r: tile row, vec: 16-byte vector of the row (8 columns), store: row and columns in range.
 template <bool kFast>
@@ -348,7 +371,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
     if constexpr (!kCol) issue(k + kStages - 1);
     dev::cp_async_wait_group<kCol ? kStages - 2 : kStages - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
-    const uint4* stage = stages + (k % kStages) * kStageVecs;
+    uint4* stage = stages + (k % kStages) * kStageVecs;
+    if constexpr (kMap == RowMap::kGather) {
+      if (p.row_scale != nullptr && t.out_valid > 0) scale_own_slots(p, t, stage);
+    }
     // Whole tiles (the common case) run without per-store bounds checks: straight-line code
     // that the compiler can interleave across the 8 vectors / 4 columns of a thread.
     const bool valid = t.out_valid > 0;  // uniform across the CTA
