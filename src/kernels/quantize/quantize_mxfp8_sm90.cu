@@ -53,17 +53,12 @@ constexpr int kSmemBytes = kStages * kTileRows * kTileCols * 2;  // 96 KB: 2 CTA
 // tiles of one column tile, then the next column tile. So the 32-byte sectors of both scale
 // layouts (8 consecutive blocks along a row, or along a column) are completed by CTAs that run
 // at the same time, instead of by CTAs far apart in time.
-// Gather maps raster column by column instead (one group of every row tile): the gathered rows of
-// one 128-column slice of x ([x_rows, 128] BF16, 4 MB at 16384 tokens) are then re-read from L2 by
-// the k output rows that take each token, where the grouped order fetched them from DRAM k times
-// (run 21: 1.8 ms for DSV3's permute + quantize of x, 2 TB/s). The scale layouts the layer uses
-// (fast scales, column-wise scales) are contiguous along rows, so they still fill whole sectors.
 constexpr int kGroupRowTiles = 8;
 
 // Tile raster, built on the host: id → (batch entry, row tile, column tile) without divisions.
 struct TileGrid {
   int32_t tiles_r = 0, tiles_c = 0, num_tiles = 0, full_groups = 0;
-  FastDivmod per_batch, per_group, group_rows, last_group_rows;  // group_rows.d: row tiles per group
+  FastDivmod per_batch, per_group, last_group_rows;
 };
 
 // How output rows map to rows of x.
@@ -90,13 +85,13 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid&
   const uint32_t grp = g.per_group.div(in_b), rem = in_b - grp * g.per_group.d;
   uint32_t tr_in, tc;
   if (int32_t(grp) < g.full_groups) {
-    tc = g.group_rows.div(rem);
-    tr_in = rem - tc * g.group_rows.d;
+    tr_in = rem % kGroupRowTiles;
+    tc = rem / kGroupRowTiles;
   } else {
     tc = g.last_group_rows.div(rem);
     tr_in = rem - tc * g.last_group_rows.d;
   }
-  t.r0 = int32_t((grp * g.group_rows.d + tr_in) * kTileRows);
+  t.r0 = int32_t((grp * kGroupRowTiles + tr_in) * kTileRows);
   t.c0 = int32_t(tc * kTileCols);
   if constexpr (kMap == RowMap::kDense) {
     t.src = p.x + (int64_t(t.b) * p.rows_out + t.r0) * p.cols + t.c0;
@@ -423,12 +418,10 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
   g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
   g.tiles_c = int32_t((p.cols + kTileCols - 1) / kTileCols);
   g.num_tiles = int32_t(p.batch * g.tiles_r * g.tiles_c);  // < 2^31: checked by the host wrapper
-  const int32_t group = kMap == RowMap::kGather ? g.tiles_r : kGroupRowTiles;
-  g.group_rows = FastDivmod(uint32_t(group));
-  g.full_groups = g.tiles_r / group;
+  g.full_groups = g.tiles_r / kGroupRowTiles;
   g.per_batch = FastDivmod(uint32_t(g.tiles_r * g.tiles_c));
-  g.per_group = FastDivmod(uint32_t(group * g.tiles_c));
-  g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % group)));
+  g.per_group = FastDivmod(uint32_t(kGroupRowTiles * g.tiles_c));
+  g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % kGroupRowTiles)));
   const int64_t grid = std::min<int64_t>(g.num_tiles, int64_t(sms) * ctas_per_sm);
   kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, g);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
