@@ -115,7 +115,7 @@ enum class DecodePath : int { kWarpDecode = 0, kExpertCentric = 1 };
 
 struct DecodeCrossover {
   int max_batch = 0;      // warp decode is used for batch <= max_batch
-  bool measured = false;  // false: a placeholder, not yet measured (bench/bench_decode.py prints the data)
+  bool measured = false;  // false: a guess for a shape the table lacks (bench/bench_decode.py prints the data)
 };
 // The crossover for a shape and weight dtype: the table entry when the shape is listed, otherwise
 // a default (not measured).

@@ -179,21 +179,22 @@ struct CrossoverEntry {
   DecodeCrossover crossover;
 };
 
-// Largest batch for which warp decode beats the expert-centric path, per model shape and weight
-// dtype. NOT YET MEASURED: every entry below is a placeholder (measured = false), a guess from
-// HOPPER_NOTES.md "Decode" (output-centric wins at 1-8 tokens, loses from about 8-16; MXFP8 moves
-// half the bytes, so its crossover is guessed one step later). Fill from
-// `python3 bench/bench_decode.py`, which prints "crossover data" lines for exactly this table,
-// and set measured = true.
+// Largest batch for which warp decode beats the conventional expert-centric decode step (route →
+// sort → grouped GEMMs → combine; bench_decode.py times PyTorch's, under CUDA graphs, in the same
+// run), per model shape and weight dtype. Measured 2026-11-30 on one H200 (run 19,
+// `python3 bench/bench_decode.py`, batches 1, 2, 4, ..., 128): the entry is the largest measured
+// batch at which warp decode was faster; at the next power of two it was slower. The crossover
+// between two measured batches (e.g. 17-31) is not resolved.
 constexpr CrossoverEntry kCrossovers[] = {
-    // Qwen3-30B-A3B: measured 2026-11-30 on one H200 (bench_decode.py --quick: B = 1, 8, 64 only):
-    // warp decode wins at 1 and 8 for both dtypes and loses at 64; B = 16, 32 not measured yet.
-    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, {8, true}},
-    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, {8, true}},
-    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, {8, false}},   // Qwen3-235B-A22B, not yet measured
-    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, false}}, // Qwen3-235B-A22B, not yet measured
-    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {8, false}},    // DeepSeek-V3, not yet measured
-    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {16, false}},  // DeepSeek-V3, not yet measured
+    // Qwen3-30B-A3B: BF16 1.23x at 16, 0.83x at 32; MXFP8 1.10x at 32, 0.63x at 64
+    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, {16, true}},
+    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, {32, true}},
+    // Qwen3-235B-A22B: BF16 1.08x at 16, 0.76x at 32; MXFP8 1.18x at 32, 0.63x at 64
+    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, {16, true}},
+    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {32, true}},
+    // DeepSeek-V3 (shared expert): BF16 1.15x at 8, 0.91x at 16; MXFP8 1.27x at 16, 0.85x at 32
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {8, true}},
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {16, true}},
 };
 constexpr DecodeCrossover kDefaultCrossover{8, false};  // unlisted shapes: a guess, not measured
 

@@ -287,18 +287,25 @@ TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
 }
 
 TEST(DecodeDispatch, TableSplitsByBatch) {
-  const DecodeShape qwen{2048, 768, 128, 8, false};
-  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
-    const DecodeCrossover c = decode_crossover(qwen, d);
-    EXPECT_TRUE(c.measured);  // bench_decode.py --quick, 2026-11-30
-    EXPECT_EQ(c.max_batch, 8);
-    EXPECT_GE(c.max_batch, 1);
-    EXPECT_EQ(choose_decode_path(qwen, d, 1), DecodePath::kWarpDecode);
-    EXPECT_EQ(choose_decode_path(qwen, d, c.max_batch), DecodePath::kWarpDecode);
-    EXPECT_EQ(choose_decode_path(qwen, d, c.max_batch + 1), DecodePath::kExpertCentric);
+  // The measured table (bench_decode.py, 2026-11-30, run 19): largest batch where warp decode won.
+  const struct { DecodeShape shape; DecodeWeightDtype dtype; int max_batch; } want[] = {
+      {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, 16},
+      {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, 32},
+      {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, 16},
+      {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, 32},
+      {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, 8},
+      {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, 16}};
+  for (const auto& w : want) {
+    const DecodeCrossover c = decode_crossover(w.shape, w.dtype);
+    EXPECT_TRUE(c.measured);
+    EXPECT_EQ(c.max_batch, w.max_batch);
+    EXPECT_EQ(choose_decode_path(w.shape, w.dtype, 1), DecodePath::kWarpDecode);
+    EXPECT_EQ(choose_decode_path(w.shape, w.dtype, c.max_batch), DecodePath::kWarpDecode);
+    EXPECT_EQ(choose_decode_path(w.shape, w.dtype, c.max_batch + 1), DecodePath::kExpertCentric);
   }
+  // The same dimensions without DeepSeek's shared expert are another shape: not in the table.
+  EXPECT_FALSE(decode_crossover({7168, 2048, 256, 8, false}, DecodeWeightDtype::kBF16).measured);
   const DecodeShape other{1024, 512, 64, 6, false};
   EXPECT_FALSE(decode_crossover(other, DecodeWeightDtype::kBF16).measured);
-  EXPECT_FALSE(decode_crossover({7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8).measured);
   EXPECT_EQ(choose_decode_path(other, DecodeWeightDtype::kBF16, 1), DecodePath::kWarpDecode);
 }

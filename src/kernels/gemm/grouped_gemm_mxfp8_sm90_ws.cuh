@@ -857,9 +857,10 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 //   original serial schedule (math(): issue, wait 0, decode scales in every thread, promote).
 //   Both give bitwise identical results. Measured alternatives: docs/notes/gemm.md.
 //   kConfigClusterMulticast: fast mode as 2-CTA clusters sharing the A tile by TMA multicast
-//   (-25% L2->SM bytes per FLOP; predicted, not yet measured: docs/notes/gemm.md "2-CTA
-//   multicast"). Bitwise identical results (same tiles, same chunk order). Off by default until
-//   measured; the environment variable MXMOE_GEMM_MULTICAST=1 (or 0) overrides it per call.
+//   (-25% L2->SM bytes per FLOP). Bitwise identical results (same tiles, same chunk order; GPU
+//   test passes). Measured in run 16: no faster (0.96-1.02x the default path, slower on the down
+//   projections), so L2->SM bandwidth is not what limits the kernel; off by default. The
+//   environment variable MXMOE_GEMM_MULTICAST=1 (or 0) overrides it per call.
 // To measure (docs/notes/gemm.md): kBlockN 192 for large N, epilogue overlapped with the next
 // tile's first chunk, multicast of both operands (2×2 clusters).
 constexpr int kConfigBlockN = 128;
