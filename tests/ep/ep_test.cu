@@ -475,9 +475,14 @@ int main() {
           disp += double(__builtin_popcountll(mask)) * double(L.data_bytes + L.scale_bytes);
         }
         disp += double(world - 1) * c.max_tokens * L.ids_bytes;
-        std::printf("[rank %d] dispatch %.3f ms = %.1f GB/s out of this rank; combine (+ local sum) %.3f ms = "
-                    "%.1f GB/s into this rank; P2P copy reference: 395 GB/s one way\n",
-                    rank, o.dispatch_ms, disp / (o.dispatch_ms * 1e6), o.combine_ms, comb / (o.combine_ms * 1e6));
+        if (world == 1) {  // nothing crosses NVLink: report the times only
+          std::printf("[rank 0] R = 1: dispatch %.3f ms, combine (+ local sum) %.3f ms (no remote bytes, no GB/s)\n",
+                      o.dispatch_ms, o.combine_ms);
+        } else {
+          std::printf("[rank %d] dispatch %.3f ms = %.1f GB/s out of this rank; combine (+ local sum) %.3f ms = "
+                      "%.1f GB/s into this rank; P2P copy reference: 395 GB/s one way\n",
+                      rank, o.dispatch_ms, disp / (o.dispatch_ms * 1e6), o.combine_ms, comb / (o.combine_ms * 1e6));
+        }
       }
     }
   } catch (const std::exception& e) {
