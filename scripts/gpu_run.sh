@@ -5,7 +5,8 @@
 # Files written (at most 8, so a remote run can bring them all back):
 #   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
 #   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant);
-#   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back)
+#   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back);
+#   MXMOE_EP=1 runs the expert-parallel test at R = #GPUs (if >= 2) and R = 1, printed inline.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}
@@ -42,6 +43,15 @@ for b in ${MXMOE_BENCHES:-bench_quant bench_gemm}; do run_bench $b; done
 if [ "${MXMOE_PYTHON:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # the PyTorch binding and its pytest suite
   timeout 900 ./scripts/python_test.sh "$OUT" > /dev/null 2>&1
   echo "python tests rc=$?"; tail -3 "$OUT/python_tests.log" 2>/dev/null
+fi
+if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test ]; then
+  # expert parallelism: R = every GPU of the machine (when 2 or more), then R = 1; printed inline
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  for r in $( [ "$ngpu" -ge 2 ] && echo "$ngpu" ) 1; do
+    NCCL_NVLS_ENABLE=0 MXMOE_EP_TIMEOUT=90 timeout 120 scripts/ep_launch.sh "$r" $BUILD/mxmoe_ep_test 2>&1 |
+      grep -E "PASS|FAIL|ERROR|GB/s|R = 1" | cut -c1-200
+    echo "EP R=$r rc=${PIPESTATUS[0]}"
+  done
 fi
 if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \

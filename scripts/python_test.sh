@@ -42,8 +42,8 @@ fi
 timeout_arg=()
 if $PY -c 'import pytest_timeout' 2>/dev/null; then timeout_arg=(-o timeout=300); fi  # per test
 # One pytest process per test file, so that a crash (e.g. a segfault in the extension) in one file
-# still lets the others run and report; a crashed file is rerun under gdb (when present) to log the
-# native backtrace.
+# still lets the others run and report; a crashed file is rerun with torch's fatal-signal handler,
+# which logs the native stack of every thread (how run 20 found the static-libstdc++ crash).
 rc=0
 : > "$OUT/python_tests.log"
 deadline=$(( $(date +%s) + ${MXMOE_PYTEST_TIMEOUT:-900} ))
@@ -56,10 +56,11 @@ for f in python/tests/test_*.py; do
   frc=$?
   echo "$f: pytest rc=$frc" | tee -a "$OUT/python_tests.log"
   [ $frc -eq 0 ] || [ $frc -eq 5 ] || rc=1   # 5: every test deselected/skipped by -k
-  if [ $frc -ge 128 ] && command -v gdb >/dev/null; then
-    echo "--- native backtrace of the crash in $f" >> "$OUT/python_tests.log"
-    timeout 300 gdb -q -batch -ex run -ex bt --args $PY -m pytest "$f" -p no:cacheprovider -x -q \
-      >> "$OUT/python_tests.log" 2>&1
+  if [ $frc -ge 128 ]; then
+    echo "--- native stacks of the crash in $f" >> "$OUT/python_tests.log"
+    timeout 300 $PY -c 'import sys, torch, pytest
+torch._C._set_print_stack_traces_on_fatal_signal(True)
+sys.exit(pytest.main([sys.argv[1], "-p", "no:cacheprovider", "-x", "-q"]))' "$f" >> "$OUT/python_tests.log" 2>&1
   fi
 done
 grep -E "(PASSED|FAILED|ERROR|SKIPPED)( |$)" "$OUT/python_tests.log" | grep -E "^python/tests" | awk '{print $2}' | sort | uniq -c
