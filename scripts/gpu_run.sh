@@ -6,7 +6,8 @@
 #   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
 #   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant);
 #   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back);
-#   MXMOE_EP=1 runs the expert-parallel test at R = #GPUs (if >= 2) and R = 1, printed inline.
+#   MXMOE_EP=1 runs the expert-parallel test at R = #GPUs (if >= 2) and R = 1, printed inline;
+#   MXMOE_NCU_GEMM=1 writes ncu_gemm.txt (stall reasons of the fast GEMM, DSV3 gate-up).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}
@@ -57,6 +58,16 @@ if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters o
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
      --section WarpStateStats --section Occupancy -k regex:quantize_mxfp8 python3 profile_quant.py) > "$OUT/ncu_quant.txt" 2>&1
   echo "ncu rc=$?"
+fi
+if [ "${MXMOE_NCU_GEMM:-0}" = 1 ] && [ $build_rc -eq 0 ]; then
+  # Why the fast GEMM idles (run 13: tensor pipe 49%; run 16: not L2): stall reasons, pipe and
+  # shared-memory utilisation of the first two launches on DeepSeek-V3 EP8 gate-up (fast mode).
+  timeout 300 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+    -k regex:grouped_gemm_mxfp8 -c 2 python3 bench/bench_gemm.py --quick --shapes "DSV3-EP8 gate-up" --reps 1 \
+    > "$OUT/ncu_gemm.txt" 2>&1
+  echo "ncu gemm rc=$?"
+  grep -E "Stall|stall|Tensor|Shared|Issue|Eligible|Throughput" "$OUT/ncu_gemm.txt" | head -40
 fi
 python3 - "$OUT" "$build_rc" "$tests_rc" <<'PY'
 import json, re, sys, os
