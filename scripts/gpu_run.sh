@@ -64,10 +64,12 @@ if [ "${MXMOE_NCU_GEMM:-0}" = 1 ] && [ $build_rc -eq 0 ]; then
   # shared-memory utilisation of the first two launches on DeepSeek-V3 EP8 gate-up (fast mode).
   timeout 300 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-    -k regex:grouped_gemm_mxfp8 -c 2 python3 bench/bench_gemm.py --quick --shapes "DSV3-EP8 gate-up" --reps 1 \
-    > "$OUT/ncu_gemm.txt" 2>&1
+    --page raw -k regex:grouped_gemm_mxfp8 -c 2 python3 bench/bench_gemm.py --quick --shapes "DSV3-EP8 gate-up" \
+    --reps 1 > "$OUT/ncu_gemm.txt" 2>&1
   echo "ncu gemm rc=$?"
-  grep -E "Stall|stall|Tensor|Shared|Issue|Eligible|Throughput" "$OUT/ncu_gemm.txt" | head -40
+  # raw page: every metric the sections collected; the stall reasons are the *issue_stalled* ones
+  grep -E "issue_stalled|pipe_tensor|data_pipe_lsu_wavefronts_mem_shared|issue_active|throughput.avg.pct" \
+    "$OUT/ncu_gemm.txt" | sort -k3 -g -r | head -40
 fi
 python3 - "$OUT" "$build_rc" "$tests_rc" <<'PY'
 import json, re, sys, os
