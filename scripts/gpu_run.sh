@@ -53,6 +53,9 @@ if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test 
       grep -E "PASS|FAIL|ERROR|GB/s|R = 1" | cut -c1-200
     echo "EP R=$r rc=${PIPESTATUS[0]}"
   done
+  if [ "$ngpu" -ge 2 ]; then  # the torch.distributed all_to_all baseline on the same bytes (issue 7)
+    NCCL_NVLS_ENABLE=0 timeout 180 python3 bench/bench_ep_a2a.py --world "$ngpu" 2>&1 | grep -E "GB/s|rror" | cut -c1-200
+  fi
 fi
 if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
