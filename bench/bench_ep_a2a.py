@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -57,7 +58,6 @@ def timed(fn, reps, device):
             b.synchronize()
             times.append(a.elapsed_time(b))
         else:
-            import time
             dist.barrier()
             t0 = time.perf_counter()
             fn()

@@ -20,8 +20,7 @@ def require_gpu():
 
 def load_lib(path=None):
     # MXMOE_BUILD_DIR: the build folder (scripts/bench.sh passes its own); default ROOT/build.
-    build = os.environ.get("MXMOE_BUILD_DIR", "build")
-    path = path or os.path.join(ROOT if not os.path.isabs(build) else "", build, "libmxmoe_c.so")
+    path = path or os.path.join(ROOT, os.environ.get("MXMOE_BUILD_DIR", "build"), "libmxmoe_c.so")
     lib = ctypes.CDLL(path)
     lib.mxmoe_last_error.restype = ctypes.c_char_p
     # Declare every signature: without argtypes ctypes passes Python ints as 32-bit C ints.

@@ -66,17 +66,16 @@ namespace mxmoe {
 
 namespace {
 
-// moe_combine_backward and its _scales form: the same kernel, writing dy or row_w.
+// moe_combine_backward and its _scales form: the same kernel, writing dy (to_dy) or row_w.
 void combine_backward_impl(const char* fn, const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows,
                            int64_t cols, const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
-                           const float* w, int64_t tokens, int top_k, __nv_bfloat16* dy, float* row_w, float* dw,
-                           cudaStream_t stream) {
+                           const float* w, int64_t tokens, int top_k, bool to_dy, __nv_bfloat16* dy, float* row_w,
+                           float* dw, cudaStream_t stream) {
   if (rows < 0) detail::throw_arg(fn, "rows", detail::to_str(rows), "must be >= 0");
   if (cols <= 0 || cols % 8 != 0) detail::throw_arg(fn, "cols", detail::to_str(cols), "must be a positive multiple of 8");
   if (tokens < 0) detail::throw_arg(fn, "tokens", detail::to_str(tokens), "must be >= 0");
   if (top_k < 1 || top_k > 32) detail::throw_arg(fn, "top_k", detail::to_str(top_k), "must be in [1, 32]");
   if (tokens == 0 || rows == 0) return;
-  const bool to_dy = dy != nullptr;  // else row_w
   const struct { const char* n; const void* p; uintptr_t a; } ptrs[] = {
       {"dout", dout, 16}, {"y", y, 16}, {"row_index", row_index, 4}, {"row_of", row_of, 4}, {"w", w, 4},
       {to_dy ? "dy" : "row_w", to_dy ? static_cast<const void*>(dy) : row_w, to_dy ? 16u : 4u}, {"dw", dw, 4}};
@@ -95,18 +94,16 @@ void combine_backward_impl(const char* fn, const __nv_bfloat16* dout, const __nv
 void moe_combine_backward(const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows, int64_t cols,
                           const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of, const float* w,
                           int64_t tokens, int top_k, __nv_bfloat16* dy, float* dw, cudaStream_t stream) {
-  if (dy == nullptr && tokens > 0 && rows > 0) detail::check_not_null("moe_combine_backward", "dy", dy);
   combine_backward_impl("moe_combine_backward", dout, y, rows, cols, rows_used, row_index, row_of, w, tokens, top_k,
-                        dy, nullptr, dw, stream);
+                        true, dy, nullptr, dw, stream);
 }
 
 void moe_combine_backward_scales(const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows, int64_t cols,
                                  const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
                                  const float* w, int64_t tokens, int top_k, float* row_w, float* dw,
                                  cudaStream_t stream) {
-  if (row_w == nullptr && tokens > 0 && rows > 0) detail::check_not_null("moe_combine_backward_scales", "row_w", row_w);
   combine_backward_impl("moe_combine_backward_scales", dout, y, rows, cols, rows_used, row_index, row_of, w, tokens,
-                        top_k, nullptr, row_w, dw, stream);
+                        top_k, false, nullptr, row_w, dw, stream);
 }
 
 void moe_swiglu_backward(const __nv_bfloat16* gu, const __nv_bfloat16* dh, int64_t rows, int64_t inter,

@@ -1,8 +1,6 @@
 // Host entry of the routing plan: argument checks before any CUDA call, then the launch.
 #include "mxmoe/moe_plan.h"
 
-#include <string>
-
 #include "host/check.h"
 #include "kernels/layer/moe_plan_launch.h"
 
@@ -36,13 +34,14 @@ void moe_plan(const int32_t* ids, int64_t tokens, int top_k, int num_experts, in
   check_aligned(fn, "workspace", workspace, 4);
   if (workspace_bytes < ws_need)
     throw_arg(fn, "workspace_bytes", to_str(workspace_bytes), "must be at least moe_plan_workspace_bytes() = " + to_str(ws_need));
-  const struct { const char* name; const void* p; } outs[] = {
-      {"plan.counts", plan.counts}, {"plan.offsets", plan.offsets}, {"plan.padded_offsets", plan.padded_offsets},
-      {"plan.row_of", plan.row_of}, {"plan.row_index", plan.row_index}};
+  // row_of has tokens·top_k entries: with no tokens there is nothing to point at (an empty
+  // tensor's data pointer may be null). Every other output always has entries.
+  const struct { const char* name; const void* p; bool has_entries; } outs[] = {
+      {"plan.counts", plan.counts, true},        {"plan.offsets", plan.offsets, true},
+      {"plan.padded_offsets", plan.padded_offsets, true}, {"plan.row_of", plan.row_of, tokens > 0},
+      {"plan.row_index", plan.row_index, true}};
   for (const auto& o : outs) {
-    // row_of has tokens·top_k entries: with no tokens there is nothing to point at (an empty
-    // tensor's data pointer may be null). Every other output always has entries.
-    if (tokens > 0 || std::string(o.name) != "plan.row_of") check_not_null(fn, o.name, o.p);
+    if (o.has_entries) check_not_null(fn, o.name, o.p);
     check_aligned(fn, o.name, o.p, 4);
   }
   detail::launch_moe_plan(ids, tokens, top_k, num_experts, capacity, static_cast<int32_t*>(workspace), plan, stream);

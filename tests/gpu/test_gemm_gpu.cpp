@@ -62,21 +62,45 @@ constexpr double kTcFracBits = 13;  // F in the derivation above
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// One m-grouped problem, quantized on the host, uploaded in both forms.
-struct Problem {
-  int E = 1;
-  int64_t n = 0, k = 0, m_total = 0;
-  std::vector<int> counts;        // true rows per expert
-  std::vector<int32_t> offsets;   // padded, [E+1]
-  std::vector<uint16_t> a_bf16, b_bf16;  // the unquantized inputs (pad rows of A are zero)
-  ref::MxMatrix qa, qb;           // qb: [E·N, K]
-  ref::FastMatrix fa, fb;         // fb.scales rearranged to [E, ceil(K/128), N]
+// The two quantized operands (each in both forms) and the expert offsets, on the device.
+struct DeviceOperands {
   std::unique_ptr<DevBuf<uint8_t>> a_data, a_scales, a_fdata, a_fscales, b_data, b_scales,
       b_fdata, b_fscales;
   std::unique_ptr<DevBuf<int32_t>> d_offsets;
 
   MxOperand a_op() const { return {a_data->p, a_scales->p, a_fdata->p, a_fscales->p}; }
   MxOperand b_op() const { return {b_data->p, b_scales->p, b_fdata->p, b_fscales->p}; }
+
+  // b_fast_scales: B's fast scales in the layout the GEMM reads (may differ from fb.scales).
+  void upload(const ref::MxMatrix& qa, const ref::FastMatrix& fa, const ref::MxMatrix& qb,
+              const ref::FastMatrix& fb, const std::vector<uint8_t>& b_fast_scales,
+              const std::vector<int32_t>& offsets) {
+    auto up = [](std::unique_ptr<DevBuf<uint8_t>>& d, const std::vector<uint8_t>& h) {
+      d = std::make_unique<DevBuf<uint8_t>>(h.size());
+      d->upload(h);
+    };
+    up(a_data, qa.data);
+    up(a_scales, qa.scales);
+    up(a_fdata, fa.data);
+    up(a_fscales, fa.scales);
+    up(b_data, qb.data);
+    up(b_scales, qb.scales);
+    up(b_fdata, fb.data);
+    up(b_fscales, b_fast_scales);
+    d_offsets = std::make_unique<DevBuf<int32_t>>(offsets.size());
+    d_offsets->upload(offsets);
+  }
+};
+
+// One m-grouped problem, quantized on the host, uploaded in both forms.
+struct Problem : DeviceOperands {
+  int E = 1;
+  int64_t n = 0, k = 0, m_total = 0;
+  std::vector<int> counts;        // true rows per expert
+  std::vector<int32_t> offsets;   // padded, [E+1]
+  std::vector<uint16_t> a_bf16, b_bf16;  // the unquantized inputs (pad rows of A are zero)
+  ref::MxMatrix qa, qb;           // qb: [E·N, K]
+  ref::FastMatrix fa, fb;         // on the device, fb.scales rearranged to [E, ceil(K/128), N]
 };
 
 void build(Problem& P, int E, int64_t n, int64_t k, const std::vector<int>& counts, Dist dist,
@@ -110,20 +134,7 @@ void build(Problem& P, int E, int64_t n, int64_t k, const std::vector<int>& coun
       for (int64_t j = 0; j < n; ++j)
         fbs[size_t((e * kc + c) * n + j)] = P.fb.scales[size_t(c * E * n + e * n + j)];
 
-  auto up = [](std::unique_ptr<DevBuf<uint8_t>>& d, const std::vector<uint8_t>& h) {
-    d = std::make_unique<DevBuf<uint8_t>>(h.size());
-    d->upload(h);
-  };
-  up(P.a_data, P.qa.data);
-  up(P.a_scales, P.qa.scales);
-  up(P.a_fdata, P.fa.data);
-  up(P.a_fscales, P.fa.scales);
-  up(P.b_data, P.qb.data);
-  up(P.b_scales, P.qb.scales);
-  up(P.b_fdata, P.fb.data);
-  up(P.b_fscales, fbs);
-  P.d_offsets = std::make_unique<DevBuf<int32_t>>(P.offsets.size());
-  P.d_offsets->upload(P.offsets);
+  P.upload(P.qa, P.fa, P.qb, P.fb, fbs, P.offsets);
 }
 
 // One output element: s = Σ_i x[i]·y[i] in FP64 and the bound of the derivation at the top for a
@@ -419,18 +430,13 @@ TEST_F(GemmGpu, FastModeAccuracyMatchesExact) {
 
 // ---- k-grouped (wgrad) -------------------------------------------------------------------------
 // dW[e] = Σ_{t in segment e} dY[t]ᵀ X[t]; operands column-wise quantized on the CPU.
-struct KProblem {
+struct KProblem : DeviceOperands {
   int E = 1;
   int64_t n = 0, k = 0, m_total = 0;
   std::vector<int> counts;
   std::vector<int32_t> offsets;
   ref::MxMatrix qa, qb;    // dYᵀ [N, M_total], Xᵀ [K, M_total]
   ref::FastMatrix fa, fb;  // scales [M_total/128, N|K]
-  std::unique_ptr<DevBuf<uint8_t>> a_data, a_scales, a_fdata, a_fscales, b_data, b_scales,
-      b_fdata, b_fscales;
-  std::unique_ptr<DevBuf<int32_t>> d_offsets;
-  MxOperand a_op() const { return {a_data->p, a_scales->p, a_fdata->p, a_fscales->p}; }
-  MxOperand b_op() const { return {b_data->p, b_scales->p, b_fdata->p, b_fscales->p}; }
 };
 
 void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& counts, Dist dist,
@@ -452,20 +458,7 @@ void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& c
   P.qb = ref::quantize_cols(x.data(), P.m_total, k, ScaleMode::kRceil);
   P.fa = ref::rebase_fast(P.qa);
   P.fb = ref::rebase_fast(P.qb);
-  auto up = [](std::unique_ptr<DevBuf<uint8_t>>& d, const std::vector<uint8_t>& h) {
-    d = std::make_unique<DevBuf<uint8_t>>(h.size());
-    d->upload(h);
-  };
-  up(P.a_data, P.qa.data);
-  up(P.a_scales, P.qa.scales);
-  up(P.a_fdata, P.fa.data);
-  up(P.a_fscales, P.fa.scales);
-  up(P.b_data, P.qb.data);
-  up(P.b_scales, P.qb.scales);
-  up(P.b_fdata, P.fb.data);
-  up(P.b_fscales, P.fb.scales);
-  P.d_offsets = std::make_unique<DevBuf<int32_t>>(P.offsets.size());
-  P.d_offsets->upload(P.offsets);
+  P.upload(P.qa, P.fa, P.qb, P.fb, P.fb.scales, P.offsets);
 }
 
 void k_reference_with_bound(const std::vector<double>& da, const std::vector<double>& db,

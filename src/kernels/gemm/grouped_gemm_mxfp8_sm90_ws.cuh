@@ -58,7 +58,6 @@
 // Tests: tests/gpu/test_gemm_gpu.cpp, tests/cpu/test_gemm_ref.cpp. Bench: bench/bench_gemm.py.
 #pragma once
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -880,33 +879,39 @@ inline bool use_cluster_multicast(bool exact) {
 // Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
 inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kBlockM; }
 
+// Launch configuration of 2-CTA clusters along x. It points at its own attribute, so it is neither
+// copied nor moved: build it where it is used.
+struct PairClusterLaunch {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg{};
+  PairClusterLaunch(unsigned grid, int smem, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kNumThreads);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  PairClusterLaunch(const PairClusterLaunch&) = delete;
+  PairClusterLaunch& operator=(const PairClusterLaunch&) = delete;
+};
+
 // Clusters of `kernel` (2 CTAs of `smem` bytes) that fit on the device at once, cached per device
 // (a GPC's SM count may be odd, so this can be below #SMs / 2).
 template <auto kernel>
 int max_active_pairs(const char* fn, int smem) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int device = 0;
-  MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));
-  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) > 0)
-    return cached[device].load(std::memory_order_relaxed);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(kNumThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  if (clusters < 1)
-    throw CudaError(std::string("mxmoe::") + fn + ": no 2-CTA cluster of the GEMM kernel fits");
-  if (device < kMaxDevices) cached[device].store(clusters, std::memory_order_relaxed);
-  return clusters;
+  return detail::once_per_device<kernel, detail::MaxResidentTag>(fn, [&](int) {
+    const PairClusterLaunch l(2, smem, nullptr);
+    int clusters = 0;
+    MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveClusters(&clusters, kernel, &l.cfg));
+    if (clusters < 1)
+      throw CudaError(std::string("mxmoe::") + fn + ": no 2-CTA cluster of the GEMM kernel fits");
+    return clusters;
+  });
 }
 
 template <bool kExact, bool kOutF32, bool kKGrouped>
@@ -922,19 +927,8 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
       detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
       // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
       const int pairs = std::max(1, std::min(grid / 2, max_active_pairs<kernel>(fn, L::kAlloc)));
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(2 * pairs));
-      cfg.blockDim = dim3(kNumThreads);
-      cfg.dynamicSmemBytes = size_t(L::kAlloc);
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 2;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_sa, tm_sb, p));
+      const PairClusterLaunch l(unsigned(2 * pairs), L::kAlloc, stream);
+      MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&l.cfg, kernel, tm_a, tm_b, tm_sa, tm_sb, p));
       MXMOE_CHECK_LAUNCH(fn);
       return;
     }

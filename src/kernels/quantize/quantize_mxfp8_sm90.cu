@@ -405,15 +405,14 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
   constexpr auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kMap>;
   constexpr int kSmem = kSmemBytes;
   detail::set_smem_limit_once<kernel>("quantize_mxfp8", kSmem);
-  static int ctas_per_sm = 0, sms = 0;  // per instantiation, looked up once (one GPU model per process)
-  if (ctas_per_sm == 0) {
-    int dev = 0;
-    MXMOE_CUDA_CHECK("quantize_mxfp8", cudaGetDevice(&dev));
+  // Persistent grid: every CTA that fits on the device at once.
+  const int resident = detail::once_per_device<kernel, detail::MaxResidentTag>("quantize_mxfp8", [](int dev) {
+    int sms = 0, ctas_per_sm = 0;
     MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     MXMOE_CUDA_CHECK("quantize_mxfp8",
                      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kThreads, kSmem));
-    if (ctas_per_sm < 1) ctas_per_sm = 1;
-  }
+    return sms * std::max(1, ctas_per_sm);
+  });
   TileGrid g;
   g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
   g.tiles_c = int32_t((p.cols + kTileCols - 1) / kTileCols);
@@ -422,7 +421,7 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
   g.per_batch = FastDivmod(uint32_t(g.tiles_r * g.tiles_c));
   g.per_group = FastDivmod(uint32_t(kGroupRowTiles * g.tiles_c));
   g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % kGroupRowTiles)));
-  const int64_t grid = std::min<int64_t>(g.num_tiles, int64_t(sms) * ctas_per_sm);
+  const int64_t grid = std::min<int64_t>(g.num_tiles, resident);
   kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, g);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
