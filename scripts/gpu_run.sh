@@ -4,9 +4,11 @@
 #   scripts/gpu_run.sh OUT [--quick]
 # Files written (at most 8, so a remote run can bring them all back):
 #   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
-#   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant);
+#   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant),
+#   ncu_quant_run.log and ncu_quant_src.csv.gz (stall samples per SASS instruction);
 #   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back);
 #   MXMOE_EP=1 runs the expert-parallel test at R = #GPUs (if >= 2) and R = 1, printed inline;
+#   MXMOE_CTEST_REGEX=re runs only the tests whose names match (ctest -R);
 #   MXMOE_NCU_GEMM=1 writes ncu_gemm.txt (stall reasons of the fast GEMM, DSV3 gate-up).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +26,7 @@ build_rc=$?
 echo "build rc=$build_rc in $(( $(date +%s) - start )) s"
 tests_rc=-1
 if [ $build_rc -eq 0 ]; then
-  (cd $BUILD && timeout ${MXMOE_TESTS_TIMEOUT:-420} ctest --output-on-failure -j1 --timeout 90) > "$OUT/tests.log" 2>&1
+  (cd $BUILD && timeout ${MXMOE_TESTS_TIMEOUT:-420} ctest --output-on-failure -j1 --timeout 90 ${MXMOE_CTEST_REGEX:+-R "$MXMOE_CTEST_REGEX"}) > "$OUT/tests.log" 2>&1
   tests_rc=$?
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -20
   # What failed, inline (the log itself may not come back from a remote run)
@@ -59,8 +61,13 @@ if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test 
 fi
 if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-     --section WarpStateStats --section Occupancy -k regex:quantize_mxfp8 python3 profile_quant.py) > "$OUT/ncu_quant.txt" 2>&1
+     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats --section Occupancy \
+     --section SourceCounters -k regex:quantize_mxfp8 -f -o /tmp/ncu_quant python3 profile_quant.py) > "$OUT/ncu_quant_run.log" 2>&1
   echo "ncu rc=$?"
+  ncu -i /tmp/ncu_quant.ncu-rep --page details > "$OUT/ncu_quant.txt" 2>&1
+  # per-SASS-instruction stall samples of every profiled launch (parsed off-line)
+  ncu -i /tmp/ncu_quant.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_quant_src.csv.gz"
+  grep -E "^  [a-z_]+quantize|Duration|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|Eligible Warps" "$OUT/ncu_quant.txt" | head -40
 fi
 if [ "${MXMOE_NCU_GEMM:-0}" = 1 ] && [ $build_rc -eq 0 ]; then
   # Why the fast GEMM idles (run 13: tensor pipe 49%; run 16: not L2): stall reasons, pipe and
