@@ -4,9 +4,13 @@ device-to-device copy bandwidth, all measured in this process and run.
 Each line: kernel, shape, time (us, median), GB/s (bytes read + written, scales included),
 % of the measured copy bandwidth, the plain-PyTorch time for the same outputs and the speed-up,
 and whether mxmoe's timed output matched the PyTorch output bit for bit.
+For the plain MX copies (no fast form) the default kernel is the staged one (outputs leave
+through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
+(MXMOE_QUANT_STAGED=0, which also writes the fast form) on the same data, in the same run.
 Usage: python3 bench/bench_quant.py [--json out.json] [--quick]
 """
 import argparse
+import os
 import sys
 
 import torch
@@ -114,6 +118,23 @@ def compare(mx, ref):
     return bad
 
 
+def timed_variant(timer, run, mx, ref, staged_env):
+    """Time `run` with MXMOE_QUANT_STAGED=staged_env (None: unset, the default kernel), then check
+    its outputs against the baseline's. Outputs are poisoned first so that a kernel that writes
+    nothing cannot pass on a previous kernel's bytes."""
+    for t in (mx.row or []) + (mx.col or []):
+        t.fill_(0xA5)
+    if staged_env is None:
+        os.environ.pop("MXMOE_QUANT_STAGED", None)
+    else:
+        os.environ["MXMOE_QUANT_STAGED"] = staged_env
+    try:
+        us = timer(run)
+    finally:
+        os.environ.pop("MXMOE_QUANT_STAGED", None)
+    return us, compare(mx, ref)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -143,17 +164,24 @@ def main():
         def run():
             check(lib, lib.mxmoe_quantize_mxfp8(ptr(x), b, r, c, *a, RCEIL, None))
 
-        us = timer(run)
         ref = torch_quant(x, row, col, fast)
-        bad = compare(mx, ref)
+        us_reg = None
+        if not fast:  # the register-store kernel on the same data, output checked too
+            us_reg, bad_reg = timed_variant(timer, run, mx, ref, "0")
+        us, bad = timed_variant(timer, run, mx, ref, None)
+        if us_reg is not None:
+            bad += bad_reg
         t_us = timer(lambda: torch_quant(x, row, col, fast))
         nbytes = x.numel() * 2 + mx.nbytes()
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{b}x{r}x{c}" if b > 1 else f"{r}x{c}"
+        reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs if us_reg else None
         row_out = {"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
+                   "reg_store_us": us_reg, "reg_store_pct_copy": reg_pct,
                    "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad}
         results["rows"].append(row_out)
-        table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{t_us:.1f}",
+        table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%",
+                      f"{reg_pct:.1f}%" if reg_pct else "-", f"{t_us:.1f}",
                       f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
         del x, mx, ref
         torch.cuda.empty_cache()
@@ -179,7 +207,11 @@ def main():
     for name, row, col in [("grouped colwise", False, True), ("grouped row+col", True, True)]:
         mx = MxOutputs(1, cap, C, row, col, False)
         a = mx.args()
-        us = timer(lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None)))
+        run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None))
+        os.environ["MXMOE_QUANT_STAGED"] = "0"
+        us_reg = timer(run)
+        del os.environ["MXMOE_QUANT_STAGED"]
+        us = timer(run)
         # baseline: gather into the padded layout with index ops, then quantize
         idx = torch.cat([torch.arange(int(offs[e]), int(offs[e + 1])) for e in range(E)])
         dst = torch.cat([torch.arange(int(padded[e]), int(padded[e]) + int(counts[e])) for e in range(E)])
@@ -201,13 +233,15 @@ def main():
         nbytes = T * C * 2 + used * C * (int(row) + int(col)) * (1 + 1 / 32)
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{T}x{C} E={E} skewed"
+        reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs
         results["rows"].append({"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
+                                "reg_store_us": us_reg, "reg_store_pct_copy": reg_pct,
                                 "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad})
-        table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{t_us:.1f}",
-                      f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+        table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{reg_pct:.1f}%",
+                      f"{t_us:.1f}", f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
 
     print_table(f"MXFP8 quantization (RCEIL), copy ceiling {copy_gbs:.0f} GB/s; baseline: plain PyTorch, same run",
-                ["kernel", "shape", "us", "GB/s", "% copy", "torch us", "x torch", "output check"], table)
+                ["kernel", "shape", "us", "GB/s", "% copy", "reg-store % copy", "torch us", "x torch", "output check"], table)
     write_json(args.json, results)
     if any(r["mismatched_bytes"] for r in results["rows"]):
         print("ERROR: mxmoe output differs from the PyTorch baseline", file=sys.stderr)

@@ -2,10 +2,14 @@
 // distributions (both scale modes, row counts that are not multiples of 128, K = 2880), batched
 // weights, expert-grouped inputs with empty and overloaded groups, NaN/Inf policy, determinism.
 // Outputs are poisoned before each launch so an unwritten byte fails the comparison.
+// Two kernels write the plain MX copies: the staged one (default; TMA stores) when no fast form is
+// asked for, the register-store one otherwise (or with MXMOE_QUANT_STAGED=0). Every case that asks
+// for the fast form is also run without it, so that both kernels see every input.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include "common/gpu_test_util.h"
@@ -71,8 +75,8 @@ struct DenseCase {
   bool plain = true;  // false: fast form only (data and scales null)
 };
 
-void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
-  SCOPED_TRACE(label + " batch=" + std::to_string(c.batch) + " rows=" + std::to_string(c.rows) +
+void run_dense_once(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
+  SCOPED_TRACE(label + (c.fast ? " (with fast form)" : "") + " batch=" + std::to_string(c.batch) + " rows=" + std::to_string(c.rows) +
                " cols=" + std::to_string(c.cols) + " mode=" + (mode == ScaleMode::kRceil ? "rceil" : "floor"));
   DevBuf<uint16_t> dx(x.size());
   dx.upload(x);
@@ -87,6 +91,22 @@ void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& 
     if (c.col) expect_copy("colwise", cw, c.fast, b, ref::quantize_cols(xb, c.rows, c.cols, mode), c.plain);
   }
 }
+
+// The case as given, and without its fast form when it has one (the other kernel).
+void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
+  run_dense_once(c, mode, x, label);
+  if (c.fast && c.plain) {
+    DenseCase plain_only = c;
+    plain_only.fast = false;
+    run_dense_once(plain_only, mode, x, label);
+  }
+}
+
+// Sets MXMOE_QUANT_STAGED for the scope (the quantizer reads it on every call).
+struct StagedEnv {
+  explicit StagedEnv(const char* v) { setenv("MXMOE_QUANT_STAGED", v, 1); }
+  ~StagedEnv() { unsetenv("MXMOE_QUANT_STAGED"); }
+};
 
 }  // namespace
 
@@ -169,7 +189,8 @@ TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
 
 namespace {
 
-void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, std::mt19937& rng) {
+void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, bool fast,
+                      std::mt19937& rng) {
   const int G = int(counts.size());
   std::vector<int32_t> offs(G + 1, 0), padded(G + 1, 0);
   for (int g = 0; g < G; ++g) {
@@ -178,7 +199,7 @@ void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra
   }
   const int64_t x_rows = offs[G], used = padded[G];
   const int64_t out_rows = std::max<int64_t>(128, used + extra_rows);
-  SCOPED_TRACE("groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
+  SCOPED_TRACE(std::string(fast ? "with fast form, " : "") + "groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
                " padded=" + std::to_string(used) + " cols=" + std::to_string(cols));
   auto x = random_bf16(std::max<int64_t>(x_rows, 1), cols, Dist::kGaussian, rng);
   DevBuf<uint16_t> dx(x.size());
@@ -189,8 +210,8 @@ void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_EQ(dpadded.download(), padded);
 
-  CopyBufs rw(1, out_rows, cols, true), cw(1, cols, out_rows, true);
-  const MxOut ro = rw.out(true), co = cw.out(true);
+  CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
+  const MxOut ro = rw.out(fast), co = cw.out(fast);
   quantize_mxfp8_grouped(reinterpret_cast<const __nv_bfloat16*>(dx.p), x_rows, cols, doffs.p, dpadded.p, G,
                          out_rows, &ro, &co);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -202,24 +223,25 @@ void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra
       std::copy_n(&x[size_t((offs[g] + j) * cols)], cols, &xp[size_t((padded[g] + j) * cols)]);
   if (used > 0) {
     const auto rref = ref::quantize_rows(xp.data(), used, cols, ScaleMode::kRceil);
-    const auto rfast = ref::rebase_fast(rref);
-    const auto d = rw.data.download(), s = rw.scales.download(), fd = rw.fast_data.download(),
-               fs = rw.fast_scales.download();
+    const auto d = rw.data.download(), s = rw.scales.download();
     EXPECT_TRUE(bytes_equal("grouped rowwise data", d.data(), cols, rref.data.data(), cols, used, cols));
     EXPECT_TRUE(bytes_equal("grouped rowwise scales", s.data(), cols / 32, rref.scales.data(), cols / 32, used, cols / 32));
-    EXPECT_TRUE(bytes_equal("grouped rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
-    EXPECT_TRUE(bytes_equal("grouped rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used,
-                            cdiv(cols, 128), used));
     const auto cref = ref::quantize_cols(xp.data(), used, cols, ScaleMode::kRceil);
-    const auto cfast = ref::rebase_fast(cref);
-    const auto cd = cw.data.download(), cs = cw.scales.download(), cfd = cw.fast_data.download(),
-               cfs = cw.fast_scales.download();
+    const auto cd = cw.data.download(), cs = cw.scales.download();
     EXPECT_TRUE(bytes_equal("grouped colwise data", cd.data(), out_rows, cref.data.data(), used, cols, used));
     EXPECT_TRUE(bytes_equal("grouped colwise scales", cs.data(), out_rows / 32, cref.scales.data(), used / 32,
                             cols, used / 32));
-    EXPECT_TRUE(bytes_equal("grouped colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
-    EXPECT_TRUE(bytes_equal("grouped colwise fast_scales", cfs.data(), cols, cfast.scales.data(), cols,
-                            used / 128, cols));
+    if (fast) {
+      const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
+      const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download();
+      EXPECT_TRUE(bytes_equal("grouped rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
+      EXPECT_TRUE(bytes_equal("grouped rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used,
+                              cdiv(cols, 128), used));
+      const auto cfd = cw.fast_data.download(), cfs = cw.fast_scales.download();
+      EXPECT_TRUE(bytes_equal("grouped colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
+      EXPECT_TRUE(bytes_equal("grouped colwise fast_scales", cfs.data(), cols, cfast.scales.data(), cols,
+                              used / 128, cols));
+    }
   }
   // Nothing at or beyond padded[G] is written: the poison must survive.
   const std::vector<uint8_t> poison_row(size_t(cols), 0xA5);
@@ -230,6 +252,11 @@ void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t r = used; r < out_rows; ++r)
       ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written";
+}
+
+void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, std::mt19937& rng) {
+  run_grouped_once(counts, cols, extra_rows, true, rng);
+  run_grouped_once(counts, cols, extra_rows, false, rng);
 }
 
 }  // namespace
@@ -251,9 +278,12 @@ namespace {
 // scaled: quantize_mxfp8_gather_scaled with a per-row scale (random magnitudes, signs, zeros,
 // powers of two, and a few large enough to overflow BF16 to Inf); the reference applies
 // bf16_rn(scale · x) on the host first.
-void run_gather(bool scaled, std::mt19937& rng) {
-  SCOPED_TRACE(scaled ? "gather_scaled" : "gather");
-  const int64_t x_rows = 1000, cols = 2880, out_rows = 1536, used = 1280;
+// used: rows at and past it are not written (1248: the last tile is cut, which the staged kernel
+// copies out by hand instead of by a TMA store).
+void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(scaled ? "gather_scaled" : "gather") + (fast ? " with fast form" : "") +
+               " used=" + std::to_string(used));
+  const int64_t x_rows = 1000, cols = 2880, out_rows = 1536;
   auto x = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
   // Output row r: a random token, a pad (-1), or an out-of-range index (reads as a zero row).
   std::vector<int32_t> idx(static_cast<size_t>(out_rows), 0);
@@ -275,8 +305,8 @@ void run_gather(bool scaled, std::mt19937& rng) {
   for (int64_t r = used; r < out_rows; ++r) scale[size_t(r)] = std::nanf("");  // never read
   DevBuf<float> dscale(scale.size());
   dscale.upload(scale);
-  CopyBufs rw(1, out_rows, cols, true), cw(1, cols, out_rows, true);
-  const MxOut ro = rw.out(true), co = cw.out(true);
+  CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
+  const MxOut ro = rw.out(fast), co = cw.out(fast);
   const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dx.p);
   if (scaled) quantize_mxfp8_gather_scaled(xp, x_rows, cols, didx.p, dscale.p, out_rows, dused.p, &ro, &co);
   else quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, &ro, &co);
@@ -289,20 +319,25 @@ void run_gather(bool scaled, std::mt19937& rng) {
         xg[size_t(r * cols + c)] = scaled ? ref::float_to_bf16(scale[size_t(r)] * ref::bf16_to_float(v)) : v;
       }
   const auto rref = ref::quantize_rows(xg.data(), used, cols, ScaleMode::kRceil);
-  const auto rfast = ref::rebase_fast(rref);
-  const auto d = rw.data.download(), sc = rw.scales.download(), fd = rw.fast_data.download(), fs = rw.fast_scales.download();
+  const auto d = rw.data.download(), sc = rw.scales.download();
   EXPECT_TRUE(bytes_equal("gather rowwise data", d.data(), cols, rref.data.data(), cols, used, cols));
   EXPECT_TRUE(bytes_equal("gather rowwise scales", sc.data(), cols / 32, rref.scales.data(), cols / 32, used, cols / 32));
-  EXPECT_TRUE(bytes_equal("gather rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
-  EXPECT_TRUE(bytes_equal("gather rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used, cdiv(cols, 128), used));
   const auto cref = ref::quantize_cols(xg.data(), used, cols, ScaleMode::kRceil);
-  const auto cfast = ref::rebase_fast(cref);
-  const auto cd = cw.data.download(), cs = cw.scales.download(), cfd = cw.fast_data.download();
+  const auto cd = cw.data.download(), cs = cw.scales.download();
   EXPECT_TRUE(bytes_equal("gather colwise data", cd.data(), out_rows, cref.data.data(), used, cols, used));
   EXPECT_TRUE(bytes_equal("gather colwise scales", cs.data(), out_rows / 32, cref.scales.data(), used / 32, cols, used / 32));
-  EXPECT_TRUE(bytes_equal("gather colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
+  if (fast) {
+    const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
+    const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download(), cfd = cw.fast_data.download();
+    EXPECT_TRUE(bytes_equal("gather rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
+    EXPECT_TRUE(bytes_equal("gather rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used, cdiv(cols, 128), used));
+    EXPECT_TRUE(bytes_equal("gather colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
+  }
   for (int64_t r = used; r < out_rows; ++r)
     for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
+  for (int64_t c = 0; c < cols; ++c)  // column-wise: whole 16-row groups, so check from the next multiple of 16
+    for (int64_t r = (used + 15) / 16 * 16; r < out_rows; ++r)
+      ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written past rows_used";
 }
 
 }  // namespace
@@ -310,11 +345,26 @@ void run_gather(bool scaled, std::mt19937& rng) {
 TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  run_gather(false, rng);
+  for (int64_t used : {1280, 1248})
+    for (bool fast : {true, false}) run_gather(false, fast, used, rng);
 }
 
 TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  run_gather(true, rng);
+  for (int64_t used : {1280, 1248})
+    for (bool fast : {true, false}) run_gather(true, fast, used, rng);
+}
+
+// The register-store kernel on the plain copies (MXMOE_QUANT_STAGED=0), which it otherwise writes
+// only beside the fast form: dense partial tiles both ways, batched, grouped and gather.
+TEST(QuantizeGpu, RegisterStoreKernelOnPlainCopies) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const StagedEnv env("0");
+  for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, true, false}, DenseCase{3, 160, 96, true, true, false},
+                             DenseCase{1, 33, 32, true, false, false}})
+    run_dense_once(c, ScaleMode::kRceil, random_bf16(c.batch * c.rows, c.cols, Dist::kHeavyTailed, rng), "reg-store");
+  run_grouped_once({0, 1, 127, 300, 0, 1000}, 2880, 256, false, rng);
+  run_gather(true, false, 1280, rng);
 }

@@ -17,4 +17,11 @@ CUtensorMap make_tensor_map_2d_u8(const char* fn, const void* base, uint64_t row
                                   uint64_t row_stride, uint32_t box_rows, uint32_t box_cols,
                                   CUtensorMapSwizzle swizzle);
 
+// A 3-D uint8 tensor [d2, d1, d0] (d0 contiguous; strides in bytes of dimensions 1 and 2), in
+// boxes of [1, box1, box0]. Used for TMA stores of batched [batch, rows, cols] outputs: a box
+// that reaches past any dimension is clipped (nothing is written there).
+CUtensorMap make_tensor_map_3d_u8(const char* fn, void* base, uint64_t d2, uint64_t d1, uint64_t d0,
+                                  uint64_t stride1, uint64_t stride2, uint32_t box1, uint32_t box0,
+                                  CUtensorMapSwizzle swizzle);
+
 }  // namespace mxmoe::detail

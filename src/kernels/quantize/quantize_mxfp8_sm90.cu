@@ -19,12 +19,18 @@
 // Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "device/cp_async.cuh"
+#include "device/cp_async_bulk_tensor.cuh"
+#include "device/mbarrier.cuh"
 #include "device/fast_divmod.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "host/kernel_attr.h"
+#include "kernels/gemm/tensor_map.h"
 #include "kernels/quantize/quantize_launch.h"
 #include "mxmoe/quantize.h"
 
@@ -142,11 +148,14 @@ __device__ __forceinline__ TileOut tile_out(const QuantizeParams& p, const Tile&
   return o;
 }
 
-// The tile is stored row-major with its 16-byte vectors XOR-swizzled by 16-row group:
-// vector v of row r sits at v ^ (2 * (r / 16 % 4)). The column-wise readers take 8-byte words
-// from 4 row groups in each half-warp; the swizzle puts those 4 rows' 32-byte runs in 4
-// different bank ranges.
-__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ (2 * ((row >> 4) & 3)); }
+// The tile is stored row-major with its 16-byte vectors XOR-swizzled: vector v of row r sits at
+// v ^ f(r), f(r) = (r % 8) ^ (2 * (r / 16 % 4)) (< 8, so a row's vectors stay in the row). Two
+// readers are conflict-free with it:
+//  - column-wise: a half-warp takes 8-byte words of 2 adjacent vectors from rows 16h + i of 4 row
+//    groups h (same i): the 2 * (h % 4) term puts those 8 runs of 16 bytes in 8 different banks;
+//  - row-wise (staged kernel): a quarter-warp takes vector v of 8 consecutive rows: the r % 8 term
+//    spreads them over the 8 16-byte bank groups.
+__device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ ((row & 7) ^ (2 * ((row >> 4) & 3))); }
 
 // Each thread copies 8 vectors of 8 BF16 (rows i*16 + tid/16, columns (tid%16)*8) into a stage
 // with cp.async; rows without source data (past the matrix, or group padding) are zero-filled.
@@ -246,12 +255,19 @@ __device__ __forceinline__ void rowwise_vector(const QuantizeParams& p, const Ti
 // lane = 4·(h % 8) + q % 4. A 32-row block is two lanes (h, h^1): one shuffle completes its amax.
 // For each of its 4 columns a thread writes 16 bytes; the 8 lanes of a quad cover the 128 rows
 // of the tile, so every store instruction writes 4 whole 128-byte lines of the transposed output.
-template <bool kFast, bool kFull>
-__device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const TileOut& o,
-                                             const uint32_t* tile_words, const Tile& t) {
+// This thread's column quad q and 16-row group h, quantized: sc[c] = the scale byte of column
+// 4q + c over the 32-row block of h; qv[c][j] = E4M3 of rows 16h + 4j .. 16h + 4j + 3 of it.
+struct ColQuad {
+  int q, h;
+  uint32_t sc[4];
+  uint32_t qv[4][4];
+};
+
+__device__ __forceinline__ ColQuad colwise_quantize(const QuantizeParams& p, const uint32_t* tile_words) {
+  ColQuad r;
   const int lane = threadIdx.x % 32;
-  const int h = lane >> 2;                          // 16-row group
-  const int q = (threadIdx.x / 32) * 4 + (lane & 3);  // column quad
+  const int h = r.h = lane >> 2;                            // 16-row group
+  const int q = r.q = (threadIdx.x / 32) * 4 + (lane & 3);  // column quad
   uint32_t w[32];  // [16 rows][2 words]: w[2i] = columns (4q, 4q+1), w[2i+1] = (4q+2, 4q+3)
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -268,9 +284,11 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const Tile
   }
   m01 = __vmaxu2(m01, __shfl_xor_sync(0xFFFFFFFFu, m01, 4));  // the other half of the 32-row block
   m23 = __vmaxu2(m23, __shfl_xor_sync(0xFFFFFFFFu, m23, 4));
-  uint32_t sc[4] = {dev::e8m0_scale_byte(m01 & 0xFFFFu, p.mode), dev::e8m0_scale_byte(m01 >> 16, p.mode),
-                    dev::e8m0_scale_byte(m23 & 0xFFFFu, p.mode), dev::e8m0_scale_byte(m23 >> 16, p.mode)};
-  uint32_t qv[4][4];  // [column][4 words = 16 rows]
+  uint32_t* sc = r.sc;
+  sc[0] = dev::e8m0_scale_byte(m01 & 0xFFFFu, p.mode);
+  sc[1] = dev::e8m0_scale_byte(m01 >> 16, p.mode);
+  sc[2] = dev::e8m0_scale_byte(m23 & 0xFFFFu, p.mode);
+  sc[3] = dev::e8m0_scale_byte(m23 >> 16, p.mode);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const float rcp = dev::e8m0_reciprocal(sc[c]);
@@ -282,9 +300,19 @@ __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const Tile
         const uint32_t word = w[2 * (4 * j + k) + c / 2];
         f[k] = (c % 2 ? dev::bf16_hi(word) : dev::bf16_lo(word)) * rcp;
       }
-      qv[c][j] = sc[c] == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]);
+      r.qv[c][j] = sc[c] == kE8M0Nan ? dev::kE4M3NanX4 : dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]);
     }
   }
+  return r;
+}
+
+template <bool kFast, bool kFull>
+__device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const TileOut& o,
+                                             const uint32_t* tile_words, const Tile& t) {
+  ColQuad cq = colwise_quantize(p, tile_words);
+  const int q = cq.q, h = cq.h;
+  const uint32_t* sc = cq.sc;
+  auto& qv = cq.qv;
   const int32_t rows = int32_t(p.rows_out), nblk = rows / kMxBlock;
   const bool ok = kFull || (t.c0 + 4 * q < p.cols && 16 * h < t.out_valid);
   if (ok && p.col_data != nullptr) {  // null: only the fast form was asked for
@@ -400,19 +428,195 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
   dev::cp_async_wait_group<0>();
 }
 
-template <bool kRow, bool kCol, bool kFast, RowMap kMap>
-void launch(const QuantizeParams& p, cudaStream_t stream) {
-  constexpr auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kMap>;
-  constexpr int kSmem = kSmemBytes;
-  detail::set_smem_limit_once<kernel>("quantize_mxfp8", kSmem);
-  // Persistent grid: every CTA that fits on the device at once.
-  const int resident = detail::once_per_device<kernel, detail::MaxResidentTag>("quantize_mxfp8", [](int dev) {
-    int sms = 0, ctas_per_sm = 0;
-    MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    MXMOE_CUDA_CHECK("quantize_mxfp8",
-                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kThreads, kSmem));
-    return sms * std::max(1, ctas_per_sm);
-  });
+// ==== Staged kernel: the plain MX copies (no fast form) leave through shared memory by TMA stores ====
+// Per tile k (stage k % S):
+//   wait for this thread's loads of tile k (+ the gather's row scaling of its own slots);
+//   thread 0: the previous tile's TMA stores have finished reading the staging buffers;
+//   barrier A: tile k is visible to every thread, the staging buffers are free;
+//   row-wise pass → row staging; column-wise pass → column staging (E4M3, 128x128 bytes each, in
+//   the 128-byte swizzle that the TMA store reads: 16-byte chunk c of row y at c ^ (y % 8));
+//   fence.proxy.async + barrier B: the staging is complete and stage k % S has been read;
+//   thread 0 issues one TMA store per direction (boxes reaching past the matrix are clipped by
+//   the TMA unit; a gather tile with rows at or past *rows_used is copied out by every thread
+//   instead, so that those rows are never written); stage k % S is refilled with tile k + S.
+// Scale bytes are stored directly. The row-wise pass reads other threads' slots, which barrier A
+// covers: a thread owns one row and 64 columns, i.e. two whole 32-blocks (no shuffles).
+constexpr int kStageBytes = kTileRows * kTileCols * 2;  // one BF16 tile
+constexpr int kOutTileBytes = kTileRows * kTileCols;    // one E4M3 tile
+
+template <bool kRow, bool kCol>
+struct StagedLayout {
+  static constexpr int kStagesIn = kRow && kCol ? 2 : 3;  // 97 / 113 KB: 2 CTAs per SM either way
+  static constexpr int kRowOut = kStagesIn * kStageBytes;  // multiples of 1024 (TMA swizzle atoms)
+  static constexpr int kColOut = kRowOut + (kRow ? kOutTileBytes : 0);
+  static constexpr int kTiles = kColOut + (kCol ? kOutTileBytes : 0);  // Tile ring (grouped)
+  static constexpr int kBytes = kTiles + kStagesIn * int(sizeof(Tile));
+};
+
+__device__ __forceinline__ uint32_t e4m3x4_scaled(uint32_t w0, uint32_t w1, float rcp) {
+  return dev::e4m3x4_from_f32(dev::bf16_lo(w0) * rcp, dev::bf16_hi(w0) * rcp, dev::bf16_lo(w1) * rcp,
+                              dev::bf16_hi(w1) * rcp);
+}
+
+__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const uint4* stage,
+                                               uint8_t* out) {
+  const int lane = threadIdx.x % 32;
+  const int r = 16 * (threadIdx.x / 32) + (lane & 15);  // tile row
+  const int half = lane >> 4;                             // tile columns 64·half .. 64·half + 63
+  uint4 v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = stage[r * kVecPerRow + swz_vec(r, 8 * half + j)];
+  uint32_t sb[2];
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 4 * b; j < 4 * b + 4; ++j) {
+      m = dev::abs_max_bf16x2(m, v[j].x);
+      m = dev::abs_max_bf16x2(m, v[j].y);
+      m = dev::abs_max_bf16x2(m, v[j].z);
+      m = dev::abs_max_bf16x2(m, v[j].w);
+    }
+    const uint32_t s = dev::e8m0_scale_byte(dev::halves_max(m), p.mode);
+    const float rcp = dev::e8m0_reciprocal(s);
+    sb[b] = s;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {  // 16-byte output chunk = 2 input vectors
+      const uint4 a = v[4 * b + 2 * c], d = v[4 * b + 2 * c + 1];
+      uint4 o = make_uint4(e4m3x4_scaled(a.x, a.y, rcp), e4m3x4_scaled(a.z, a.w, rcp),
+                           e4m3x4_scaled(d.x, d.y, rcp), e4m3x4_scaled(d.z, d.w, rcp));
+      if (s == kE8M0Nan) o = make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
+      const int chunk = 4 * half + 2 * b + c;
+      *reinterpret_cast<uint4*>(out + r * kTileCols + 16 * (chunk ^ (r & 7))) = o;
+    }
+  }
+  if (r < t.out_valid) {
+    const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
+    uint8_t* sp = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
+    if (blk + 1 < nblk && nblk % 2 == 0) {
+      *reinterpret_cast<uint16_t*>(sp) = uint16_t(sb[0] | (sb[1] << 8));
+    } else {
+      if (blk < nblk) sp[0] = uint8_t(sb[0]);
+      if (blk + 1 < nblk) sp[1] = uint8_t(sb[1]);
+    }
+  }
+}
+
+__device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Tile& t, const uint32_t* tile_words,
+                                               uint8_t* out) {
+  const ColQuad cq = colwise_quantize(p, tile_words);
+  const int q = cq.q, h = cq.h;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int y = 4 * q + c;  // staging row = tile column
+    *reinterpret_cast<uint4*>(out + y * kTileRows + 16 * (h ^ (y & 7))) =
+        make_uint4(cq.qv[c][0], cq.qv[c][1], cq.qv[c][2], cq.qv[c][3]);
+  }
+  if ((h & 1) == 0 && 16 * h < t.out_valid) {
+    const int64_t nblk = p.rows_out / kMxBlock;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int32_t col = t.c0 + 4 * q + c;
+      if (col < p.cols) p.col_scales[(int64_t(t.b) * p.cols + col) * nblk + t.r0 / kMxBlock + h / 2] = uint8_t(cq.sc[c]);
+    }
+  }
+}
+
+// A gather tile with rows at or past *rows_used: every thread copies the valid part of the
+// staging out (16-byte pieces; a column's last piece byte by byte when it is cut).
+template <bool kRow, bool kCol>
+__device__ __forceinline__ void copy_out_partial(const QuantizeParams& p, const Tile& t, const uint8_t* row_out,
+                                                 const uint8_t* col_out) {
+  const int32_t cols = int32_t(p.cols), rows = int32_t(p.rows_out);
+  const int ncol = min(kTileCols, cols - t.c0);
+  for (int i = threadIdx.x; i < kTileRows * 8; i += kThreads) {
+    const int y = i / 8, ch = i % 8;
+    const uint4* src_r = reinterpret_cast<const uint4*>(row_out + y * kTileCols + 16 * (ch ^ (y & 7)));
+    if (kRow && y < t.out_valid && 16 * ch < ncol)
+      *reinterpret_cast<uint4*>(p.row_data + int64_t(t.r0 + y) * cols + t.c0 + 16 * ch) = *src_r;
+    if (kCol && y < ncol && 16 * ch < t.out_valid) {
+      const uint8_t* src = col_out + y * kTileRows + 16 * (ch ^ (y & 7));
+      uint8_t* dst = p.col_data + int64_t(t.c0 + y) * rows + t.r0 + 16 * ch;
+      const int n = min(16, t.out_valid - 16 * ch);
+      if (n == 16) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      else for (int j = 0; j < n; ++j) dst[j] = src[j];
+    }
+  }
+}
+
+template <bool kRow, bool kCol, RowMap kMap>
+__global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(const QuantizeParams p, const TileGrid g,
+                                                                          const __grid_constant__ CUtensorMap row_map,
+                                                                          const __grid_constant__ CUtensorMap col_map) {
+  using L = StagedLayout<kRow, kCol>;
+  constexpr int S = L::kStagesIn;
+  constexpr int kStageVecs = kTileRows * kVecPerRow;
+  constexpr bool kGrouped = kMap == RowMap::kGrouped;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint4* stages = reinterpret_cast<uint4*>(smem);
+  uint8_t* row_out = smem + L::kRowOut;
+  uint8_t* col_out = smem + L::kColOut;
+  Tile* s_tiles = reinterpret_cast<Tile*>(smem + L::kTiles);
+  if (threadIdx.x == 0 && (device::smem_addr(smem) & 1023u) != 0) {
+    printf("mxmoe: quantize_mxfp8 staging is not 1024-byte aligned\n");
+    __trap();
+  }
+  const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
+  auto tile_k = [&](uint32_t k) {
+    if constexpr (kGrouped) {
+      return s_tiles[k % S];
+    } else {
+      const uint32_t id = first + k * step;
+      return id < num_tiles ? tile_at<kMap>(p, g, id) : Tile{};
+    }
+  };
+  // Loads of this CTA's k-th tile into stage k % S, one commit group per tile (empty groups keep the
+  // count uniform). Grouped: thread 0 places the tile in the ring slot first; every thread has
+  // copied slot k % S's previous tile (k - S) into registers before barrier B of its iteration.
+  auto issue = [&](uint32_t k) {
+    if constexpr (kGrouped) {
+      const uint32_t id = first + k * step;
+      if (threadIdx.x == 0) s_tiles[k % S] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id) : Tile{};
+      __syncthreads();
+    }
+    const Tile t = tile_k(k);
+    if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % S) * kStageVecs);
+    dev::cp_async_commit_group();
+  };
+#pragma unroll
+  for (int k = 0; k < S; ++k) issue(k);
+  for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
+    dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
+    const Tile t = tile_k(k);
+    uint4* stage = stages + (k % S) * kStageVecs;
+    const bool valid = t.out_valid > 0;  // uniform across the CTA
+    if constexpr (kMap == RowMap::kGather) {
+      if (p.row_scale != nullptr && valid) scale_own_slots(p, t, stage);
+    }
+    if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // the staging is free again
+    __syncthreads();                                                // A
+    if (valid) {
+      if constexpr (kRow) rowwise_staged(p, t, stage, row_out);
+      if constexpr (kCol) colwise_staged(p, t, reinterpret_cast<const uint32_t*>(stage), col_out);
+    }
+    device::fence_proxy_async_shared_cta();
+    __syncthreads();  // B
+    if (valid) {
+      if (kMap == RowMap::kGather && t.out_valid < kTileRows) {
+        copy_out_partial<kRow, kCol>(p, t, row_out, col_out);
+      } else if (threadIdx.x == 0) {
+        if constexpr (kRow) device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
+        if constexpr (kCol) device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
+        device::cp_async_bulk_commit_group();
+      }
+    }
+    issue(k + S);
+  }
+  if (threadIdx.x == 0) device::cp_async_bulk_wait_group<0>();
+  dev::cp_async_wait_group<0>();
+}
+
+TileGrid make_grid(const QuantizeParams& p) {
   TileGrid g;
   g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
   g.tiles_c = int32_t((p.cols + kTileCols - 1) / kTileCols);
@@ -421,9 +625,56 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
   g.per_batch = FastDivmod(uint32_t(g.tiles_r * g.tiles_c));
   g.per_group = FastDivmod(uint32_t(kGroupRowTiles * g.tiles_c));
   g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % kGroupRowTiles)));
-  const int64_t grid = std::min<int64_t>(g.num_tiles, resident);
-  kernel<<<unsigned(grid), kThreads, kSmem, stream>>>(p, g);
+  return g;
+}
+
+// Persistent grid: every CTA of `kernel` that fits on the device at once (at most one per tile).
+template <auto kernel>
+unsigned persistent_grid(int smem, int32_t num_tiles) {
+  detail::set_smem_limit_once<kernel>("quantize_mxfp8", smem);
+  const int resident = detail::once_per_device<kernel, detail::MaxResidentTag>("quantize_mxfp8", [smem](int dev) {
+    int sms = 0, ctas_per_sm = 0;
+    MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MXMOE_CUDA_CHECK("quantize_mxfp8",
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kThreads, smem));
+    return sms * std::max(1, ctas_per_sm);
+  });
+  return unsigned(std::min<int64_t>(num_tiles, resident));
+}
+
+template <bool kRow, bool kCol, bool kFast, RowMap kMap>
+void launch(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr auto kernel = quantize_mxfp8_bf16_sm90_kernel<kRow, kCol, kFast, kMap>;
+  const TileGrid g = make_grid(p);
+  kernel<<<persistent_grid<kernel>(kSmemBytes, g.num_tiles), kThreads, kSmemBytes, stream>>>(p, g);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+}
+
+template <bool kRow, bool kCol, RowMap kMap>
+void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kMap>;
+  constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
+  const TileGrid g = make_grid(p);
+  // TMA store maps: row-wise data [batch, rows_out, cols], column-wise data [batch, cols, rows_out].
+  CUtensorMap row_map{}, col_map{};
+  const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
+  if (kRow)
+    row_map = make_tensor_map_3d_u8("quantize_mxfp8", p.row_data, uint64_t(p.batch), uint64_t(p.rows_out),
+                                    uint64_t(p.cols), uint64_t(p.cols), uint64_t(p.rows_out * p.cols), kTileRows,
+                                    kTileCols, sw);
+  if (kCol)
+    col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, uint64_t(p.batch), uint64_t(p.cols),
+                                    uint64_t(p.rows_out), uint64_t(p.rows_out), uint64_t(p.rows_out * p.cols),
+                                    kTileCols, kTileRows, sw);
+  kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
+  MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+}
+
+// The staged kernel writes the plain MX copies; MXMOE_QUANT_STAGED=0 (read on every call, so that
+// one process can time both) selects the register-store kernel for them instead.
+bool use_staged() {
+  const char* e = std::getenv("MXMOE_QUANT_STAGED");
+  return e == nullptr || std::strcmp(e, "0") != 0;
 }
 
 template <bool kFast, RowMap kMap>
@@ -439,8 +690,16 @@ void dispatch_dirs(const QuantizeParams& p, cudaStream_t stream) {
 template <RowMap kMap>
 void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
   const bool fast = (p.row_fast_data != nullptr) || (p.col_fast_data != nullptr);
-  if (fast) dispatch_dirs<true, kMap>(p, stream);
-  else dispatch_dirs<false, kMap>(p, stream);
+  if (fast) {
+    dispatch_dirs<true, kMap>(p, stream);
+  } else if (use_staged()) {
+    const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+    if (row && col) launch_staged<true, true, kMap>(p, stream);
+    else if (row) launch_staged<true, false, kMap>(p, stream);
+    else if (col) launch_staged<false, true, kMap>(p, stream);
+  } else {
+    dispatch_dirs<false, kMap>(p, stream);
+  }
 }
 
 __global__ void padded_offsets_kernel(const int32_t* offsets, int32_t* padded, int n, int align) {
