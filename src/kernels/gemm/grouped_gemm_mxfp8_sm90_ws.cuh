@@ -31,6 +31,8 @@
 //            are queued before chunk c is promoted) and scales decoded to FP32 once per stage by
 //            a producer warp, so a math warp spends ~200 instructions per chunk (128 FMUL/FFMA).
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
+//          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
+//            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
 //   exact: per 32-block 1 × wgmma m64n128k32 into a fresh accumulator, then the same promotion
 //          with the block scales (4× the promotion work). Two accumulators in ping-pong: block
 //          b+1's wgmma runs while block b is promoted. Tail blocks are issued on zero fill too.
@@ -41,8 +43,9 @@
 //                in pipelined fast mode warp 1 decodes each stage's scale bytes (uses 30).
 //   warpgroups 1, 2: math, setmaxnreg 232. Each owns 64 rows: fast serial acc 64 + tot 64 + 32
 //                scale regs (ptxas: up to R207); fast pipelined 2 × acc 64 + tot 64 (up to R229);
-//                exact 2 × acc 64 + tot 64 (up to R223). No spills.
-// Pipeline: kNumStages × [A 16 KB | B 16 KB | scales (| decoded scales 1 KB)]; full barrier = TMA
+//                exact 2 × acc 64 + tot 64 (up to R223); fast wide acc 96 + tot 96 (up to
+//                R225). No spills.
+// Pipeline: kNumStages × [A 16 KB | B kBlockN·128 B | scales (| decoded scales)]; full barrier = TMA
 // tx (+128 gatherer arrivals in exact mode), empty barrier = one arrival per math warp, ready
 // barrier (pipelined fast only) = 32 decoder-lane arrivals.
 // Optional 2-CTA multicast (fast mode, kMulticast; off by default): clusters of two CTAs on tiles
@@ -941,7 +944,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 //   test passes). Measured in run 16: no faster (0.96-1.02x the default path, slower on the down
 //   projections), so L2->SM bandwidth is not what limits the kernel; off by default. The
 //   environment variable MXMOE_GEMM_MULTICAST=1 (or 0) overrides it per call.
-// To measure (docs/notes/gemm.md): kBlockN 192 for large N, epilogue overlapped with the next
+// To measure (docs/notes/gemm.md): the wide tile (below), epilogue overlapped with the next
 // tile's first chunk, multicast of both operands (2×2 clusters).
 //   kConfigFastBlockN: fast mode's tile width. 128 = the kernel above (ping-pong); 192 = wide
 //   tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB; not yet
