@@ -15,12 +15,15 @@ fast and exact differ from each other by far less).
 Each line: shape | mode | us | TFLOP/s | ×BF16 | ×FP8-rowwise | ×triton (ratios > 1: mxmoe faster).
 With --wgrad, also the k-grouped wgrad GEMM (dW[e] = Σ dY[t]ᵀ X[t]) against torch._grouped_mm
 2-D × 2-D (BF16, groups along the reduced dimension).
-Fast mode's kernel path follows MXMOE_GEMM_MULTICAST (read by the library on every call; unset =
-the default path). --multicast-both times fast mode on both paths in the same run: "mxmoe-fast"
-with MXMOE_GEMM_MULTICAST=0 and "mxmoe-fast-mc" with =1 (2-CTA clusters sharing the A tile by TMA
-multicast), and requires the two outputs to be bitwise equal.
+Fast mode's kernel path follows MXMOE_GEMM_MULTICAST and MXMOE_GEMM_TILE (read by the library on
+every call; unset = the default path). --multicast-both and --tile-both time the alternative paths
+beside the default one in the same run, on the same data: "mxmoe-fast" then runs with
+MXMOE_GEMM_TILE=128 MXMOE_GEMM_MULTICAST=0, "mxmoe-fast-mc" with MXMOE_GEMM_MULTICAST=1 (2-CTA
+clusters sharing the A tile by TMA multicast), "mxmoe-fast-192" with MXMOE_GEMM_TILE=192 (128 × 192
+tiles, one accumulator per math warpgroup). Each alternative's output must be bitwise equal to
+mxmoe-fast's; the column xfast is mxmoe-fast's time / the alternative's.
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--shapes Qwen3-30B] [--reps 15]
+                                   [--tile-both] [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
 import math
@@ -37,6 +40,7 @@ import ctypes  # noqa: E402
 
 FAST, EXACT = 0, 1
 MULTICAST_ENV = "MXMOE_GEMM_MULTICAST"
+TILE_ENV = "MXMOE_GEMM_TILE"
 BF16_OUT = 0
 VERIFY_TOL = 0.08
 MEM_BUDGET = 90e9  # bytes of GPU memory a case may use
@@ -197,34 +201,42 @@ def case_bytes(M, E, N, K):
             + M * N * 2 * 5 + 2 * M * K * 4 / 8)
 
 
-class multicast_env:
-    """Sets MXMOE_GEMM_MULTICAST for a block (None: leave the environment as it is)."""
+class kernel_env:
+    """Sets the environment variables in `values` ({name: value}) for a block, then restores them."""
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, values):
+        self.values = values or {}
 
     def __enter__(self):
-        self.old = os.environ.get(MULTICAST_ENV)
-        if self.value is not None:
-            os.environ[MULTICAST_ENV] = self.value
+        self.old = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
 
     def __exit__(self, *exc):
-        if self.value is None:
-            return
-        if self.old is None:
-            os.environ.pop(MULTICAST_ENV, None)
-        else:
-            os.environ[MULTICAST_ENV] = self.old
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def mxmoe_variants(multicast_both):
-    """(mode, name, MXMOE_GEMM_MULTICAST value or None) for each timed mxmoe line."""
-    if not multicast_both:
-        return ((FAST, "mxmoe-fast", None), (EXACT, "mxmoe-exact", None))
-    return ((FAST, "mxmoe-fast", "0"), (FAST, "mxmoe-fast-mc", "1"), (EXACT, "mxmoe-exact", None))
+def mxmoe_variants(multicast_both, tile_both):
+    """(mode, name, environment for the call or None) for each timed mxmoe line; the alternative
+    fast paths ("mxmoe-fast-*") follow "mxmoe-fast", which then runs pinned to the default path."""
+    alts = []
+    if multicast_both:
+        alts.append((FAST, "mxmoe-fast-mc", {MULTICAST_ENV: "1", TILE_ENV: "128"}))
+    if tile_both:
+        alts.append((FAST, "mxmoe-fast-192", {MULTICAST_ENV: "0", TILE_ENV: "192"}))
+    fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128"} if alts else None
+    return [(FAST, "mxmoe-fast", fast_env)] + alts + [(EXACT, "mxmoe-exact", None)]
 
 
-def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multicast_both=False):
+def is_alt_path(mname):
+    return mname.startswith("mxmoe-fast-")
+
+
+def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multicast_both=False,
+             tile_both=False):
     counts = routing_counts(E, tpe, skewed, gen)
     offs = padded_offsets(counts)
     M = offs[-1]
@@ -293,10 +305,10 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
 
     for base_name, t in (("torch-bf16", t_bf16), ("torch-fp8-rowwise", t_fp8), ("triton-mxfp8", t_tri)):
         if t:
-            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", ""])
+            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", "", ""])
 
     y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    for mode, mname, mc in mxmoe_variants(multicast_both):
+    for mode, mname, env in mxmoe_variants(multicast_both, tile_both):
         def call():
             rc = lib.mxmoe_m_grouped_mxfp8_gemm_nt(
                 ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), M, ptr(b_d), ptr(b_s), ptr(b_fd), ptr(b_fs),
@@ -305,22 +317,24 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
         y.fill_(float("nan"))
-        with multicast_env(mc):
+        with kernel_env(env):
             t = timer(call)  # the output of the last timed rep is verified below
         err = rel_frob(y, y_bf16, token_rows)
         ok = err < VERIFY_TOL and not bool(torch.isnan(y[:M]).any())
-        if mname == "mxmoe-fast-mc":  # same tiles, same arithmetic: bitwise the default path's
+        same = True
+        if is_alt_path(mname):  # same elements, same arithmetic: bitwise the default path's
             same = bool(torch.equal(y.view(torch.int16), y_fast.view(torch.int16)))
-            row["fast_mc_bitwise_equal"] = same
+            row[f"{mname}_bitwise_equal"] = same
             ok = ok and same
         row[f"{mname}_us"] = t
         row[f"{mname}_TFLOPs"] = flops / t / 1e6
         row[f"{mname}_vs_bf16_relfrob"] = err
         row[f"{mname}_ok"] = ok
         table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", ratio(t_bf16, t), ratio(t_fp8, t),
-                      ratio(t_tri, t) + ("" if ok else f"  VERIFY FAILED relfrob={err:.3g}"
-                                         + ("" if row.get("fast_mc_bitwise_equal", True) else
-                                            " (multicast output not bitwise equal to the default path's)"))])
+                      ratio(t_tri, t), ratio(row["mxmoe-fast_us"], t) if is_alt_path(mname) else ""])
+        if not ok:
+            table[-1][-1] += (f"  VERIFY FAILED relfrob={err:.3g}"
+                              + ("" if same else " (not bitwise equal to the default path's output)"))
         if mname == "mxmoe-fast":
             y_fast = y.clone()
         elif mode == EXACT:
@@ -329,7 +343,8 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
     print(f"  done: {shape}", file=sys.stderr, flush=True)
 
 
-def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multicast_both=False):
+def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multicast_both=False,
+                   tile_both=False):
     """k-grouped wgrad: dW[e] [N, K] = Σ_{t in e} dY[t]ᵀ X[t]; baseline torch._grouped_mm 2-D × 2-D
     (dYᵀ [N, M] with groups along M, X [M, K]); mxmoe reads the column-wise MX copies."""
     counts = routing_counts(E, tpe, skewed, gen)
@@ -355,9 +370,9 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     ref = torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16)
     t_bf16 = timer(lambda: torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16))
     row["bf16_us"] = t_bf16
-    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", ""])
+    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", ""])
     dw = torch.empty(E, N, K, device="cuda", dtype=torch.bfloat16)
-    for mode, mname, mc in mxmoe_variants(multicast_both):
+    for mode, mname, env in mxmoe_variants(multicast_both, tile_both):
         def call():
             rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
                 ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(b_d), ptr(b_s), ptr(b_fd), ptr(b_fs),
@@ -366,20 +381,22 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
         dw.fill_(float("nan"))
-        with multicast_env(mc):
+        with kernel_env(env):
             t = timer(call)
         err = float((dw.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
         ok = err < VERIFY_TOL and not bool(torch.isnan(dw).any())
         if mname == "mxmoe-fast":
             dw_fast = dw.clone()
-        elif mname == "mxmoe-fast-mc":
+        elif is_alt_path(mname):
             same = bool(torch.equal(dw.view(torch.int16), dw_fast.view(torch.int16)))
-            row["fast_mc_bitwise_equal"] = same
+            row[f"{mname}_bitwise_equal"] = same
             ok = ok and same
         row[f"{mname}_us"], row[f"{mname}_TFLOPs"] = t, flops / t / 1e6
         row[f"{mname}_vs_bf16_relfrob"], row[f"{mname}_ok"] = err, ok
-        table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", f"{t_bf16 / t:.2f}", "n/a",
-                      "n/a" + ("" if ok else f"  VERIFY FAILED relfrob={err:.3g}")])
+        table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", f"{t_bf16 / t:.2f}", "n/a", "n/a",
+                      f"{row['mxmoe-fast_us'] / t:.2f}" if is_alt_path(mname) else ""])
+        if not ok:
+            table[-1][-1] += f"  VERIFY FAILED relfrob={err:.3g}"
     results["rows"].append(row)
     print(f"  done: {shape}", file=sys.stderr, flush=True)
 
@@ -394,6 +411,8 @@ def main():
     ap.add_argument("--wgrad", action="store_true", help="also run the k-grouped wgrad GEMM (issue 4)")
     ap.add_argument("--multicast-both", action="store_true",
                     help="time fast mode on the default and the 2-CTA multicast path (MXMOE_GEMM_MULTICAST=0/1)")
+    ap.add_argument("--tile-both", action="store_true",
+                    help="time fast mode on the default and the 128x192-tile path (MXMOE_GEMM_TILE=128/192)")
     args = ap.parse_args()
     require_gpu()
     lib = load_lib(args.lib)
@@ -409,21 +428,23 @@ def main():
             continue
         for tpe in tpes:
             for skewed in (False, True):
-                run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, args.multicast_both)
+                run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, args.multicast_both,
+                         args.tile_both)
                 torch.cuda.empty_cache()  # the case's tensors died with its frame
                 if args.wgrad:
                     run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table,
-                                   args.multicast_both)
+                                   args.multicast_both, args.tile_both)
                     torch.cuda.empty_cache()
     if _triton_error:
         results["triton_error"] = _triton_error
         print(f"triton baseline unavailable: {_triton_error}", file=sys.stderr)
     print_table("m-grouped MXFP8 GEMM (Y = X·Wᵀ per expert, BF16 out); ratios = baseline time / mxmoe time",
-                ["shape", "mode", "us", "TFLOP/s", "xBF16", "xFP8-rowwise", "xtriton"], table)
-    write_json(args.json, results)
+                ["shape", "mode", "us", "TFLOP/s", "xBF16", "xFP8-rowwise", "xtriton", "xfast"], table)
     results["multicast_env"] = os.environ.get(MULTICAST_ENV)
+    results["tile_env"] = os.environ.get(TILE_ENV)
+    write_json(args.json, results)
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
-               for r in results["rows"]):
+               and r.get("mxmoe-fast-192_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)
 

@@ -20,12 +20,16 @@
 // within 1.1× of exact mode's on Gaussian, heavy-tailed and outlier-channel data; fast-vs-exact
 // deviation (relative Frobenius, max ulps) is printed.
 //
-// Two kernel paths for fast mode: the default, and the 2-CTA TMA-multicast one (off by default,
-// kConfigClusterMulticast in grouped_gemm_mxfp8_sm90_ws.cuh). The host dispatcher reads
-// MXMOE_GEMM_MULTICAST on every call ("1" on, "0" off, unset: the default), so
+// Three kernel paths for fast mode: the default (128 × 128 tiles), the 2-CTA TMA-multicast one
+// and the wide-tile one (128 × 192), both off by default (kConfigClusterMulticast,
+// kConfigFastBlockN in grouped_gemm_mxfp8_sm90_ws.cuh). The host dispatcher reads
+// MXMOE_GEMM_MULTICAST ("1" on, "0" off) and MXMOE_GEMM_TILE ("192" or "128"; 192 ignores
+// multicast) on every call, so
 //   MXMOE_GEMM_MULTICAST=1 ./build/mxmoe_gpu_tests --gtest_filter='GemmGpu.*'
-// runs every case below on the multicast path (exact mode ignores it), and additionally runs
-// ClusterMulticastBitwiseMatchesDefault, which compares the two paths byte for byte.
+//   MXMOE_GEMM_TILE=192 ./build/mxmoe_gpu_tests --gtest_filter='GemmGpu.*'
+// run every case below on that path (exact mode ignores both). ClusterMulticastBitwiseMatchesDefault
+// (only with MXMOE_GEMM_MULTICAST=1) and WideTileBitwiseMatchesDefault (always) compare a path with
+// the default one byte for byte.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -212,15 +216,19 @@ std::vector<double> output_values(const std::vector<uint8_t>& h, size_t esz) {
 }
 
 // Runs the GEMM into a poisoned Y and returns it as double (NaN where poisoned); raw bytes too.
+// With `init` the output starts from those bytes and the GEMM accumulates into it; otherwise it
+// is poisoned.
 std::vector<double> run(const Problem& P, GemmMode mode, GemmOutDtype out, std::vector<uint8_t>* raw = nullptr,
-                        int num_sms = 0) {
+                        int num_sms = 0, const std::vector<uint8_t>* init = nullptr) {
   const size_t elems = size_t(P.m_total * P.n);
   const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
   DevBuf<uint8_t> y(elems * esz, 0xFF);
+  if (init) y.upload(*init);
   GemmOptions o;
   o.mode = mode;
   o.out_dtype = out;
   o.num_sms = num_sms;
+  o.accumulate = init != nullptr;
   m_grouped_mxfp8_gemm_nt(P.a_op(), P.m_total, P.b_op(), P.E, P.n, P.k, P.d_offsets->p, y.p, o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   std::vector<uint8_t> h = y.download();
@@ -566,95 +574,151 @@ TEST_F(GemmGpu, WgradManyExperts) {
   check_k_all(P, "E=64");
 }
 
-// ---- 2-CTA multicast path ----------------------------------------------------------------------
-// Same tiles, same chunk order, same promotion per element: the multicast kernel must reproduce the
-// default kernel's bytes exactly, for odd tile counts (phantom partner tiles), one tile, many
-// small experts, and small or odd persistent grids (num_sms 3 launches one cluster of 2).
+// ---- other fast-mode kernel paths ---------------------------------------------------------------
+// The host dispatcher picks fast mode's kernel from MXMOE_GEMM_TILE (128 or 192) and
+// MXMOE_GEMM_MULTICAST (0/1, 128-wide only) on every call. Each alternative path computes the same
+// tiles' elements with the same chunk order and promotion, so it must reproduce the default
+// kernel's bytes exactly.
 bool multicast_requested() {
   const char* v = std::getenv("MXMOE_GEMM_MULTICAST");
   return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
-// Sets MXMOE_GEMM_MULTICAST for one scope and restores the previous value.
-class ScopedMulticastEnv {
+// Sets MXMOE_GEMM_TILE and MXMOE_GEMM_MULTICAST for one scope and restores what was there.
+class ScopedKernelPath {
  public:
-  explicit ScopedMulticastEnv(bool on) {
-    const char* v = std::getenv("MXMOE_GEMM_MULTICAST");
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-    setenv("MXMOE_GEMM_MULTICAST", on ? "1" : "0", 1);
+  ScopedKernelPath(int tile, bool multicast) {
+    set("MXMOE_GEMM_TILE", std::to_string(tile), 0);
+    set("MXMOE_GEMM_MULTICAST", multicast ? "1" : "0", 1);
   }
-  ~ScopedMulticastEnv() {
-    if (had_) setenv("MXMOE_GEMM_MULTICAST", old_.c_str(), 1);
-    else unsetenv("MXMOE_GEMM_MULTICAST");
+  ~ScopedKernelPath() {
+    for (int i = 0; i < 2; ++i) {
+      if (had_[i]) setenv(names_[i], old_[i].c_str(), 1);
+      else unsetenv(names_[i]);
+    }
   }
 
  private:
-  bool had_ = false;
-  std::string old_;
+  void set(const char* name, const std::string& value, int i) {
+    const char* v = std::getenv(name);
+    names_[i] = name;
+    had_[i] = v != nullptr;
+    if (had_[i]) old_[i] = v;
+    setenv(name, value.c_str(), 1);
+  }
+  const char* names_[2] = {nullptr, nullptr};
+  bool had_[2] = {false, false};
+  std::string old_[2];
 };
 
+struct PathCase { int E; int64_t n, k; std::vector<int> counts; };
+
+// One problem, fast mode, on the default path (128 wide, no multicast) and on (tile, multicast),
+// byte for byte: BF16 and FP32 out, every persistent grid in `grids`; with `accumulate` also a
+// second call of each path adding into the same default-path result.
+// run_fast(out, num_sms, init or nullptr, &raw) runs the GEMM once (accumulating when init).
+template <class RunFast>
+void expect_same_bytes(const std::string& what, int tile, bool multicast, const std::vector<int>& grids,
+                       bool accumulate, RunFast&& run_fast) {
+  for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+    for (int sms : grids) {
+      for (int acc = 0; acc <= int(accumulate); ++acc) {
+        std::vector<uint8_t> base, want, got;
+        const std::vector<uint8_t>* init = nullptr;
+        if (acc) {
+          ScopedKernelPath env(128, false);
+          run_fast(out, 0, nullptr, &base);
+          init = &base;
+        }
+        {
+          ScopedKernelPath env(128, false);
+          run_fast(out, 0, init, &want);
+        }
+        {
+          ScopedKernelPath env(tile, multicast);
+          run_fast(out, sms, init, &got);
+        }
+        size_t first = 0;
+        while (first < want.size() && first < got.size() && want[first] == got[first]) ++first;
+        EXPECT_TRUE(want == got) << what << " " << out_name(out) << " num_sms=" << sms
+                                 << (acc ? " accumulate" : "")
+                                 << ": output differs from the default path, first at byte " << first;
+      }
+    }
+  }
+}
+
+// expect_same_bytes over m-grouped problems `mcases` and k-grouped problems `kcases`.
+void expect_path_matches_default(const char* name, int tile, bool multicast,
+                                 const std::vector<PathCase>& mcases,
+                                 const std::vector<PathCase>& kcases, const std::vector<int>& grids,
+                                 bool accumulate, std::mt19937& rng) {
+  const auto label = [&](const char* grouping, const PathCase& c) {
+    return std::string(name) + ": " + grouping + " E=" + std::to_string(c.E) +
+           " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
+  };
+  for (const PathCase& c : mcases) {
+    Problem P;
+    build(P, c.E, c.n, c.k, c.counts, Dist::kGaussian, rng);
+    expect_same_bytes(label("m-grouped", c), tile, multicast, grids, accumulate,
+                      [&](GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
+                          std::vector<uint8_t>* raw) { run(P, GemmMode::kFast, out, raw, sms, init); });
+  }
+  for (const PathCase& c : kcases) {
+    KProblem P;
+    build_k(P, c.E, c.n, c.k, c.counts, Dist::kHeavyTailed, rng);
+    expect_same_bytes(label("k-grouped", c), tile, multicast, grids, accumulate,
+                      [&](GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
+                          std::vector<uint8_t>* raw) {
+                        run_k(P, GemmMode::kFast, out, init != nullptr, init, raw, sms);
+                      });
+  }
+}
+
+// 2-CTA multicast: odd tile counts (phantom partner tiles), one tile, many small experts, and
+// small or odd persistent grids (num_sms 3 launches one cluster of 2).
 TEST_F(GemmGpu, ClusterMulticastBitwiseMatchesDefault) {
   REQUIRE_GPU();
   if (!multicast_requested())
     GTEST_SKIP() << "the 2-CTA multicast path is off by default; run with MXMOE_GEMM_MULTICAST=1";
   TRACE_SEED();
-  struct MCase { int E; int64_t n, k; std::vector<int> counts; };
-  const std::vector<MCase> mcases = {
+  const std::vector<PathCase> mcases = {
       {4, 2880, 2880, {100, 0, 250, 40}},                // 23 n-tiles: a phantom partner, K tail
       {3, 160, 96, {130, 0, 257}},                       // 2 n-tiles, the second past N
       {5, 32, 32, random_counts(rng_, 5, 0, 200)},       // 1 n-tile: every pair half phantom
       {384, 128, 256, random_counts(rng_, 384, 0, 40)},  // many small and empty experts
       {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
   };
-  for (const MCase& c : mcases) {
-    Problem P;
-    build(P, c.E, c.n, c.k, c.counts, Dist::kGaussian, rng_);
-    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
-      for (int sms : {0, 3}) {
-        std::vector<uint8_t> want, got;
-        {
-          ScopedMulticastEnv env(false);
-          run(P, GemmMode::kFast, out, &want);
-        }
-        {
-          ScopedMulticastEnv env(true);
-          run(P, GemmMode::kFast, out, &got, sms);
-        }
-        size_t first = 0;
-        while (first < want.size() && want[first] == got[first]) ++first;
-        EXPECT_TRUE(want == got) << "m-grouped E=" << c.E << " N=" << c.n << " K=" << c.k << " "
-                                 << out_name(out) << " num_sms=" << sms
-                                 << ": multicast output differs from the default path, first at byte "
-                                 << first;
-      }
-    }
-  }
-  struct KCase { int E; int64_t n, k; std::vector<int> counts; };
-  const std::vector<KCase> kcases = {
+  const std::vector<PathCase> kcases = {
       {6, 256, 384, {0, 300, 128, 0, 1, 520}},  // 3 k-tiles: a phantom partner; empty experts
       {3, 160, 96, {0, 700, 0}},                // 1 k-tile, N tail
   };
-  for (const KCase& c : kcases) {
-    KProblem P;
-    build_k(P, c.E, c.n, c.k, c.counts, Dist::kHeavyTailed, rng_);
-    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
-      for (int sms : {0, 3}) {
-        std::vector<uint8_t> want, got;
-        {
-          ScopedMulticastEnv env(false);
-          run_k(P, GemmMode::kFast, out, false, nullptr, &want);
-        }
-        {
-          ScopedMulticastEnv env(true);
-          run_k(P, GemmMode::kFast, out, false, nullptr, &got, sms);
-        }
-        EXPECT_TRUE(want == got) << "k-grouped E=" << c.E << " N=" << c.n << " K=" << c.k << " "
-                                 << out_name(out) << " num_sms=" << sms
-                                 << ": multicast output differs from the default path";
-      }
-    }
-  }
+  expect_path_matches_default("multicast", 128, true, mcases, kcases, {0, 3}, false, rng_);
+}
+
+// Wide tiles (128 × 192, one accumulator per math warpgroup; MXMOE_GEMM_TILE=192). Runs on every
+// GPU run (it selects the path itself). N = 2880 is 15 whole 192-tiles (22.5 of 128), N = 4096 and
+// 512 end in a partial one whose B box reads the next expert's rows, N = 160 and 32 are one
+// partial tile; K = 2880 and 96 end in a K tail; ragged and empty experts; num_sms 1 and 7 make
+// each CTA walk many tiles (stage ring phases across tiles).
+TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const std::vector<PathCase> mcases = {
+      {4, 2880, 2880, {100, 0, 250, 40}},
+      {3, 160, 96, {130, 0, 257}},
+      {5, 32, 32, random_counts(rng_, 5, 0, 200)},
+      {2, 4096, 640, {300, 0}},
+      {384, 128, 256, random_counts(rng_, 384, 0, 40)},
+      {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
+  };
+  const std::vector<PathCase> kcases = {
+      {6, 256, 384, {0, 300, 128, 0, 1, 520}},  // K = 2 × 192; empty experts
+      {3, 160, 96, {0, 700, 0}},                // one partial k-tile, N tail
+      {3, 2880, 2880, {260, 0, 130}},           // 15 k-tiles of 192
+      {4, 128, 992, random_counts(rng_, 4, 0, 400)},  // 5 k-tiles and a partial sixth
+  };
+  expect_path_matches_default("wide tile", 192, false, mcases, kcases, {0, 1, 7}, true, rng_);
 }
 
 }  // namespace

@@ -31,6 +31,8 @@
 //            are queued before chunk c is promoted) and scales decoded to FP32 once per stage by
 //            a producer warp, so a math warp spends ~200 instructions per chunk (128 FMUL/FFMA).
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
+//          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
+//            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
 //   exact: per 32-block 1 × wgmma m64n128k32 into a fresh accumulator, then the same promotion
 //          with the block scales (4× the promotion work). Two accumulators in ping-pong: block
 //          b+1's wgmma runs while block b is promoted. Tail blocks are issued on zero fill too.
@@ -41,8 +43,9 @@
 //                in pipelined fast mode warp 1 decodes each stage's scale bytes (uses 30).
 //   warpgroups 1, 2: math, setmaxnreg 232. Each owns 64 rows: fast serial acc 64 + tot 64 + 32
 //                scale regs (ptxas: up to R207); fast pipelined 2 × acc 64 + tot 64 (up to R229);
-//                exact 2 × acc 64 + tot 64 (up to R223). No spills.
-// Pipeline: kNumStages × [A 16 KB | B 16 KB | scales (| decoded scales 1 KB)]; full barrier = TMA
+//                exact 2 × acc 64 + tot 64 (up to R223); fast wide acc 96 + tot 96 (up to
+//                R225). No spills.
+// Pipeline: kNumStages × [A 16 KB | B kBlockN·128 B | scales (| decoded scales)]; full barrier = TMA
 // tx (+128 gatherer arrivals in exact mode), empty barrier = one arrival per math warp, ready
 // barrier (pipelined fast only) = 32 decoder-lane arrivals.
 // Optional 2-CTA multicast (fast mode, kMulticast; off by default): clusters of two CTAs on tiles
@@ -76,6 +79,10 @@
 #include "device/mbarrier.cuh"
 #include "device/setmaxnreg.cuh"
 #include "device/wgmma_mma_async.cuh"
+
+#ifndef MXMOE_GEMM_PRELOAD_QUADS
+#define MXMOE_GEMM_PRELOAD_QUADS 4
+#endif
 
 namespace mxmoe::gemm_sm90 {
 
@@ -128,7 +135,8 @@ struct SmemLayout {
   static constexpr int kTileA = kBlockM * kBlockK;                        // [128, 128] fp8, 128B swizzle
   static constexpr int kTileB = kBlockN * kBlockK;                        // [kBlockN, 128] fp8, 128B swizzle
   static constexpr int kScaleA = kExact ? kKSteps * kBlockM * 4 : kBlockM;  // exact f32 [4, 128]; fast u8 [128]
-  static constexpr int kScaleB = kExact ? kKSteps * kBlockN * 4 : kBlockN;  // exact f32 [4, N]; fast u8 [N]
+  // exact f32 [4, N]; fast u8 [N], its slot rounded up to 128 bytes (TMA destination alignment)
+  static constexpr int kScaleB = kExact ? kKSteps * kBlockN * 4 : (kBlockN + 127) / 128 * 128;
   static constexpr int kScaleAF = kPipelined ? kBlockM * 4 : 0;           // f32 [128], row pairs (r, r+8)
   static constexpr int kScaleBF = kPipelined ? kBlockN * 4 : 0;           // f32 [kBlockN], column quads
   static constexpr int kOffA = 0;
@@ -142,7 +150,7 @@ struct SmemLayout {
   static constexpr int kOffOffsets = kOffBarriers + kNumBarriers * 8;
   static constexpr int kBytes = kOffOffsets + (kMaxExperts + 1) * 4;
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the base to 1024 B (swizzle atoms)
-  static constexpr uint32_t kTxBytes = kTileA + kTileB + (kExact ? 0 : kScaleA + kScaleB);
+  static constexpr uint32_t kTxBytes = kTileA + kTileB + (kExact ? 0 : kScaleA + kBlockN);
 
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "kBlockN: multiple of 64, TMA box <= 256");
   static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "swizzled tiles stay 1024-aligned");
@@ -644,10 +652,26 @@ __device__ __forceinline__ void issue_chunk(float (&acc)[kBlockN / 2], uint8_t* 
   // All four k-steps even in a K-tail chunk (TMA zero fill adds exact zeros; see the serial path).
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)
-    device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, a_hi | (a_lo + 2 * ks),
-                                                        b_hi | (b_lo + 2 * ks), ks > 0);
+    device::wgmma_mma_async_m64nNk32_f32_e4m3_e4m3_ss<kBlockN>(acc, a_hi | (a_lo + 2 * ks),
+                                                                b_hi | (b_lo + 2 * ks), ks > 0);
   device::wgmma_commit_group_sync_aligned();
   at.advance();
+}
+
+// tot += acc · sa[row] · sb[col] for fragment pairs 2m and 2m + 1: sa = the thread's rows (r,
+// r + 8), v = columns 16m + c_frag + {0, 1} (pair 2m) and + {8, 9} (pair 2m + 1), as decoded.
+template <int kBlockN>
+__device__ __forceinline__ void promote_quad(float (&tot)[kBlockN / 2], const float (&acc)[kBlockN / 2],
+                                             int m, float2 sa, float4 v) {
+  const int j0 = 2 * m, j1 = 2 * m + 1;
+  tot[4 * j0 + 0] = fmaf(acc[4 * j0 + 0], sa.x * v.x, tot[4 * j0 + 0]);
+  tot[4 * j0 + 1] = fmaf(acc[4 * j0 + 1], sa.x * v.y, tot[4 * j0 + 1]);
+  tot[4 * j0 + 2] = fmaf(acc[4 * j0 + 2], sa.y * v.x, tot[4 * j0 + 2]);
+  tot[4 * j0 + 3] = fmaf(acc[4 * j0 + 3], sa.y * v.y, tot[4 * j0 + 3]);
+  tot[4 * j1 + 0] = fmaf(acc[4 * j1 + 0], sa.x * v.z, tot[4 * j1 + 0]);
+  tot[4 * j1 + 1] = fmaf(acc[4 * j1 + 1], sa.x * v.w, tot[4 * j1 + 1]);
+  tot[4 * j1 + 2] = fmaf(acc[4 * j1 + 2], sa.y * v.z, tot[4 * j1 + 2]);
+  tot[4 * j1 + 3] = fmaf(acc[4 * j1 + 3], sa.y * v.w, tot[4 * j1 + 3]);
 }
 
 // tot += acc · sa[row] · sb[col] for the chunk at `at`, whose wgmma group has been retired.
@@ -664,18 +688,7 @@ __device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (
   const float2 sa = *reinterpret_cast<const float2*>(saf + sa_slot);  // rows r, r + 8
   const float4* sbq = reinterpret_cast<const float4*>(sbf + sb_slot);  // quad m at sbq[4m]
 #pragma unroll
-  for (int m = 0; m < kBlockN / 16; ++m) {
-    const float4 v = sbq[4 * m];  // columns 16m + c_frag + {0, 1} (pair 2m), + {8, 9} (pair 2m+1)
-    const int j0 = 2 * m, j1 = 2 * m + 1;
-    tot[4 * j0 + 0] = fmaf(acc[4 * j0 + 0], sa.x * v.x, tot[4 * j0 + 0]);
-    tot[4 * j0 + 1] = fmaf(acc[4 * j0 + 1], sa.x * v.y, tot[4 * j0 + 1]);
-    tot[4 * j0 + 2] = fmaf(acc[4 * j0 + 2], sa.y * v.x, tot[4 * j0 + 2]);
-    tot[4 * j0 + 3] = fmaf(acc[4 * j0 + 3], sa.y * v.y, tot[4 * j0 + 3]);
-    tot[4 * j1 + 0] = fmaf(acc[4 * j1 + 0], sa.x * v.z, tot[4 * j1 + 0]);
-    tot[4 * j1 + 1] = fmaf(acc[4 * j1 + 1], sa.x * v.w, tot[4 * j1 + 1]);
-    tot[4 * j1 + 2] = fmaf(acc[4 * j1 + 2], sa.y * v.z, tot[4 * j1 + 2]);
-    tot[4 * j1 + 3] = fmaf(acc[4 * j1 + 3], sa.y * v.w, tot[4 * j1 + 3]);
-  }
+  for (int m = 0; m < kBlockN / 16; ++m) promote_quad<kBlockN>(tot, acc, m, sa, sbq[4 * m]);
   // Stage at.s is no longer read: its wgmmas are retired, its scales are in registers (the
   // arrive's release orders this warp's loads, __syncwarp the other lanes').
   __syncwarp();
@@ -737,6 +750,67 @@ __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* sm
   }
 }
 
+// ---- fast mode, one accumulator per math warpgroup (wide tiles: kBlockN = 192) ---------------
+//
+// A 64 × 192 fragment per math warpgroup: acc 96 + tot 96 registers leave no room for a second
+// accumulator (232 per thread), so a warpgroup issues chunk c (4 × wgmma m64n192k32, 384 tensor
+// cycles at peak), retires it (wait_group 0) and promotes it; meanwhile the tensor core runs the
+// other warpgroup's chunk, so the two fall into alternation (DeepGEMM's sm90 schedule). While its
+// own wgmmas run, a warpgroup waits for the decoded scales and loads its row pair and the first
+// kPreloadQuads column quads, so the promotion does not begin with a shared-memory round trip.
+// Why wider: per 32 of K a m64n192 wgmma reads 8 KB of shared memory for 96 tensor cycles (85
+// B/clk) against 6 KB per 64 (96 B/clk) for m64n128, and the TMA fill per FLOP drops by 1/6
+// (docs/notes/gemm.md, "128 × 192 tiles"). The promotion is the same per element
+// (promote_quad, chunks in order): results are bitwise those of the other fast schedules.
+// Stage s is handed back after the promotion (the decoded floats are read during it), so a
+// warpgroup holds one stage from its wait on full[s] to the end of the promotion.
+template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+__device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
+                                                 const Scheduler& sched, uint64_t* full,
+                                                 uint64_t* empty, uint64_t* ready) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  constexpr int kQuads = kBlockN / 16;
+  constexpr int kPreloadQuads = MXMOE_GEMM_PRELOAD_QUADS;  // registers: 4 per quad, beside acc + tot
+  static_assert(kPreloadQuads <= kQuads, "preload at most the tile's column quads");
+  // Through a shuffle so that the compiler knows it is warp-uniform (descriptors in uniform regs).
+  const int math_wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128 - 1, 0);  // 0, 1
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int r_tile = math_wg * 64 + warp * 16 + lane / 4;  // fragment rows r_tile, r_tile + 8
+  const int c_frag = 2 * (lane % 4);                       // fragment columns 8j + c_frag (+1)
+  const int sa_slot = scale_a_slot(r_tile);
+  const int sb_slot = 4 * (lane % 4);
+
+  PipeState<kNumStages> at;
+  float acc[kBlockN / 2], tot[kBlockN / 2];
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const int n = sched.tile(t).num_chunks;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) tot[i] = 0.0f;
+    for (int c = 0; c < n; ++c) {
+      const PipeState<kNumStages> cur = at;
+      issue_chunk<kBlockN>(acc, smem, full, at, math_wg);  // chunk c -> acc (advances at)
+      device::mbarrier_wait_parity(&ready[cur.s], cur.phase);  // acquire: the decoder's floats
+      const float* saf = reinterpret_cast<const float*>(smem + L::kOffScaleAF + cur.s * L::kScaleAF);
+      const float* sbf = reinterpret_cast<const float*>(smem + L::kOffScaleBF + cur.s * L::kScaleBF);
+      const float2 sa = *reinterpret_cast<const float2*>(saf + sa_slot);  // rows r, r + 8
+      const float4* sbq = reinterpret_cast<const float4*>(sbf + sb_slot);  // quad m at sbq[4m]
+      float4 pre[kPreloadQuads > 0 ? kPreloadQuads : 1];
+#pragma unroll
+      for (int m = 0; m < kPreloadQuads; ++m) pre[m] = sbq[4 * m];
+      device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
+      device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
+#pragma unroll
+      for (int m = 0; m < kQuads; ++m)
+        promote_quad<kBlockN>(tot, acc, m, sa, m < kPreloadQuads ? pre[m] : sbq[4 * m]);
+      // Stage cur.s is no longer read: its wgmmas are retired, its floats consumed (the arrive's
+      // release orders this warp's loads, __syncwarp the other lanes').
+      __syncwarp();
+      if (lane == 0) arrive_empty<false>(&empty[cur.s]);
+    }
+    store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
+  }
+}
+
 // ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
 //
 // A cluster of two CTAs (ranks 0, 1 = blockIdx.x % 2) works on two tiles that share the A tile
@@ -782,6 +856,8 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
   static_assert(!(kExact && kMulticast), "multicast is fast mode's (exact is promotion-bound)");
+  static_assert(kBlockN == 128 || (kPipelined && !kMulticast),
+                "wide tiles (kBlockN 192): pipelined fast mode without multicast only");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
@@ -822,9 +898,14 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   constexpr int kPair = kMulticast ? 2 : 1;
   using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN, kPair>,
                                        MGroupedScheduler<kBlockN, kPair>>;
-  const Scheduler sched(s_off, p);
+  // Wide tiles (kBlockN > 128): each role builds its scheduler after its setmaxnreg; built once
+  // before it, ptxas spilled scheduler fields across the register reallocation (k-grouped and
+  // m-grouped FP32 kernels). The 128-wide kernels keep the single construction (SASS unchanged).
+  constexpr bool kLateScheduler = kBlockN > 128;
+  const Scheduler sched_early(s_off, p);  // dead when kLateScheduler
   if (threadIdx.x < 128) {
     device::setmaxnreg_dec_sync_aligned_u32<kProducerRegs>();
+    const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
     if (kPipelined && threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
       if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
     } else {
@@ -833,9 +914,12 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     }
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
-    if constexpr (kPipelined)
+    const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
+    if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
       math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty,
                                                                     ready);
+    else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
+      math_fast_single<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
     else
       math<kBlockN, kNumStages, kExact, kOutF32, kMulticast>(p, smem, sched, full, empty);
   }
@@ -860,20 +944,45 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 //   test passes). Measured in run 16: no faster (0.96-1.02x the default path, slower on the down
 //   projections), so L2->SM bandwidth is not what limits the kernel; off by default. The
 //   environment variable MXMOE_GEMM_MULTICAST=1 (or 0) overrides it per call.
-// To measure (docs/notes/gemm.md): kBlockN 192 for large N, epilogue overlapped with the next
+// To measure (docs/notes/gemm.md): the wide tile (below), epilogue overlapped with the next
 // tile's first chunk, multicast of both operands (2×2 clusters).
+//   kConfigFastBlockN: fast mode's tile width. 128 = the kernel above (ping-pong); 192 = wide
+//   tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB; not yet
+//   measured, so 128 stays the default. MXMOE_GEMM_TILE=192 (or 128) overrides it per call.
+//   Wide tiles never multicast (MXMOE_GEMM_MULTICAST is then ignored). Exact mode is 128 wide.
 constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
+constexpr int kConfigFastBlockN = 128;
+constexpr int kConfigWideBlockN = 192;
+constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
 
-// Whether this call runs the multicast kernel: fast mode only; MXMOE_GEMM_MULTICAST ("1" on,
-// "0" off; read on every call so that a process can time both) overrides kConfigClusterMulticast.
-inline bool use_cluster_multicast(bool exact) {
-  if (exact) return false;
-  const char* env = std::getenv("MXMOE_GEMM_MULTICAST");
-  if (env != nullptr && env[0] != '\0') return env[0] != '0';
-  return kConfigClusterMulticast;
+// Stages for a tile width (the widths the host launches).
+template <int kBlockN>
+constexpr int stages_for() {
+  static_assert(kBlockN == kConfigBlockN || kBlockN == kConfigWideBlockN, "instantiated widths");
+  return kBlockN == kConfigWideBlockN ? kConfigWideStages : kConfigStages;
+}
+
+// Which fast-mode kernel a call runs, from the compile-time defaults and the environment (read on
+// every call, so that one process can time every path): block_n 128 or 192 (MXMOE_GEMM_TILE),
+// multicast (MXMOE_GEMM_MULTICAST "1" on, "0" off; 128-wide fast mode only). Exact mode: 128, off.
+struct KernelPath {
+  int block_n = kConfigBlockN;
+  bool multicast = false;
+};
+
+inline KernelPath choose_kernel_path(bool exact) {
+  KernelPath k;
+  if (exact) return k;
+  k.block_n = kConfigFastBlockN;
+  const char* tile = std::getenv("MXMOE_GEMM_TILE");
+  if (tile != nullptr && tile[0] != '\0') k.block_n = std::atoi(tile) == 192 ? 192 : 128;
+  if (k.block_n != kConfigBlockN) return k;
+  const char* mc = std::getenv("MXMOE_GEMM_MULTICAST");
+  k.multicast = (mc != nullptr && mc[0] != '\0') ? mc[0] != '0' : kConfigClusterMulticast;
+  return k;
 }
 
 // Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
@@ -914,16 +1023,18 @@ int max_active_pairs(const char* fn, int smem) {
   });
 }
 
-template <bool kExact, bool kOutF32, bool kKGrouped>
+template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                     const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
                     cudaStream_t stream) {
-  constexpr bool kPipelined = !kExact && kConfigFastPipelined;
-  using L = SmemLayout<kConfigBlockN, kConfigStages, kExact, kPipelined>;
-  if constexpr (!kExact) {
+  // Wide tiles exist only as the pipelined fast schedule.
+  constexpr bool kPipelined = !kExact && (kConfigFastPipelined || kBlockN != kConfigBlockN);
+  constexpr int kStages = stages_for<kBlockN>();
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined>;
+  if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
-      constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
-                                                      kKGrouped, kPipelined, true>;
+      constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
+                                                                kKGrouped, kPipelined, true>;
       detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
       // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
       const int pairs = std::max(1, std::min(grid / 2, max_active_pairs<kernel>(fn, L::kAlloc)));
@@ -933,26 +1044,30 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
       return;
     }
   }
-  constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kConfigBlockN, kConfigStages, kExact, kOutF32,
-                                                  kKGrouped, kPipelined>;
+  constexpr auto kernel =
+      grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped, kPipelined>;
   detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
   MXMOE_CHECK_LAUNCH(fn);
 }
 
-// multicast: from use_cluster_multicast (the A map's box must have a_box_rows(multicast) rows).
+// path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
+// map's box and the B scale map's box path.block_n rows).
 template <bool kKGrouped>
-void dispatch_grouped(const char* fn, bool exact, bool out_f32, bool multicast,
+void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
+  constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN;
+  const bool mc = path.multicast;
   if (exact) {
-    if (out_f32) launch_grouped<true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+  } else if (path.block_n == kW) {
+    if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kW, false, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else {
-    if (out_f32)
-      launch_grouped<false, true, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else
-      launch_grouped<false, false, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   }
 }
 

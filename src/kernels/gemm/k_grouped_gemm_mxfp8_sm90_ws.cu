@@ -12,7 +12,6 @@ namespace mxmoe {
 namespace {
 
 constexpr const char* kFn = "k_grouped_mxfp8_gemm_nt";
-constexpr int kBlockN = gemm_sm90::kConfigBlockN;
 using gemm_sm90::kBlockK;
 using gemm_sm90::kBlockM;
 
@@ -39,7 +38,9 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
   const bool exact = opts.mode == GemmMode::kExact;
-  const bool multicast = gemm_sm90::use_cluster_multicast(exact);  // 2-CTA clusters sharing dYᵀ
+  const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(exact);
+  const bool multicast = path.multicast;  // 2-CTA clusters sharing dYᵀ
+  const int block_n = path.block_n;      // k-tile width (rows of Xᵀ)
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
   const uint8_t* a_data = exact ? a.data : a.fast_data;
   const uint8_t* b_data = exact ? b.data : b.fast_data;
@@ -47,13 +48,13 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
       kFn, a_data, n, m_total, m_total, gemm_sm90::a_box_rows(multicast), kBlockK,
       CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
-      kFn, b_data, k, m_total, m_total, kBlockN, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // Xᵀ [kBlockN, 128]
+      kFn, b_data, k, m_total, m_total, block_n, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // Xᵀ [block_n, 128]
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_tc, n, n, 1, kBlockM,
                                           CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128] of [M/128, N]
-    tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_tc, k, k, 1, kBlockN,
-                                          CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, kBlockN] of [M/128, K]
+    tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_tc, k, k, 1, block_n,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n] of [M/128, K]
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
@@ -66,7 +67,7 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.kdim = int(m_total);
   p.m_tiles_cap = 0;  // unused by the k-grouped schedule
   p.accumulate = opts.accumulate;
-  gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, multicast,
+  gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, path,
                                     tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream);
 }
 

@@ -13,7 +13,6 @@ namespace mxmoe {
 namespace {
 
 constexpr const char* kFn = "m_grouped_mxfp8_gemm_nt";
-constexpr int kBlockN = gemm_sm90::kConfigBlockN;
 using gemm_sm90::kBlockK;
 using gemm_sm90::kBlockM;
 
@@ -28,11 +27,13 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
   const bool exact = opts.mode == GemmMode::kExact;
-  const bool multicast = gemm_sm90::use_cluster_multicast(exact);
-  int64_t n_tiles = (n + kBlockN - 1) / kBlockN;
+  const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(exact);
+  const bool multicast = path.multicast;
+  const int block_n = path.block_n;
+  int64_t n_tiles = (n + block_n - 1) / block_n;
   if (multicast) n_tiles += n_tiles % 2;  // 2-CTA clusters pair n-tiles (phantom partner if odd)
   if ((m_total / kBlockM) * n_tiles >= (int64_t(1) << 31))
-    throw_arg(kFn, "m_total", to_str(m_total), "(m_total/128)·ceil(n/128) must be < 2^31");
+    throw_arg(kFn, "m_total", to_str(m_total), "(m_total/128)·ceil(n/block_n) must be < 2^31");
   detail::check_grouped_operand(kFn, "b", b, opts.mode);
   if (m_total == 0) return;  // nothing can be written
   detail::check_grouped_operand(kFn, "a", a, opts.mode);
@@ -48,13 +49,13 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
       kFn, a_data, m_total, k, k, gemm_sm90::a_box_rows(multicast), kBlockK,
       CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
-      kFn, b_data, num_experts * n, k, k, kBlockN, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+      kFn, b_data, num_experts * n, k, k, block_n, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_kc, m_total, m_total, 1,
                                           kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128]
     tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_experts * num_kc, n, n, 1,
-                                          kBlockN, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, kBlockN]
+                                          block_n, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n]
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
@@ -67,7 +68,7 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   p.kdim = int(k);
   p.m_tiles_cap = int(m_total / kBlockM);
   p.accumulate = opts.accumulate;
-  gemm_sm90::dispatch_grouped<false>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, multicast,
+  gemm_sm90::dispatch_grouped<false>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, path,
                                      tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream);
 }
 
