@@ -947,8 +947,9 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 // To measure (docs/notes/gemm.md): the wide tile (below), epilogue overlapped with the next
 // tile's first chunk, multicast of both operands (2×2 clusters).
 //   kConfigFastBlockN: fast mode's tile width. 128 = the kernel above (ping-pong); 192 = wide
-//   tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB; not yet
-//   measured, so 128 stays the default. MXMOE_GEMM_TILE=192 (or 128) overrides it per call.
+//   tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB. Measured in
+//   run 25: mixed for the forward (128 stays its default), faster for most wgrad shapes
+//   (k_grouped_fast_block_n). MXMOE_GEMM_TILE=192 (or 128) overrides it per call.
 //   Wide tiles never multicast (MXMOE_GEMM_MULTICAST is then ignored). Exact mode is 128 wide.
 constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
@@ -973,10 +974,12 @@ struct KernelPath {
   bool multicast = false;
 };
 
-inline KernelPath choose_kernel_path(bool exact) {
+// fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
+// from the shape, see k_grouped_fast_block_n).
+inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastBlockN) {
   KernelPath k;
   if (exact) return k;
-  k.block_n = kConfigFastBlockN;
+  k.block_n = fast_block_n;
   const char* tile = std::getenv("MXMOE_GEMM_TILE");
   if (tile != nullptr && tile[0] != '\0') k.block_n = std::atoi(tile) == 192 ? 192 : 128;
   if (k.block_n != kConfigBlockN) return k;
@@ -984,6 +987,13 @@ inline KernelPath choose_kernel_path(bool exact) {
   k.multicast = (mc != nullptr && mc[0] != '\0') ? mc[0] != '0' : kConfigClusterMulticast;
   return k;
 }
+
+// Wgrad's default tile width: 192 when dW has at least 1024 columns (k). Measured in run 25
+// (bench_gemm --quick --wgrad --tile-both, T = 2048/expert, uniform and skewed): 192 ran
+// 1.02-1.24x the 128-wide kernel on all 10 wgrad cases with k >= 1536 (Qwen3-30B/235B,
+// DeepSeek-V3 EP8) and 0.91-0.93x on the two with k = 768 (Qwen3-30B down). The forward
+// (m-grouped) cases were mixed (0.91-1.11x), so it stays 128 there. MXMOE_GEMM_TILE overrides.
+inline int k_grouped_fast_block_n(int64_t k) { return k >= 1024 ? kConfigWideBlockN : kConfigBlockN; }
 
 // Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
 inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kBlockM; }
