@@ -263,19 +263,33 @@ struct ColQuad {
   uint32_t qv[4][4];
 };
 
-__device__ __forceinline__ ColQuad colwise_quantize(const QuantizeParams& p, const uint32_t* tile_words) {
-  ColQuad r;
-  const int lane = threadIdx.x % 32;
-  const int h = r.h = lane >> 2;                            // 16-row group
-  const int q = r.q = (threadIdx.x / 32) * 4 + (lane & 3);  // column quad
-  uint32_t w[32];  // [16 rows][2 words]: w[2i] = columns (4q, 4q+1), w[2i+1] = (4q+2, 4q+3)
+// This thread's 16 rows x 4 columns of the tile: w[2i] = columns (4q, 4q+1) of row 16h + i,
+// w[2i+1] = columns (4q+2, 4q+3).
+struct ColWords {
+  uint32_t w[32];
+};
+
+__device__ __forceinline__ int col_quad() { return (threadIdx.x / 32) * 4 + (threadIdx.x % 4); }
+__device__ __forceinline__ int col_group() { return (threadIdx.x % 32) >> 2; }
+
+__device__ __forceinline__ ColWords colwise_load(const uint32_t* tile_words) {
+  ColWords cw;
+  const int h = col_group(), q = col_quad();
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const int row = 16 * h + i;
     const uint2 v = *reinterpret_cast<const uint2*>(&tile_words[row * (kTileCols / 2) + 4 * swz_vec(row, q / 2) + 2 * (q % 2)]);
-    w[2 * i] = v.x;
-    w[2 * i + 1] = v.y;
+    cw.w[2 * i] = v.x;
+    cw.w[2 * i + 1] = v.y;
   }
+  return cw;
+}
+
+__device__ __forceinline__ ColQuad colwise_quantize(const QuantizeParams& p, const ColWords& cw) {
+  ColQuad r;
+  r.h = col_group();  // 16-row group
+  r.q = col_quad();   // column quad
+  const uint32_t* w = cw.w;
   uint32_t m01 = 0, m23 = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -309,7 +323,7 @@ __device__ __forceinline__ ColQuad colwise_quantize(const QuantizeParams& p, con
 template <bool kFast, bool kFull>
 __device__ __forceinline__ void colwise_tile(const QuantizeParams& p, const TileOut& o,
                                              const uint32_t* tile_words, const Tile& t) {
-  ColQuad cq = colwise_quantize(p, tile_words);
+  ColQuad cq = colwise_quantize(p, colwise_load(tile_words));
   const int q = cq.q, h = cq.h;
   const uint32_t* sc = cq.sc;
   auto& qv = cq.qv;
@@ -431,14 +445,21 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
 // ==== Staged kernel: the plain MX copies (no fast form) leave through shared memory by TMA stores ====
 // Per tile k (stage k % S):
 //   wait for this thread's loads of tile k (+ the gather's row scaling of its own slots);
+//   barrier A: tile k is visible to every thread;
+//   every thread loads the inputs of both passes into registers;
 //   thread 0: the previous tile's TMA stores have finished reading the staging buffers;
-//   barrier A: tile k is visible to every thread, the staging buffers are free;
+//   barrier C: stage k % S has been read and the staging is free; the stage is refilled with
+//   tile k + S at once, so those loads run while this tile is converted and stored (both
+//   directions: the row-wise pass reads the stage between C and a barrier D, then the refill);
 //   row-wise pass → row staging; column-wise pass → column staging (E4M3, 128x128 bytes each, in
 //   the 128-byte swizzle that the TMA store reads: 16-byte chunk c of row y at c ^ (y % 8));
-//   fence.proxy.async + barrier B: the staging is complete and stage k % S has been read;
+//   fence.proxy.async + barrier B: the staging is complete;
 //   thread 0 issues one TMA store per direction (boxes reaching past the matrix are clipped by
 //   the TMA unit; a gather tile with rows at or past *rows_used is copied out by every thread
-//   instead, so that those rows are never written); stage k % S is refilled with tile k + S.
+//   instead, so that those rows are never written).
+// (Run 26's ncu of the two-barrier version: 35-49% of warp samples waited at the barrier that
+// also waited for the previous stores to leave the staging, with the refill issued only after
+// the stores.)
 // Scale bytes are stored directly. The row-wise pass reads other threads' slots, which barrier A
 // covers: a thread owns one row and 64 columns, i.e. two whole 32-blocks (no shuffles).
 constexpr int kStageBytes = kTileRows * kTileCols * 2;  // one BF16 tile
@@ -458,14 +479,26 @@ __device__ __forceinline__ uint32_t e4m3x4_scaled(uint32_t w0, uint32_t w1, floa
                               dev::bf16_hi(w1) * rcp);
 }
 
-__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const uint4* stage,
-                                               uint8_t* out) {
-  const int lane = threadIdx.x % 32;
-  const int r = 16 * (threadIdx.x / 32) + (lane & 15);  // tile row
-  const int half = lane >> 4;                             // tile columns 64·half .. 64·half + 63
+// Row-wise thread = (tile row r, half): 8 vectors = tile columns 64·half .. 64·half + 63.
+__device__ __forceinline__ int row_of_thread() { return 16 * (threadIdx.x / 32) + (threadIdx.x % 16); }
+__device__ __forceinline__ int half_of_thread() { return (threadIdx.x % 32) >> 4; }
+
+struct RowVecs {
   uint4 v[8];
+};
+
+__device__ __forceinline__ RowVecs rowwise_load(const uint4* stage) {
+  RowVecs rv;
+  const int r = row_of_thread(), half = half_of_thread();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = stage[r * kVecPerRow + swz_vec(r, 8 * half + j)];
+  for (int j = 0; j < 8; ++j) rv.v[j] = stage[r * kVecPerRow + swz_vec(r, 8 * half + j)];
+  return rv;
+}
+
+__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
+                                               uint8_t* out) {
+  const int r = row_of_thread(), half = half_of_thread();
+  const uint4* v = rv.v;
   uint32_t sb[2];
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
@@ -502,9 +535,9 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
   }
 }
 
-__device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Tile& t, const uint32_t* tile_words,
+__device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Tile& t, const ColWords& cw,
                                                uint8_t* out) {
-  const ColQuad cq = colwise_quantize(p, tile_words);
+  const ColQuad cq = colwise_quantize(p, cw);
   const int q = cq.q, h = cq.h;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -593,14 +626,36 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
     if constexpr (kMap == RowMap::kGather) {
       if (p.row_scale != nullptr && valid) scale_own_slots(p, t, stage);
     }
-    if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // the staging is free again
-    __syncthreads();                                                // A
-    if (valid) {
-      if constexpr (kRow) rowwise_staged(p, t, stage, row_out);
-      if constexpr (kCol) colwise_staged(p, t, reinterpret_cast<const uint32_t*>(stage), col_out);
+    __syncthreads();  // A: tile k is visible to every thread
+    if constexpr (kRow && kCol) {
+      // Both passes' inputs (64 registers) do not fit beside the rest, so the row-wise pass runs
+      // between two barriers instead: C frees the staging, D ends the reads of the stage.
+      ColWords cw;
+      if (valid) cw = colwise_load(reinterpret_cast<const uint32_t*>(stage));
+      if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // previous stores read the staging
+      __syncthreads();  // C: the staging is free
+      if (valid) rowwise_staged(p, t, rowwise_load(stage), row_out);
+      __syncthreads();  // D: stage k % S has been read
+      issue(k + S);
+      if (valid) colwise_staged(p, t, cw, col_out);
+    } else {
+      // The pass's inputs into registers, then the stage is refilled while they are converted.
+      RowVecs rv;
+      ColWords cw;
+      if (valid) {
+        if constexpr (kRow) rv = rowwise_load(stage);
+        if constexpr (kCol) cw = colwise_load(reinterpret_cast<const uint32_t*>(stage));
+      }
+      if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // previous stores read the staging
+      __syncthreads();  // C: stage k % S has been read; the staging is free
+      issue(k + S);     // the refill runs while this tile is converted and stored
+      if (valid) {
+        if constexpr (kRow) rowwise_staged(p, t, rv, row_out);
+        if constexpr (kCol) colwise_staged(p, t, cw, col_out);
+      }
     }
     device::fence_proxy_async_shared_cta();
-    __syncthreads();  // B
+    __syncthreads();  // B: the staging is complete
     if (valid) {
       if (kMap == RowMap::kGather && t.out_valid < kTileRows) {
         copy_out_partial<kRow, kCol>(p, t, row_out, col_out);
@@ -610,7 +665,6 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
         device::cp_async_bulk_commit_group();
       }
     }
-    issue(k + S);
   }
   if (threadIdx.x == 0) device::cp_async_bulk_wait_group<0>();
   dev::cp_async_wait_group<0>();
