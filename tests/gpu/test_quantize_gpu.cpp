@@ -102,10 +102,12 @@ void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& 
   }
 }
 
-// Sets MXMOE_QUANT_STAGED for the scope (the quantizer reads it on every call).
-struct StagedEnv {
-  explicit StagedEnv(const char* v) { setenv("MXMOE_QUANT_STAGED", v, 1); }
-  ~StagedEnv() { unsetenv("MXMOE_QUANT_STAGED"); }
+// Sets a quantizer switch (MXMOE_QUANT_STAGED, MXMOE_QUANT_ROW_DIRECT) for the scope; the
+// quantizer reads them on every call.
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name); }
 };
 
 }  // namespace
@@ -356,15 +358,42 @@ TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
     for (bool fast : {true, false}) run_gather(true, fast, used, rng);
 }
 
+namespace {
+
+// One non-default quantizer path (switch name=value) on plain copies only: dense cases, a grouped
+// and gather inputs (one gather per `useds` entry; 1248 cuts the last tile).
+void run_plain_variant(const char* name, const char* value, const std::vector<DenseCase>& cases, Dist dist,
+                       const std::vector<int64_t>& useds, std::mt19937& rng) {
+  const ScopedEnv env(name, value);
+  for (const DenseCase& c : cases)
+    run_dense_once(c, ScaleMode::kRceil, random_bf16(c.batch * c.rows, c.cols, dist, rng), std::string(name) + "=" + value);
+  run_grouped_once({0, 1, 127, 300, 0, 1000}, 2880, 256, false, rng);
+  for (int64_t used : useds) run_gather(true, false, used, rng);
+}
+
+}  // namespace
+
 // The register-store kernel on the plain copies (MXMOE_QUANT_STAGED=0), which it otherwise writes
 // only beside the fast form: dense partial tiles both ways, batched, grouped and gather.
 TEST(QuantizeGpu, RegisterStoreKernelOnPlainCopies) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  const StagedEnv env("0");
-  for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, true, false}, DenseCase{3, 160, 96, true, true, false},
-                             DenseCase{1, 33, 32, true, false, false}})
-    run_dense_once(c, ScaleMode::kRceil, random_bf16(c.batch * c.rows, c.cols, Dist::kHeavyTailed, rng), "reg-store");
-  run_grouped_once({0, 1, 127, 300, 0, 1000}, 2880, 256, false, rng);
-  run_gather(true, false, 1280, rng);
+  run_plain_variant("MXMOE_QUANT_STAGED", "0",
+                    {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 33, 32, true, false, false}},
+                    Dist::kHeavyTailed, {1280}, rng);
+}
+
+// Both directions with the row-wise copy stored straight from registers (MXMOE_QUANT_ROW_DIRECT=1):
+// dense partial tiles and batches, NaN/Inf, grouped, and gather with a cut last tile.
+TEST(QuantizeGpu, RowDirectVariantBothDirections) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_plain_variant("MXMOE_QUANT_ROW_DIRECT", "1",
+                    {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 2048, 2048, true, true, false}},
+                    Dist::kOutlierChannels, {1280, 1248}, rng);
+  const ScopedEnv env("MXMOE_QUANT_ROW_DIRECT", "1");
+  auto x = random_bf16(256, 384, Dist::kGaussian, rng);
+  const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+  for (int k = 0; k < 40; ++k) x[size_t(rng() % (256 * 384))] = bad[k % 5];
+  run_dense_once({1, 256, 384, true, true, false}, ScaleMode::kFloor, x, "row-direct nan/inf");
 }
