@@ -9,7 +9,8 @@
 #   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back);
 #   MXMOE_EP=1 runs the expert-parallel test at R = #GPUs (if >= 2) and R = 1, printed inline;
 #   MXMOE_CTEST_REGEX=re runs only the tests whose names match (ctest -R);
-#   MXMOE_NCU_GEMM=1 writes ncu_gemm.txt (stall reasons of the fast GEMM, DSV3 gate-up).
+#   MXMOE_NCU_GEMM=1 writes ncu_gemm.txt, ncu_gemm_run.log and ncu_gemm_src.csv.gz (stall reasons
+#   of the fast GEMM, DSV3 gate-up, also per SASS instruction).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}
@@ -73,10 +74,13 @@ if [ "${MXMOE_NCU_GEMM:-0}" = 1 ] && [ $build_rc -eq 0 ]; then
   # Why the fast GEMM idles (run 13: tensor pipe 49%; run 16: not L2): stall reasons, pipe and
   # shared-memory utilisation of the first two launches on DeepSeek-V3 EP8 gate-up (fast mode).
   timeout 300 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-    --page raw -k regex:grouped_gemm_mxfp8 -c 2 python3 bench/bench_gemm.py --quick --shapes "DSV3-EP8 gate-up" \
-    --reps 1 > "$OUT/ncu_gemm.txt" 2>&1
+    --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters \
+    -k regex:grouped_gemm_mxfp8 -c 2 -f -o /tmp/ncu_gemm python3 bench/bench_gemm.py --quick \
+    --shapes "DSV3-EP8 gate-up" --reps 1 > "$OUT/ncu_gemm_run.log" 2>&1
   echo "ncu gemm rc=$?"
+  ncu -i /tmp/ncu_gemm.ncu-rep --page raw > "$OUT/ncu_gemm.txt" 2>&1
+  # per-SASS-instruction stall samples (parsed off-line)
+  ncu -i /tmp/ncu_gemm.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_gemm_src.csv.gz"
   # raw page: every metric the sections collected; the stall reasons are the *issue_stalled* ones
   grep -E "issue_stalled|pipe_tensor|data_pipe_lsu_wavefronts_mem_shared|issue_active|throughput.avg.pct" \
     "$OUT/ncu_gemm.txt" | sort -k3 -g -r | head -40

@@ -7,14 +7,18 @@
 // Layouts (mx_format.h, quantize.h): x BF16 [batch, rows, cols] row-major, 16-byte aligned;
 // data E4M3 row-major; scales E8M0 [.., cols/32]; fast scales chunk-major [ceil(n/128), rows].
 //
-// One CTA of 256 threads owns a [128 rows, 128 cols] BF16 tile (32 KB):
-//   load     : each thread issues 8 independent 16-byte loads (8 BF16 of one row each) up front;
-//   rowwise  : from registers — 4 lanes hold one 32-block (2 shuffles for amax), 16 lanes one
-//              128-chunk (2 more for the fast exponent); 8-byte stores of E4M3;
-//   colwise  : through shared memory — each thread reads a pair of columns over 32 rows as 32
-//              conflict-free 4-byte words and writes two 32-byte E4M3 runs of the transposed output;
-//              the fast chunk exponent (4 row blocks) is exchanged through a 512-byte table.
-// Registers: ~64-90 a thread (no spills; checked with -Xptxas -v). Shared: 32 KB (+512 B fast).
+// Persistent CTAs of 256 threads walk [128 rows, 128 cols] BF16 tiles (32 KB) through a ring of
+// cp.async stages (each thread loads 8 rows' 16-byte vectors of the tile, rows past the data
+// zero-filled). Two kernels:
+//  - staged (plain MX copies, the default whenever no fast form is asked for): a row-wise thread
+//    owns two whole 32-blocks of one row (no shuffles); a column-wise thread 4 columns x 16 rows
+//    (one shuffle completes a block); E4M3 outputs go to swizzled staging tiles in shared memory
+//    and leave by one TMA store per direction; scale bytes are stored directly. 2-3 stages,
+//    97-113 KB, 2 CTAs per SM. See "Staged kernel" below for the barrier protocol.
+//  - register-store (with the fast form, or MXMOE_QUANT_STAGED=0): the row-wise pass from each
+//    thread's own slots (4 lanes per block, shuffles), 8-byte stores; the column-wise pass through
+//    shared memory with 16-byte stores of whole 128-byte lines; 3 stages (96 KB).
+// Registers: up to 128 a thread (2 CTAs per SM), no spills (checked with -Xptxas -v).
 // Roofline: memory-bound. Bytes per element: read 2; write 1 + 1/32 per copy (+1 + 1/128 fast).
 // Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
 #include <algorithm>
