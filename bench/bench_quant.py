@@ -6,9 +6,8 @@ Each line: kernel, shape, time (us, median), GB/s (bytes read + written, scales 
 and whether mxmoe's timed output matched the PyTorch output bit for bit.
 For the plain MX copies (no fast form) the default kernel is the staged one (outputs leave
 through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
-(MXMOE_QUANT_STAGED=0, which also writes the fast form) on the same data, in the same run, and
-"row-direct" the staged kernel with the row-wise copy stored from registers (MXMOE_QUANT_ROW_DIRECT=1,
-both directions only). Every variant's output is checked (the grouped rows: the default's).
+(MXMOE_QUANT_STAGED=0, which also writes the fast form) on the same data, in the same run. Every
+variant's output is checked (the grouped rows: the default's).
 Usage: python3 bench/bench_quant.py [--json out.json] [--quick]
 """
 import argparse
@@ -120,7 +119,7 @@ def compare(mx, ref):
     return bad
 
 
-SWITCHES = ("MXMOE_QUANT_STAGED", "MXMOE_QUANT_ROW_DIRECT")
+SWITCHES = ("MXMOE_QUANT_STAGED",)
 
 
 def timed_variant(timer, run, mx, ref, env):
@@ -180,26 +179,22 @@ def main():
             check(lib, lib.mxmoe_quantize_mxfp8(ptr(x), b, r, c, *a, RCEIL, None))
 
         ref = torch_quant(x, row, col, fast)
-        us_reg = us_direct = None
+        us_reg = None
         if not fast:  # the register-store kernel on the same data, output checked too
             us_reg, bad_reg = timed_variant(timer, run, mx, ref, {"MXMOE_QUANT_STAGED": "0"})
-        if row and col and not fast:  # the staged kernel with direct row-wise stores
-            us_direct, bad_direct = timed_variant(timer, run, mx, ref, {"MXMOE_QUANT_ROW_DIRECT": "1"})
         us, bad = timed_variant(timer, run, mx, ref, {})
-        bad += (bad_reg if us_reg is not None else 0) + (bad_direct if us_direct is not None else 0)
+        bad += bad_reg if us_reg is not None else 0
         t_us = timer(lambda: torch_quant(x, row, col, fast))
         nbytes = x.numel() * 2 + mx.nbytes()
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{b}x{r}x{c}" if b > 1 else f"{r}x{c}"
         reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs if us_reg else None
-        direct_pct = 100 * nbytes / (us_direct * 1e-6) / 1e9 / copy_gbs if us_direct else None
         row_out = {"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
                    "reg_store_us": us_reg, "reg_store_pct_copy": reg_pct,
-                   "row_direct_us": us_direct, "row_direct_pct_copy": direct_pct,
                    "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad}
         results["rows"].append(row_out)
         table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%",
-                      f"{reg_pct:.1f}%" if reg_pct else "-", f"{direct_pct:.1f}%" if direct_pct else "-", f"{t_us:.1f}",
+                      f"{reg_pct:.1f}%" if reg_pct else "-", f"{t_us:.1f}",
                       f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
         del x, mx, ref
         torch.cuda.empty_cache()
@@ -227,7 +222,6 @@ def main():
         a = mx.args()
         run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None))
         us_reg = timer_env(timer, run, {"MXMOE_QUANT_STAGED": "0"})
-        us_direct = timer_env(timer, run, {"MXMOE_QUANT_ROW_DIRECT": "1"}) if row else None
         us = timer(run)
         # baseline: gather into the padded layout with index ops, then quantize
         idx = torch.cat([torch.arange(int(offs[e]), int(offs[e + 1])) for e in range(E)])
@@ -251,17 +245,15 @@ def main():
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{T}x{C} E={E} skewed"
         reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs
-        direct_pct = 100 * nbytes / (us_direct * 1e-6) / 1e9 / copy_gbs if us_direct else None
         results["rows"].append({"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
                                 "reg_store_us": us_reg, "reg_store_pct_copy": reg_pct,
-                                "row_direct_us": us_direct, "row_direct_pct_copy": direct_pct,
                                 "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad})
         table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{reg_pct:.1f}%",
-                      f"{direct_pct:.1f}%" if direct_pct else "-", f"{t_us:.1f}", f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+                      f"{t_us:.1f}", f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
 
     print_table(f"MXFP8 quantization (RCEIL), copy ceiling {copy_gbs:.0f} GB/s; baseline: plain PyTorch, same run",
-                ["kernel", "shape", "us", "GB/s", "% copy", "reg-store % copy", "row-direct % copy", "torch us", "x torch",
-                 "output check"], table)
+                ["kernel", "shape", "us", "GB/s", "% copy", "reg-store % copy", "torch us", "x torch", "output check"],
+                table)
     write_json(args.json, results)
     if any(r["mismatched_bytes"] for r in results["rows"]):
         print("ERROR: mxmoe output differs from the PyTorch baseline", file=sys.stderr)

@@ -102,8 +102,8 @@ void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& 
   }
 }
 
-// Sets a quantizer switch (MXMOE_QUANT_STAGED, MXMOE_QUANT_ROW_DIRECT) for the scope; the
-// quantizer reads them on every call.
+// Sets a quantizer switch (MXMOE_QUANT_STAGED) for the scope; the quantizer reads it on every
+// call.
 struct ScopedEnv {
   const char* name;
   ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
@@ -381,19 +381,4 @@ TEST(QuantizeGpu, RegisterStoreKernelOnPlainCopies) {
   run_plain_variant("MXMOE_QUANT_STAGED", "0",
                     {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 33, 32, true, false, false}},
                     Dist::kHeavyTailed, {1280}, rng);
-}
-
-// Both directions with the row-wise copy stored straight from registers (MXMOE_QUANT_ROW_DIRECT=1):
-// dense partial tiles and batches, NaN/Inf, grouped, and gather with a cut last tile.
-TEST(QuantizeGpu, RowDirectVariantBothDirections) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
-  run_plain_variant("MXMOE_QUANT_ROW_DIRECT", "1",
-                    {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 2048, 2048, true, true, false}},
-                    Dist::kOutlierChannels, {1280, 1248}, rng);
-  const ScopedEnv env("MXMOE_QUANT_ROW_DIRECT", "1");
-  auto x = random_bf16(256, 384, Dist::kGaussian, rng);
-  const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
-  for (int k = 0; k < 40; ++k) x[size_t(rng() % (256 * 384))] = bad[k % 5];
-  run_dense_once({1, 256, 384, true, true, false}, ScaleMode::kFloor, x, "row-direct nan/inf");
 }
