@@ -20,10 +20,11 @@ every call; unset = the default path). --multicast-both and --tile-both time the
 beside the default one in the same run, on the same data: "mxmoe-fast" then runs with
 MXMOE_GEMM_TILE=128 MXMOE_GEMM_MULTICAST=0, "mxmoe-fast-mc" with MXMOE_GEMM_MULTICAST=1 (2-CTA
 clusters sharing the A tile by TMA multicast), "mxmoe-fast-192" with MXMOE_GEMM_TILE=192 (128 × 192
-tiles, one accumulator per math warpgroup). Each alternative's output must be bitwise equal to
+tiles, one accumulator per math warpgroup), "mxmoe-fast-pre" (--preload-both) with MXMOE_GEMM_PRELOAD=1
+(scales loaded before the wgmma wait). Each alternative's output must be bitwise equal to
 mxmoe-fast's; the column xfast is mxmoe-fast's time / the alternative's.
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--tile-both] [--shapes Qwen3-30B] [--reps 15]
+                                   [--tile-both] [--preload-both] [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
 import math
@@ -41,6 +42,8 @@ import ctypes  # noqa: E402
 FAST, EXACT = 0, 1
 MULTICAST_ENV = "MXMOE_GEMM_MULTICAST"
 TILE_ENV = "MXMOE_GEMM_TILE"
+PRELOAD_ENV = "MXMOE_GEMM_PRELOAD"
+PRELOAD_BOTH = False  # --preload-both (set in main)
 BF16_OUT = 0
 VERIFY_TOL = 0.08
 MEM_BUDGET = 90e9  # bytes of GPU memory a case may use
@@ -227,7 +230,9 @@ def mxmoe_variants(multicast_both, tile_both):
         alts.append((FAST, "mxmoe-fast-mc", {MULTICAST_ENV: "1", TILE_ENV: "128"}))
     if tile_both:
         alts.append((FAST, "mxmoe-fast-192", {MULTICAST_ENV: "0", TILE_ENV: "192"}))
-    fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128"} if alts else None
+    if PRELOAD_BOTH:
+        alts.append((FAST, "mxmoe-fast-pre", {MULTICAST_ENV: "0", TILE_ENV: "128", PRELOAD_ENV: "1"}))
+    fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128", PRELOAD_ENV: "0"} if alts else None
     return [(FAST, "mxmoe-fast", fast_env)] + alts + [(EXACT, "mxmoe-exact", None)]
 
 
@@ -413,7 +418,11 @@ def main():
                     help="time fast mode on the default and the 2-CTA multicast path (MXMOE_GEMM_MULTICAST=0/1)")
     ap.add_argument("--tile-both", action="store_true",
                     help="time fast mode on the default and the 128x192-tile path (MXMOE_GEMM_TILE=128/192)")
+    ap.add_argument("--preload-both", action="store_true",
+                    help="time fast mode on the default and the scale-preload path (MXMOE_GEMM_PRELOAD=0/1)")
     args = ap.parse_args()
+    global PRELOAD_BOTH
+    PRELOAD_BOTH = args.preload_both
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)
@@ -444,7 +453,7 @@ def main():
     results["tile_env"] = os.environ.get(TILE_ENV)
     write_json(args.json, results)
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
-               and r.get("mxmoe-fast-192_ok", True) for r in results["rows"]):
+               and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-pre_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)
 

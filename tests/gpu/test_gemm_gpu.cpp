@@ -584,15 +584,17 @@ bool multicast_requested() {
   return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
-// Sets MXMOE_GEMM_TILE and MXMOE_GEMM_MULTICAST for one scope and restores what was there.
+// Sets MXMOE_GEMM_TILE, MXMOE_GEMM_MULTICAST and MXMOE_GEMM_PRELOAD for one scope and restores
+// what was there.
 class ScopedKernelPath {
  public:
-  ScopedKernelPath(int tile, bool multicast) {
+  ScopedKernelPath(int tile, bool multicast, bool preload = false) {
     set("MXMOE_GEMM_TILE", std::to_string(tile), 0);
     set("MXMOE_GEMM_MULTICAST", multicast ? "1" : "0", 1);
+    set("MXMOE_GEMM_PRELOAD", preload ? "1" : "0", 2);
   }
   ~ScopedKernelPath() {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 3; ++i) {
       if (had_[i]) setenv(names_[i], old_[i].c_str(), 1);
       else unsetenv(names_[i]);
     }
@@ -606,9 +608,9 @@ class ScopedKernelPath {
     if (had_[i]) old_[i] = v;
     setenv(name, value.c_str(), 1);
   }
-  const char* names_[2] = {nullptr, nullptr};
-  bool had_[2] = {false, false};
-  std::string old_[2];
+  const char* names_[3] = {nullptr, nullptr, nullptr};
+  bool had_[3] = {false, false, false};
+  std::string old_[3];
 };
 
 struct PathCase { int E; int64_t n, k; std::vector<int> counts; };
@@ -618,8 +620,8 @@ struct PathCase { int E; int64_t n, k; std::vector<int> counts; };
 // second call of each path adding into the same default-path result.
 // run_fast(out, num_sms, init or nullptr, &raw) runs the GEMM once (accumulating when init).
 template <class RunFast>
-void expect_same_bytes(const std::string& what, int tile, bool multicast, const std::vector<int>& grids,
-                       bool accumulate, RunFast&& run_fast) {
+void expect_same_bytes(const std::string& what, int tile, bool multicast, bool preload,
+                       const std::vector<int>& grids, bool accumulate, RunFast&& run_fast) {
   for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
     for (int sms : grids) {
       for (int acc = 0; acc <= int(accumulate); ++acc) {
@@ -635,7 +637,7 @@ void expect_same_bytes(const std::string& what, int tile, bool multicast, const 
           run_fast(out, 0, init, &want);
         }
         {
-          ScopedKernelPath env(tile, multicast);
+          ScopedKernelPath env(tile, multicast, preload);
           run_fast(out, sms, init, &got);
         }
         size_t first = 0;
@@ -652,7 +654,7 @@ void expect_same_bytes(const std::string& what, int tile, bool multicast, const 
 void expect_path_matches_default(const char* name, int tile, bool multicast,
                                  const std::vector<PathCase>& mcases,
                                  const std::vector<PathCase>& kcases, const std::vector<int>& grids,
-                                 bool accumulate, std::mt19937& rng) {
+                                 bool accumulate, std::mt19937& rng, bool preload = false) {
   const auto label = [&](const char* grouping, const PathCase& c) {
     return std::string(name) + ": " + grouping + " E=" + std::to_string(c.E) +
            " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
@@ -660,14 +662,14 @@ void expect_path_matches_default(const char* name, int tile, bool multicast,
   for (const PathCase& c : mcases) {
     Problem P;
     build(P, c.E, c.n, c.k, c.counts, Dist::kGaussian, rng);
-    expect_same_bytes(label("m-grouped", c), tile, multicast, grids, accumulate,
+    expect_same_bytes(label("m-grouped", c), tile, multicast, preload, grids, accumulate,
                       [&](GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
                           std::vector<uint8_t>* raw) { run(P, GemmMode::kFast, out, raw, sms, init); });
   }
   for (const PathCase& c : kcases) {
     KProblem P;
     build_k(P, c.E, c.n, c.k, c.counts, Dist::kHeavyTailed, rng);
-    expect_same_bytes(label("k-grouped", c), tile, multicast, grids, accumulate,
+    expect_same_bytes(label("k-grouped", c), tile, multicast, preload, grids, accumulate,
                       [&](GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
                           std::vector<uint8_t>* raw) {
                         run_k(P, GemmMode::kFast, out, init != nullptr, init, raw, sms);
@@ -719,6 +721,28 @@ TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
       {4, 128, 992, random_counts(rng_, 4, 0, 400)},  // 5 k-tiles and a partial sixth
   };
   expect_path_matches_default("wide tile", 192, false, mcases, kcases, {0, 1, 7}, true, rng_);
+}
+
+// Scale preload in the 128-wide ping-pong schedule (MXMOE_GEMM_PRELOAD=1; compiled, off by default
+// until measured): same loads and promotion order, so the same bytes. Chunk counts 1 (K = 32),
+// 2 (K = 256), odd and even (K = 2880: 23 chunks, 640: 5, 1024: 8) cover every peeled tail of the
+// loop; num_sms 1 and 7 carry the stage ring across many tiles.
+TEST_F(GemmGpu, ScalePreloadBitwiseMatchesDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const std::vector<PathCase> mcases = {
+      {4, 2880, 2880, {100, 0, 250, 40}},
+      {5, 32, 32, random_counts(rng_, 5, 0, 200)},
+      {2, 4096, 640, {300, 0}},
+      {384, 128, 256, random_counts(rng_, 384, 0, 40)},
+      {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
+  };
+  const std::vector<PathCase> kcases = {
+      {6, 256, 384, {0, 300, 128, 0, 1, 520}},
+      {3, 160, 96, {0, 700, 0}},
+      {4, 128, 992, random_counts(rng_, 4, 0, 400)},
+  };
+  expect_path_matches_default("scale preload", 128, false, mcases, kcases, {0, 1, 7}, true, rng_, true);
 }
 
 }  // namespace

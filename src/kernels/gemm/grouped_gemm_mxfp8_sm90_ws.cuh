@@ -674,7 +674,60 @@ __device__ __forceinline__ void promote_quad(float (&tot)[kBlockN / 2], const fl
   tot[4 * j1 + 3] = fmaf(acc[4 * j1 + 3], sa.y * v.w, tot[4 * j1 + 3]);
 }
 
+// The decoded scales of the chunk at `at` that this thread's fragment needs, in registers: its
+// rows (r, r + 8) and its kBlockN / 16 column quads.
+template <int kBlockN>
+struct ChunkScales {
+  float2 sa;
+  float4 sb[kBlockN / 16];
+};
+
+// Waits for the decoder's floats of the chunk at `at` and loads the row pair and column quads
+// [kFirst, kLast) into cs (the other quads: load_chunk_quads after the wait that needs them).
+template <int kBlockN, int kNumStages>
+__device__ __forceinline__ const float* chunk_scale_b(uint8_t* smem, const PipeState<kNumStages>& at, int sb_slot) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  return reinterpret_cast<const float*>(smem + L::kOffScaleBF + at.s * L::kScaleBF) + sb_slot;
+}
+
+template <int kBlockN, int kNumStages, int kFirst, int kLast>
+__device__ __forceinline__ void load_chunk_quads(ChunkScales<kBlockN>& cs, uint8_t* smem,
+                                                 const PipeState<kNumStages>& at, int sb_slot) {
+  const float4* sbq = reinterpret_cast<const float4*>(chunk_scale_b<kBlockN, kNumStages>(smem, at, sb_slot));
+#pragma unroll
+  for (int m = kFirst; m < kLast; ++m) cs.sb[m] = sbq[4 * m];  // quad m at sbq[4m]
+}
+
+template <int kBlockN, int kNumStages, int kQuads = kBlockN / 16>
+__device__ __forceinline__ ChunkScales<kBlockN> load_chunk_scales(uint8_t* smem, uint64_t* ready,
+                                                                  const PipeState<kNumStages>& at,
+                                                                  int sa_slot, int sb_slot) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  ChunkScales<kBlockN> cs;
+  device::mbarrier_wait_parity(&ready[at.s], at.phase);  // acquire: the decoder's floats
+  const float* saf = reinterpret_cast<const float*>(smem + L::kOffScaleAF + at.s * L::kScaleAF);
+  cs.sa = *reinterpret_cast<const float2*>(saf + sa_slot);  // rows r, r + 8
+  load_chunk_quads<kBlockN, kNumStages, 0, kQuads>(cs, smem, at, sb_slot);
+  return cs;
+}
+
+// tot += acc · sa · sb with scales already loaded, then stage at.s is handed back: its wgmmas are
+// retired and its scales are in registers (the arrive's release orders this warp's loads,
+// __syncwarp the other lanes').
+template <int kBlockN, int kNumStages, bool kMulticast>
+__device__ __forceinline__ void promote_loaded(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
+                                               const ChunkScales<kBlockN>& cs, uint64_t* empty,
+                                               PipeState<kNumStages>& at, int lane) {
+#pragma unroll
+  for (int m = 0; m < kBlockN / 16; ++m) promote_quad<kBlockN>(tot, acc, m, cs.sa, cs.sb[m]);
+  __syncwarp();
+  if (lane == 0) arrive_empty<kMulticast>(&empty[at.s]);
+  at.advance();
+}
+
 // tot += acc · sa[row] · sb[col] for the chunk at `at`, whose wgmma group has been retired.
+// (Written out rather than as load_chunk_scales + promote_loaded: that composition compiles to a
+// different register allocation, and this default path's SASS is the one measured.)
 template <int kBlockN, int kNumStages, bool kMulticast>
 __device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
                                               uint8_t* smem, uint64_t* empty, uint64_t* ready,
@@ -696,7 +749,32 @@ __device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (
   at.advance();
 }
 
-template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, class Scheduler>
+// kPreload: the row pair and the first kPreloadQuads column quads of the chunk about to be retired
+// are loaded *before* its wgmma.wait_group (the wgmmas still run, hiding the shared-memory latency),
+// the other quads right after it, so that the first promotion FMULs do not wait. Run 29 (ncu, per
+// SASS instruction): 25% of all warp samples were those FMULs waiting on the loads. All 8 quads
+// before the wait spill (88-96 bytes: acc0, acc1 and tot already take 192 registers).
+constexpr int kPreloadQuads = 2;
+
+template <int kBlockN, int kNumStages, bool kMulticast, bool kPreload, int kWaitGroups>
+__device__ __forceinline__ void retire_and_promote(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
+                                                   uint8_t* smem, uint64_t* empty, uint64_t* ready,
+                                                   PipeState<kNumStages>& at, int sa_slot, int sb_slot,
+                                                   int lane) {
+  if constexpr (kPreload) {
+    ChunkScales<kBlockN> cs =
+        load_chunk_scales<kBlockN, kNumStages, kPreloadQuads>(smem, ready, at, sa_slot, sb_slot);
+    device::wgmma_wait_group_sync_aligned<kWaitGroups>();
+    device::wgmma_fence_operand(acc);
+    load_chunk_quads<kBlockN, kNumStages, kPreloadQuads, kBlockN / 16>(cs, smem, at, sb_slot);
+    promote_loaded<kBlockN, kNumStages, kMulticast>(tot, acc, cs, empty, at, lane);
+  } else {
+    device::wgmma_wait_group_sync_aligned<kWaitGroups>();
+    promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc, smem, empty, ready, at, sa_slot, sb_slot, lane);
+  }
+}
+
+template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, bool kPreload, class Scheduler>
 __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* smem,
                                                     const Scheduler& sched, uint64_t* full,
                                                     uint64_t* empty, uint64_t* ready) {
@@ -723,27 +801,22 @@ __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* sm
       // Invariant at the loop head: chunk c is in flight in acc0, chunks c+1, c+2 exist.
       for (; c + 2 < n; c += 2) {
         issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 -> acc1
-        device::wgmma_wait_group_sync_aligned<1>();                 // chunk c retired
-        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc0, smem, empty, ready, promote_at,
-                                                       sa_slot, sb_slot, lane);
+        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 1>(  // chunk c
+            tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
         issue_chunk<kBlockN>(acc0, smem, full, issue_at, math_wg);  // chunk c+2 -> acc0
-        device::wgmma_wait_group_sync_aligned<1>();                 // chunk c+1 retired
-        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc1, smem, empty, ready, promote_at,
-                                                       sa_slot, sb_slot, lane);
+        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 1>(  // chunk c+1
+            tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
       }
       // Chunk c is in flight in acc0 and is the last or the second to last.
       if (c + 1 < n) {
         issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 (last) -> acc1
-        device::wgmma_wait_group_sync_aligned<1>();
-        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc0, smem, empty, ready, promote_at,
-                                                       sa_slot, sb_slot, lane);
-        device::wgmma_wait_group_sync_aligned<0>();
-        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc1, smem, empty, ready, promote_at,
-                                                       sa_slot, sb_slot, lane);
+        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 1>(
+            tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
+        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 0>(
+            tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
       } else {
-        device::wgmma_wait_group_sync_aligned<0>();
-        promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc0, smem, empty, ready, promote_at,
-                                                       sa_slot, sb_slot, lane);
+        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 0>(
+            tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
       }
     }
     store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
@@ -848,7 +921,7 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // fast path in math(); exact mode always runs math()'s ping-pong per 32. kMulticast (fast mode
 // only): launched as 2-CTA clusters sharing A, see above.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false>
+          bool kMulticast = false, bool kPreload = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
@@ -856,6 +929,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
   static_assert(!(kExact && kMulticast), "multicast is fast mode's (exact is promotion-bound)");
+  static_assert(!kPreload || (kPipelined && kBlockN == 128), "scale preload: the ping-pong schedule's");
   static_assert(kBlockN == 128 || (kPipelined && !kMulticast),
                 "wide tiles (kBlockN 192): pipelined fast mode without multicast only");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
@@ -916,7 +990,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
     if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
-      math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty,
+      math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast, kPreload>(p, smem, sched, full, empty,
                                                                     ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
       math_fast_single<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
@@ -956,6 +1030,9 @@ constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
 constexpr int kConfigFastBlockN = 128;
+// Scale preload in the 128-wide ping-pong schedule (retire_and_promote): compiled, bitwise the same
+// by construction (same loads, same FMUL/FFMA order), not yet run on a GPU, so off by default.
+constexpr bool kConfigPreloadScales = false;
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
 
@@ -972,6 +1049,7 @@ constexpr int stages_for() {
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
+  bool preload = false;  // MXMOE_GEMM_PRELOAD=1: scales loaded before wait_group (128 wide, no multicast)
 };
 
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
@@ -985,6 +1063,8 @@ inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastB
   if (k.block_n != kConfigBlockN) return k;
   const char* mc = std::getenv("MXMOE_GEMM_MULTICAST");
   k.multicast = (mc != nullptr && mc[0] != '\0') ? mc[0] != '0' : kConfigClusterMulticast;
+  const char* pl = std::getenv("MXMOE_GEMM_PRELOAD");
+  k.preload = !k.multicast && (pl != nullptr && pl[0] != '\0' ? pl[0] != '0' : kConfigPreloadScales);
   return k;
 }
 
@@ -1034,9 +1114,9 @@ int max_active_pairs(const char* fn, int smem) {
 }
 
 template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped>
-void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, const CUtensorMap& tm_b,
-                    const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p, int grid,
-                    cudaStream_t stream) {
+void launch_grouped(const char* fn, bool multicast, bool preload, const CUtensorMap& tm_a,
+                    const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
+                    const Params& p, int grid, cudaStream_t stream) {
   // Wide tiles exist only as the pipelined fast schedule.
   constexpr bool kPipelined = !kExact && (kConfigFastPipelined || kBlockN != kConfigBlockN);
   constexpr int kStages = stages_for<kBlockN>();
@@ -1050,6 +1130,14 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a, con
       const int pairs = std::max(1, std::min(grid / 2, max_active_pairs<kernel>(fn, L::kAlloc)));
       const PairClusterLaunch l(unsigned(2 * pairs), L::kAlloc, stream);
       MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&l.cfg, kernel, tm_a, tm_b, tm_sa, tm_sb, p));
+      MXMOE_CHECK_LAUNCH(fn);
+      return;
+    }
+    if (preload) {
+      constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
+                                                                kKGrouped, kPipelined, false, true>;
+      detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
+      kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
       MXMOE_CHECK_LAUNCH(fn);
       return;
     }
@@ -1068,16 +1156,16 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
   constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN;
-  const bool mc = path.multicast;
+  const bool mc = path.multicast, pl = path.preload;
   if (exact) {
-    if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, true, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else if (path.block_n == kW) {
-    if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kW, false, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kW, false, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else {
-    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, pl, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, pl, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   }
 }
 
