@@ -382,3 +382,36 @@ TEST(QuantizeGpu, RegisterStoreKernelOnPlainCopies) {
                     {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 33, 32, true, false, false}},
                     Dist::kHeavyTailed, {1280}, rng);
 }
+
+// quantize.h: scale pointers need no alignment. Row-wise scales at an odd address (the staged
+// kernel stores 16-bit words there, so such calls take the register-store kernel) or at an even
+// one (staged kernel), column-wise scales at an odd address: bit-exact, the byte before untouched.
+TEST(QuantizeGpu, UnalignedScalePointers) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t R = 384, C = 2880;
+  const auto x = random_bf16(R, C, Dist::kHeavyTailed, rng);
+  DevBuf<uint16_t> dx(x.size());
+  dx.upload(x);
+  const auto rref = ref::quantize_rows(x.data(), R, C, ScaleMode::kRceil);
+  const auto cref = ref::quantize_cols(x.data(), R, C, ScaleMode::kRceil);
+  for (int row_off : {1, 2}) {
+    SCOPED_TRACE("row-wise scales at offset " + std::to_string(row_off));
+    DevBuf<uint8_t> rdata(size_t(R * C), 0xA5), cdata(size_t(R * C), 0xA5);
+    DevBuf<uint8_t> rscales(size_t(R * C / 32 + 2), 0xA5), cscales(size_t(R * C / 32 + 1), 0xA5);
+    MxOut ro, co;
+    ro.data = rdata.p;
+    ro.scales = rscales.p + row_off;
+    co.data = cdata.p;
+    co.scales = cscales.p + 1;
+    quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ro, &co);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto rd = rdata.download(), rs = rscales.download(), cd = cdata.download(), cs = cscales.download();
+    EXPECT_EQ(rs[size_t(row_off) - 1], 0xA5);
+    EXPECT_EQ(cs[0], 0xA5);
+    EXPECT_TRUE(bytes_equal("rowwise data", rd.data(), C, rref.data.data(), C, R, C));
+    EXPECT_TRUE(bytes_equal("rowwise scales", rs.data() + row_off, C / 32, rref.scales.data(), C / 32, R, C / 32));
+    EXPECT_TRUE(bytes_equal("colwise data", cd.data(), R, cref.data.data(), R, C, R));
+    EXPECT_TRUE(bytes_equal("colwise scales (odd address)", cs.data() + 1, R / 32, cref.scales.data(), R / 32, C, R / 32));
+  }
+}

@@ -755,7 +755,10 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
   const bool fast = (p.row_fast_data != nullptr) || (p.col_fast_data != nullptr);
   if (fast) {
     dispatch_dirs<true, kMap>(p, stream);
-  } else if (use_staged()) {
+  } else if (use_staged() && (reinterpret_cast<uintptr_t>(p.row_scales) & 1u) == 0) {
+    // (The staged kernel stores a row's two scale bytes as one 16-bit word; quantize.h promises
+    // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
+    // register-store kernel, whose scale stores are bytes.)
     const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
     if (row && col) launch_staged<true, true, kMap>(p, stream);
     else if (row) launch_staged<true, false, kMap>(p, stream);
