@@ -34,7 +34,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, device_info, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
+from common import Timer, device_info, kernel_env, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
 from bench_quant import torch_quant_rows, torch_rebase  # noqa: E402  (MX quantizer in plain PyTorch)
 
 import ctypes  # noqa: E402
@@ -202,24 +202,6 @@ def rel_frob(x, ref, rows):
 def case_bytes(M, E, N, K):
     return (M * K * (2 + 1 + 1 + 1 + 1 / 16) + E * N * K * (2 + 1 + 1 + 1 + 1 / 16)
             + M * N * 2 * 5 + 2 * M * K * 4 / 8)
-
-
-class kernel_env:
-    """Sets the environment variables in `values` ({name: value}) for a block, then restores them."""
-
-    def __init__(self, values):
-        self.values = values or {}
-
-    def __enter__(self):
-        self.old = {k: os.environ.get(k) for k in self.values}
-        os.environ.update(self.values)
-
-    def __exit__(self, *exc):
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def mxmoe_variants(multicast_both, tile_both):

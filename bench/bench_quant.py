@@ -11,12 +11,12 @@ variant's output is checked (the grouped rows: the default's).
 Usage: python3 bench/bench_quant.py [--json out.json] [--quick]
 """
 import argparse
-import os
 import sys
 
 import torch
 
-from common import Timer, check, copy_bandwidth, device_info, load_lib, print_table, ptr, require_gpu, write_json
+from common import (Timer, check, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr,
+                    require_gpu, write_json)
 
 RCEIL = 0
 
@@ -75,23 +75,21 @@ def torch_quant(x, row, col, fast):
 
 
 # ---- mxmoe through the C ABI -----------------------------------------------------------------
+def mx_copy(batch, n_rows, n_cols, fast):
+    """Buffers of one quantized copy [n_rows, n_cols] per batch entry: data, scales, and with `fast`
+    the fast data and its chunk-major scales."""
+    def u8(*shape):
+        return torch.empty(*shape, dtype=torch.uint8, device="cuda")
+    bufs = [u8(batch, n_rows, n_cols), u8(batch, n_rows, n_cols // 32)]
+    if fast:
+        bufs += [u8(batch, n_rows, n_cols), u8(batch, (n_cols + 127) // 128, n_rows)]
+    return bufs
+
+
 class MxOutputs:
     def __init__(self, batch, rows, cols, row, col, fast):
-        dev = "cuda"
-        u8 = torch.uint8
-        self.row = self.col = None
-        if row:
-            self.row = [torch.empty(batch, rows, cols, dtype=u8, device=dev),
-                        torch.empty(batch, rows, cols // 32, dtype=u8, device=dev)]
-            if fast:
-                self.row += [torch.empty(batch, rows, cols, dtype=u8, device=dev),
-                             torch.empty(batch, (cols + 127) // 128, rows, dtype=u8, device=dev)]
-        if col:
-            self.col = [torch.empty(batch, cols, rows, dtype=u8, device=dev),
-                        torch.empty(batch, cols, rows // 32, dtype=u8, device=dev)]
-            if fast:
-                self.col += [torch.empty(batch, cols, rows, dtype=u8, device=dev),
-                             torch.empty(batch, (rows + 127) // 128, cols, dtype=u8, device=dev)]
+        self.row = mx_copy(batch, rows, cols, fast) if row else None
+        self.col = mx_copy(batch, cols, rows, fast) if col else None
 
     def args(self):
         r = (self.row or []) + [None] * (4 - len(self.row or []))
@@ -119,34 +117,18 @@ def compare(mx, ref):
     return bad
 
 
-SWITCHES = ("MXMOE_QUANT_STAGED",)
+STAGED_ENV = "MXMOE_QUANT_STAGED"  # "0": the register-store kernel for the plain copies too
 
 
-def timed_variant(timer, run, mx, ref, env):
-    """Time `run` with the quantizer switches in `env` ({}: none, the default kernel), then check
-    its outputs against the baseline's. Outputs are poisoned first so that a kernel that writes
-    nothing cannot pass on a previous kernel's bytes."""
+def timed_variant(timer, run, mx, ref, staged):
+    """Time `run` with the staged kernel on or off (MXMOE_QUANT_STAGED), then check its outputs
+    against the baseline's. Outputs are poisoned first so that a kernel that writes nothing cannot
+    pass on a previous kernel's bytes."""
     for t in (mx.row or []) + (mx.col or []):
         t.fill_(0xA5)
-    for k in SWITCHES:
-        os.environ.pop(k, None)
-    os.environ.update(env)
-    try:
+    with kernel_env({STAGED_ENV: "1" if staged else "0"}):
         us = timer(run)
-    finally:
-        for k in SWITCHES:
-            os.environ.pop(k, None)
     return us, compare(mx, ref)
-
-
-def timer_env(timer, run, env):
-    """Time `run` with the quantizer switches in `env` set (outputs checked by the caller's last run)."""
-    os.environ.update(env)
-    try:
-        return timer(run)
-    finally:
-        for k in env:
-            os.environ.pop(k, None)
 
 
 def main():
@@ -181,8 +163,8 @@ def main():
         ref = torch_quant(x, row, col, fast)
         us_reg = None
         if not fast:  # the register-store kernel on the same data, output checked too
-            us_reg, bad_reg = timed_variant(timer, run, mx, ref, {"MXMOE_QUANT_STAGED": "0"})
-        us, bad = timed_variant(timer, run, mx, ref, {})
+            us_reg, bad_reg = timed_variant(timer, run, mx, ref, staged=False)
+        us, bad = timed_variant(timer, run, mx, ref, staged=True)
         bad += bad_reg if us_reg is not None else 0
         t_us = timer(lambda: torch_quant(x, row, col, fast))
         nbytes = x.numel() * 2 + mx.nbytes()
@@ -221,8 +203,10 @@ def main():
         mx = MxOutputs(1, cap, C, row, col, False)
         a = mx.args()
         run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None))
-        us_reg = timer_env(timer, run, {"MXMOE_QUANT_STAGED": "0"})
-        us = timer(run)
+        with kernel_env({STAGED_ENV: "0"}):
+            us_reg = timer(run)
+        with kernel_env({STAGED_ENV: "1"}):
+            us = timer(run)
         # baseline: gather into the padded layout with index ops, then quantize
         idx = torch.cat([torch.arange(int(offs[e]), int(offs[e + 1])) for e in range(E)])
         dst = torch.cat([torch.arange(int(padded[e]), int(padded[e]) + int(counts[e])) for e in range(E)])

@@ -95,3 +95,21 @@ def write_json(path, obj):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(obj, f, indent=1)
+
+
+class kernel_env:
+    """Sets the environment variables in `values` ({name: value}) for a block, then restores them."""
+
+    def __init__(self, values):
+        self.values = values or {}
+
+    def __enter__(self):
+        self.old = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
