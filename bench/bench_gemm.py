@@ -204,6 +204,14 @@ def case_bytes(M, E, N, K):
             + M * N * 2 * 5 + 2 * M * K * 4 / 8)
 
 
+def token_row_mask(offs, counts, M):
+    """True for the rows [offs[e], offs[e] + counts[e]) that hold tokens (the rest are padding)."""
+    mask = torch.zeros(M, dtype=torch.bool, device="cuda")
+    for e, c in enumerate(counts):
+        mask[offs[e]:offs[e] + c] = True
+    return mask
+
+
 def mxmoe_variants(multicast_both, tile_both):
     """(mode, name, environment for the call or None) for each timed mxmoe line; the alternative
     fast paths ("mxmoe-fast-*") follow "mxmoe-fast", which then runs pinned to the default path."""
@@ -236,9 +244,7 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
         note = f" (E reduced to {E} to fit {MEM_BUDGET / 1e9:.0f} GB)"
     shape = f"{name} E={E} N={N} K={K} T/e={tpe} {'skewed' if skewed else 'uniform'}{note}"
     flops = 2.0 * M * N * K
-    token_rows = torch.zeros(M, dtype=torch.bool, device="cuda")
-    for e in range(E):
-        token_rows[offs[e]:offs[e] + counts[e]] = True
+    token_rows = token_row_mask(offs, counts, M)
 
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     x[~token_rows] = 0
@@ -339,9 +345,7 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     M = offs[-1]
     shape = f"wgrad {name} E={E} N={N} K={K} T/e={tpe} {'skewed' if skewed else 'uniform'}"
     flops = 2.0 * M * N * K
-    token_rows = torch.zeros(M, dtype=torch.bool, device="cuda")
-    for e in range(E):
-        token_rows[offs[e]:offs[e] + counts[e]] = True
+    token_rows = token_row_mask(offs, counts, M)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     dy[~token_rows] = 0

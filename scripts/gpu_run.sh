@@ -60,14 +60,19 @@ if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test 
     NCCL_NVLS_ENABLE=0 timeout 180 python3 bench/bench_ep_a2a.py --world "$ngpu" 2>&1 | grep -E "GB/s|rror" | cut -c1-200
   fi
 fi
+# ncu_export REPORT PAGE NAME: the report's PAGE (details or raw) as OUT/NAME.txt, and the stall
+# samples per SASS instruction of every profiled launch as OUT/NAME_src.csv.gz (summarise with
+# scripts/ncu_src_summary.py).
+ncu_export() {
+  ncu -i "$1.ncu-rep" --page "$2" > "$OUT/$3.txt" 2>&1
+  ncu -i "$1.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/$3_src.csv.gz"
+}
 if [ "${MXMOE_NCU:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # hardware counters of the quantizers
   (cd bench && timeout 300 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
      --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats --section Occupancy \
      --section SourceCounters -k regex:quantize_mxfp8 -f -o /tmp/ncu_quant python3 profile_quant.py) > "$OUT/ncu_quant_run.log" 2>&1
   echo "ncu rc=$?"
-  ncu -i /tmp/ncu_quant.ncu-rep --page details > "$OUT/ncu_quant.txt" 2>&1
-  # per-SASS-instruction stall samples of every profiled launch (parsed off-line)
-  ncu -i /tmp/ncu_quant.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_quant_src.csv.gz"
+  ncu_export /tmp/ncu_quant details ncu_quant
   grep -E "^  [a-z_]+quantize|Duration|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|Eligible Warps" "$OUT/ncu_quant.txt" | head -40
 fi
 if [ "${MXMOE_NCU_GEMM:-0}" = 1 ] && [ $build_rc -eq 0 ]; then
@@ -78,9 +83,7 @@ if [ "${MXMOE_NCU_GEMM:-0}" = 1 ] && [ $build_rc -eq 0 ]; then
     -k regex:grouped_gemm_mxfp8 -c 2 -f -o /tmp/ncu_gemm python3 bench/bench_gemm.py --quick \
     --shapes "DSV3-EP8 gate-up" --reps 1 > "$OUT/ncu_gemm_run.log" 2>&1
   echo "ncu gemm rc=$?"
-  ncu -i /tmp/ncu_gemm.ncu-rep --page raw > "$OUT/ncu_gemm.txt" 2>&1
-  # per-SASS-instruction stall samples (parsed off-line)
-  ncu -i /tmp/ncu_gemm.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_gemm_src.csv.gz"
+  ncu_export /tmp/ncu_gemm raw ncu_gemm
   # raw page: every metric the sections collected; the stall reasons are the *issue_stalled* ones
   grep -E "issue_stalled|pipe_tensor|data_pipe_lsu_wavefronts_mem_shared|issue_active|throughput.avg.pct" \
     "$OUT/ncu_gemm.txt" | sort -k3 -g -r | head -40

@@ -191,6 +191,36 @@ TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
 
 namespace {
 
+// Rows [0, used) of a row-wise [out_rows, cols] and a column-wise [cols, out_rows] output (both
+// with their fast forms when `fast`) against the reference quantization of x_used [used, cols].
+// col_fast_scales: also the column-wise fast scales (whole 128-row chunks of `used` only).
+void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBufs& cw, bool fast,
+                      const uint16_t* x_used, int64_t used, int64_t out_rows, int64_t cols, bool col_fast_scales) {
+  const auto rref = ref::quantize_rows(x_used, used, cols, ScaleMode::kRceil);
+  const auto d = rw.data.download(), s = rw.scales.download();
+  EXPECT_TRUE(bytes_equal((what + " rowwise data").c_str(), d.data(), cols, rref.data.data(), cols, used, cols));
+  EXPECT_TRUE(bytes_equal((what + " rowwise scales").c_str(), s.data(), cols / 32, rref.scales.data(), cols / 32, used,
+                          cols / 32));
+  const auto cref = ref::quantize_cols(x_used, used, cols, ScaleMode::kRceil);
+  const auto cd = cw.data.download(), cs = cw.scales.download();
+  EXPECT_TRUE(bytes_equal((what + " colwise data").c_str(), cd.data(), out_rows, cref.data.data(), used, cols, used));
+  EXPECT_TRUE(bytes_equal((what + " colwise scales").c_str(), cs.data(), out_rows / 32, cref.scales.data(), used / 32,
+                          cols, used / 32));
+  if (!fast) return;
+  const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
+  const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download();
+  EXPECT_TRUE(bytes_equal((what + " rowwise fast_data").c_str(), fd.data(), cols, rfast.data.data(), cols, used, cols));
+  EXPECT_TRUE(bytes_equal((what + " rowwise fast_scales").c_str(), fs.data(), out_rows, rfast.scales.data(), used,
+                          cdiv(cols, 128), used));
+  const auto cfd = cw.fast_data.download();
+  EXPECT_TRUE(bytes_equal((what + " colwise fast_data").c_str(), cfd.data(), out_rows, cfast.data.data(), used, cols, used));
+  if (col_fast_scales) {
+    const auto cfs = cw.fast_scales.download();
+    EXPECT_TRUE(bytes_equal((what + " colwise fast_scales").c_str(), cfs.data(), cols, cfast.scales.data(), cols,
+                            used / 128, cols));
+  }
+}
+
 void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, bool fast,
                       std::mt19937& rng) {
   const int G = int(counts.size());
@@ -223,28 +253,7 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   for (int g = 0; g < G; ++g)
     for (int32_t j = 0; j < counts[g]; ++j)
       std::copy_n(&x[size_t((offs[g] + j) * cols)], cols, &xp[size_t((padded[g] + j) * cols)]);
-  if (used > 0) {
-    const auto rref = ref::quantize_rows(xp.data(), used, cols, ScaleMode::kRceil);
-    const auto d = rw.data.download(), s = rw.scales.download();
-    EXPECT_TRUE(bytes_equal("grouped rowwise data", d.data(), cols, rref.data.data(), cols, used, cols));
-    EXPECT_TRUE(bytes_equal("grouped rowwise scales", s.data(), cols / 32, rref.scales.data(), cols / 32, used, cols / 32));
-    const auto cref = ref::quantize_cols(xp.data(), used, cols, ScaleMode::kRceil);
-    const auto cd = cw.data.download(), cs = cw.scales.download();
-    EXPECT_TRUE(bytes_equal("grouped colwise data", cd.data(), out_rows, cref.data.data(), used, cols, used));
-    EXPECT_TRUE(bytes_equal("grouped colwise scales", cs.data(), out_rows / 32, cref.scales.data(), used / 32,
-                            cols, used / 32));
-    if (fast) {
-      const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
-      const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download();
-      EXPECT_TRUE(bytes_equal("grouped rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
-      EXPECT_TRUE(bytes_equal("grouped rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used,
-                              cdiv(cols, 128), used));
-      const auto cfd = cw.fast_data.download(), cfs = cw.fast_scales.download();
-      EXPECT_TRUE(bytes_equal("grouped colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
-      EXPECT_TRUE(bytes_equal("grouped colwise fast_scales", cfs.data(), cols, cfast.scales.data(), cols,
-                              used / 128, cols));
-    }
-  }
+  if (used > 0) expect_used_rows("grouped", rw, cw, fast, xp.data(), used, out_rows, cols, true);
   // Nothing at or beyond padded[G] is written: the poison must survive.
   const std::vector<uint8_t> poison_row(size_t(cols), 0xA5);
   const auto d = rw.data.download();
@@ -320,21 +329,8 @@ void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng) {
         const uint16_t v = x[size_t(idx[size_t(r)] * cols + c)];
         xg[size_t(r * cols + c)] = scaled ? ref::float_to_bf16(scale[size_t(r)] * ref::bf16_to_float(v)) : v;
       }
-  const auto rref = ref::quantize_rows(xg.data(), used, cols, ScaleMode::kRceil);
-  const auto d = rw.data.download(), sc = rw.scales.download();
-  EXPECT_TRUE(bytes_equal("gather rowwise data", d.data(), cols, rref.data.data(), cols, used, cols));
-  EXPECT_TRUE(bytes_equal("gather rowwise scales", sc.data(), cols / 32, rref.scales.data(), cols / 32, used, cols / 32));
-  const auto cref = ref::quantize_cols(xg.data(), used, cols, ScaleMode::kRceil);
-  const auto cd = cw.data.download(), cs = cw.scales.download();
-  EXPECT_TRUE(bytes_equal("gather colwise data", cd.data(), out_rows, cref.data.data(), used, cols, used));
-  EXPECT_TRUE(bytes_equal("gather colwise scales", cs.data(), out_rows / 32, cref.scales.data(), used / 32, cols, used / 32));
-  if (fast) {
-    const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
-    const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download(), cfd = cw.fast_data.download();
-    EXPECT_TRUE(bytes_equal("gather rowwise fast_data", fd.data(), cols, rfast.data.data(), cols, used, cols));
-    EXPECT_TRUE(bytes_equal("gather rowwise fast_scales", fs.data(), out_rows, rfast.scales.data(), used, cdiv(cols, 128), used));
-    EXPECT_TRUE(bytes_equal("gather colwise fast_data", cfd.data(), out_rows, cfast.data.data(), used, cols, used));
-  }
+  expect_used_rows("gather", rw, cw, fast, xg.data(), used, out_rows, cols, false);
+  const auto d = rw.data.download(), cd = cw.data.download();
   for (int64_t r = used; r < out_rows; ++r)
     for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
   for (int64_t c = 0; c < cols; ++c)  // column-wise: whole 16-row groups, so check from the next multiple of 16

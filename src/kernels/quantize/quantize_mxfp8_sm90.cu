@@ -130,6 +130,19 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid&
   return t;
 }
 
+// This CTA's k-th tile of the persistent walk (tile ids blockIdx.x + k * gridDim.x); a tile past the
+// end is empty. Grouped maps read it from the ring slot k % kSlots that thread 0 filled when the
+// tile's loads were issued (the binary search runs once per tile).
+template <RowMap kMap, int kSlots>
+__device__ __forceinline__ Tile cta_tile(const QuantizeParams& p, const TileGrid& g, const Tile* ring, uint32_t k) {
+  if constexpr (kMap == RowMap::kGrouped) {
+    return ring[k % kSlots];
+  } else {
+    const uint32_t id = blockIdx.x + k * gridDim.x;
+    return id < uint32_t(g.num_tiles) ? tile_at<kMap>(p, g, id) : Tile{};
+  }
+}
+
 // Where a tile's outputs start; offsets inside a tile fit in 32 bits (host checks the sizes).
 struct TileOut {
   uint8_t *rd, *rs, *rfd, *rfs;  // rowwise data, scales, fast data, fast scales
@@ -389,14 +402,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
   // kStages slots (slot k % kStages holds tile k from its issue until it has been converted).
   constexpr bool kGrouped = kMap == RowMap::kGrouped;
   __shared__ Tile s_tiles[kGrouped ? kStages : 1];
-  auto tile_k = [&](uint32_t k) {
-    if constexpr (kGrouped) {
-      return s_tiles[k % kStages];
-    } else {
-      const uint32_t id = first + k * step;
-      return id < num_tiles ? tile_at<kMap>(p, g, id) : Tile{};
-    }
-  };
+  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, kStages>(p, g, s_tiles, k); };
   auto issue = [&](uint32_t k) {  // loads of this CTA's k-th tile, one commit group per tile
     if constexpr (kGrouped) {
       const uint32_t id = first + k * step;
@@ -603,14 +609,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
     __trap();
   }
   const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
-  auto tile_k = [&](uint32_t k) {
-    if constexpr (kGrouped) {
-      return s_tiles[k % S];
-    } else {
-      const uint32_t id = first + k * step;
-      return id < num_tiles ? tile_at<kMap>(p, g, id) : Tile{};
-    }
-  };
+  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, s_tiles, k); };
   // Loads of this CTA's k-th tile into stage k % S, one commit group per tile (empty groups keep the
   // count uniform). Grouped: thread 0 places the tile in the ring slot first; every thread has
   // copied slot k % S's previous tile (k - S) into registers before barrier B of its iteration.
