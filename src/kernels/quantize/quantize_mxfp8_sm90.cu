@@ -595,11 +595,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   constexpr int S = L::kStagesIn;
   constexpr int kStageVecs = kTileRows * kVecPerRow;
   constexpr bool kGrouped = kMap == RowMap::kGrouped;
-  // Known issue (nvcc warning #1886-D): extern shared arrays of one file share a symbol, so the
-  // register-store kernel's __align__(128) declaration of `smem` competes with this one. The check
-  // below traps if the base is not 1024-aligned (it never has, runs 25-28); renaming the array
-  // (tested off-line: the SASS then changes, so it waits for a GPU run) is the fix.
-  extern __shared__ __align__(1024) uint8_t smem[];
+  // Its own name: extern shared arrays of one file share a symbol, and the register-store
+  // kernel declares `smem` with 128-byte alignment (nvcc #1886-D when both used one name).
+  extern __shared__ __align__(1024) uint8_t staged_smem[];
+  uint8_t* smem = staged_smem;
   uint4* stages = reinterpret_cast<uint4*>(smem);
   uint8_t* row_out = smem + L::kRowOut;
   uint8_t* col_out = smem + L::kColOut;
