@@ -13,9 +13,7 @@
 // Registers: ~60-90 a thread (-Xptxas -v, no spills). Shared: (kDecodeMaxTopK+1)·kRows·4 B.
 // Roofline: 2·H·I FLOPs per (token, slot); bytes H·I·(2 | 1 + 1/32) per distinct expert.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "host/check.h"
 #include "kernels/decode/decode_launch.h"
@@ -27,7 +25,7 @@ namespace {
 
 constexpr int kRows = 4;       // outputs per CTA (rows of W2 per warp and slot)
 constexpr int kUnroll = 2;     // chunks of each row in flight per lane
-constexpr int kMaxWarps = 12;  // warps per CTA: min(S, kMaxWarps) (12: the launch bound leaves 170 registers)
+constexpr int kMaxWarps = 16;  // warps per CTA: min(S, kMaxWarps)
 constexpr int kMaxSlots = kDecodeMaxTopK + 1;
 
 static_assert(8 % kRows == 0, "H % 8 == 0 (host check), so a CTA's kRows rows all lie below H");
@@ -40,14 +38,14 @@ struct SlotRows {
 };
 
 template <bool kMx>
-__device__ __forceinline__ SlotRows slot_rows(const DownLaunch& p, int b, int j, int n0, int32_t expert) {
+__device__ __forceinline__ SlotRows slot_rows(const DownLaunch& p, int b, int j, int n0) {
   SlotRows r;
   r.row_bytes = kMx ? int64_t(p.inter) : 2 * int64_t(p.inter);
   r.scale_row = p.inter / kMxBlock;
   const uint8_t* w;
   const uint8_t* s = nullptr;
   if (j < p.top_k) {
-    const int64_t e = dev::clamp_expert(expert, p.num_experts);
+    const int64_t e = dev::clamp_expert(p.ids[int64_t(b) * p.top_k + j], p.num_experts);
     w = static_cast<const uint8_t*>(p.w2.data) + e * p.hidden * r.row_bytes;
     if (kMx) s = p.w2.scales + e * p.hidden * r.scale_row;
   } else {
@@ -71,78 +69,100 @@ __device__ __forceinline__ void load_h8(const void* h_row, int c, float4& a, flo
   }
 }
 
-// One step's loads: kUnroll 16-byte chunks of each of the kRows rows per lane (zeros past the end).
-struct Step {
-  uint4 w[kUnroll][kRows];
-  uint32_t s[kUnroll][kRows];  // MXFP8 scale bytes
-};
-
-template <bool kMx>
-__device__ __forceinline__ void load_step(Step& st, const SlotRows& r, int c0, int nchunks) {
+// BF16 weights: chunks of 8.
+template <bool kHBf16>
+__device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_row, int inter,
+                                              int lane, float (&acc)[kRows]) {
+  const int nchunks = inter / 8;
+  for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
+    uint4 w[kUnroll][kRows];  // 16 B of each row per chunk
 #pragma unroll
-  for (int t = 0; t < kUnroll; ++t) {
-    const int c = c0 + 32 * t;
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
 #pragma unroll
-    for (int q = 0; q < kRows; ++q) {
-      st.w[t][q] = make_uint4(0u, 0u, 0u, 0u);
-      st.s[t][q] = 0u;
+      for (int q = 0; q < kRows; ++q) {
+        w[t][q] = make_uint4(0u, 0u, 0u, 0u);
+        if (c < nchunks) w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
       if (c < nchunks) {
-        st.w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
-        if (kMx) st.s[t][q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
+        float4 h0, h1;
+        load_h8<kHBf16>(h_row, c, h0, h1);
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) acc[q] = dev::dot8_bf16_f32(w[t][q], h0, h1, acc[q]);
       }
     }
   }
 }
 
-// BF16 weights: chunks of 8. MXFP8: chunks of 16 E4M3 (scale byte c/2), chunk sum from 0, then
-// exact scaling.
-template <bool kMx, bool kHBf16>
-__device__ __forceinline__ void compute_step(const Step& st, const void* h_row, int c0, int nchunks,
-                                             float (&acc)[kRows]) {
+// MXFP8 weights: chunks of 16 E4M3 (scale byte c/2); chunk sum from 0, then exact scaling.
+template <bool kHBf16>
+__device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row, int inter,
+                                            int lane, float (&acc)[kRows]) {
+  const int nchunks = inter / 16;
+  for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
+    uint4 w[kUnroll][kRows];  // 16 E4M3 of each row per chunk
+    uint32_t s[kUnroll][kRows];
 #pragma unroll
-  for (int t = 0; t < kUnroll; ++t) {
-    const int c = c0 + 32 * t;
-    if (c < nchunks) {
-      if constexpr (kMx) {
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
+#pragma unroll
+      for (int q = 0; q < kRows; ++q) {
+        w[t][q] = make_uint4(0u, 0u, 0u, 0u);
+        s[t][q] = 0u;
+        if (c < nchunks) {
+          w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
+          s[t][q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
+      if (c < nchunks) {
         float4 h[4];
         load_h8<kHBf16>(h_row, 2 * c, h[0], h[1]);
         load_h8<kHBf16>(h_row, 2 * c + 1, h[2], h[3]);
 #pragma unroll
         for (int q = 0; q < kRows; ++q)
-          acc[q] = fmaf(dev::dot16_e4m3_f32(st.w[t][q], h), dev::e8m0_to_f32(st.s[t][q]), acc[q]);
-      } else {
-        float4 h0, h1;
-        load_h8<kHBf16>(h_row, c, h0, h1);
-#pragma unroll
-        for (int q = 0; q < kRows; ++q) acc[q] = dev::dot8_bf16_f32(st.w[t][q], h0, h1, acc[q]);
+          acc[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), dev::e8m0_to_f32(s[t][q]), acc[q]);
       }
     }
   }
 }
 
-// A warp's unit of work: slot j of the tile (b, n0).
-struct Unit {
-  int b, j, n0;
-};
-
-__device__ __forceinline__ Unit unit_of(const DownLaunch& p, int tiles, int tile, int j) {
-  return Unit{tile / tiles, j, (tile % tiles) * kRows};
-}
-
-__device__ __forceinline__ int32_t unit_expert(const DownLaunch& p, const Unit& u) {
-  return u.j < p.top_k ? __ldg(p.ids + int64_t(u.b) * p.top_k + u.j) : 0;
-}
-
-template <bool kHBf16>
-__device__ __forceinline__ const void* h_row_of(const DownLaunch& p, const Unit& u) {
+template <bool kMx, bool kHBf16>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) warp_decode_down_kernel(const DownLaunch p) {
+  __shared__ float s_dot[kMaxSlots][kRows];  // per-slot dot products of this CTA's outputs
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+  const int tiles = (p.hidden + kRows - 1) / kRows;
+  const int b = int(blockIdx.x / unsigned(tiles));
+  const int n0 = int(blockIdx.x % unsigned(tiles)) * kRows;
   const size_t h_elem = kHBf16 ? 2 : 4;
-  return static_cast<const uint8_t*>(p.h) + ((int64_t(u.b) * p.slots + u.j) * p.inter) * int64_t(h_elem);
-}
 
-// The CTA's threads q < kRows add the per-slot dot products of tile (b, n0) in slot order
-// j = 0..S-1 (acc = fma(w_j, dot_j, acc), FP32) and round to BF16 once.
-__device__ __forceinline__ void combine_tile(const DownLaunch& p, const float (*s_dot)[kRows], int b,
-                                             int n0) {
+  for (int j = warp; j < p.slots; j += num_warps) {
+    const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
+    const void* h_row = static_cast<const uint8_t*>(p.h) +
+                        ((int64_t(b) * p.slots + j) * p.inter) * int64_t(h_elem);
+    float acc[kRows];
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) acc[q] = 0.0f;
+    if constexpr (kMx) {
+      dot_rows_mx<kHBf16>(rows, h_row, p.inter, lane, acc);
+    } else {
+      dot_rows_bf16<kHBf16>(rows, h_row, p.inter, lane, acc);
+    }
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) acc[q] = dev::warp_sum(acc[q]);
+    if (lane == 0) {
+#pragma unroll
+      for (int q = 0; q < kRows; ++q) s_dot[j][q] = acc[q];
+    }
+  }
+  __syncthreads();
   if (threadIdx.x < kRows) {
     const int q = threadIdx.x, n = n0 + q;
     if (n < p.hidden) {
@@ -156,131 +176,12 @@ __device__ __forceinline__ void combine_tile(const DownLaunch& p, const float (*
   }
 }
 
-// kPipelined = false: the pre-run-31 kernel (one tile per CTA, each step loaded then computed),
-// kept for the A/B timing of MXMOE_DECODE_PIPELINE=0. kPipelined: persistent CTAs take the tiles
-// blockIdx.x, + gridDim.x, ...; a warp's steps (its slots of a tile, then of the next tile, each
-// in G steps of kUnroll chunks) are loaded one step ahead of the one computed, expert ids one
-// unit ahead; the per-slot dot products go to a double-buffered shared array and one barrier per
-// tile hands them to the summing threads. Same sums in the same order either way.
-template <bool kMx, bool kHBf16, bool kPipelined>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) warp_decode_down_kernel(const DownLaunch p) {
-  __shared__ float s_dot[2][kMaxSlots][kRows];  // per-slot dot products, by tile parity
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-  const int tiles = (p.hidden + kRows - 1) / kRows;
-  const int num_tiles = p.batch * tiles;
-  const int nchunks = p.inter / (kMx ? 16 : 8);
-  const int groups = (nchunks + 32 * kUnroll - 1) / (32 * kUnroll);
-  float acc[kRows];
-#pragma unroll
-  for (int q = 0; q < kRows; ++q) acc[q] = 0.0f;
-  auto store_dot = [&](float (*dst)[kRows], int j) {
-#pragma unroll
-    for (int q = 0; q < kRows; ++q) {
-      acc[q] = dev::warp_sum(acc[q]);
-      if (lane == 0) dst[j][q] = acc[q];
-      acc[q] = 0.0f;
-    }
-  };
-  Step a, b;
-  if constexpr (!kPipelined) {
-    const int tile = int(blockIdx.x);
-    const Unit u0 = unit_of(p, tiles, tile, 0);
-    for (int j = warp; j < p.slots; j += num_warps) {
-      const Unit u{u0.b, j, u0.n0};
-      const SlotRows rows = slot_rows<kMx>(p, u.b, j, u.n0, unit_expert(p, u));
-      const void* h_row = h_row_of<kHBf16>(p, u);
-      for (int g = 0; g < groups; ++g) {
-        load_step<kMx>(a, rows, g * 32 * kUnroll + lane, nchunks);
-        compute_step<kMx, kHBf16>(a, h_row, g * 32 * kUnroll + lane, nchunks, acc);
-      }
-      store_dot(s_dot[0], j);
-    }
-    __syncthreads();
-    combine_tile(p, s_dot[0], u0.b, u0.n0);
-    return;
-  }
-
-  // Units of this warp, in order: tiles tile0, tile0 + gridDim.x, ...; in each, slots warp,
-  // warp + num_warps, ... (a warp with no slot in a tile still joins its barrier).
-  int tile = int(blockIdx.x), n = 0;  // n: this CTA's tile count so far (buffer parity)
-  if (warp >= p.slots) {  // more warps than slots cannot happen (warps = min(S, 16)); be safe
-    for (; tile < num_tiles; tile += gridDim.x, ++n) {
-      __syncthreads();
-      combine_tile(p, s_dot[n & 1], tile / tiles, (tile % tiles) * kRows);
-    }
-    return;
-  }
-  Unit cur = unit_of(p, tiles, tile, warp);
-  SlotRows rows = slot_rows<kMx>(p, cur.b, cur.j, cur.n0, unit_expert(p, cur));
-  // The unit after cur, and its expert id (loaded one unit ahead).
-  auto next_unit = [&](const Unit& u, int& t) {
-    if (u.j + num_warps < p.slots) return Unit{u.b, u.j + num_warps, u.n0};
-    t += gridDim.x;
-    return unit_of(p, tiles, t, warp);
-  };
-  int ahead_tile = tile;
-  Unit ahead = next_unit(cur, ahead_tile);
-  int32_t ahead_id = ahead_tile < num_tiles ? unit_expert(p, ahead) : 0;
-  int g = 0;
-  load_step<kMx>(a, rows, lane, nchunks);
-  auto stage = [&](Step& from, Step& into) -> bool {
-    // The step after (cur, g): same unit, next group; or the first group of `ahead`.
-    const bool same_unit = g + 1 < groups;
-    SlotRows nrows = rows;
-    const bool more = same_unit || ahead_tile < num_tiles;
-    if (!same_unit && more) nrows = slot_rows<kMx>(p, ahead.b, ahead.j, ahead.n0, ahead_id);
-    if (more) load_step<kMx>(into, nrows, (same_unit ? g + 1 : 0) * 32 * kUnroll + lane, nchunks);
-    compute_step<kMx, kHBf16>(from, h_row_of<kHBf16>(p, cur), g * 32 * kUnroll + lane, nchunks, acc);
-    if (same_unit) {
-      ++g;
-      return true;
-    }
-    store_dot(s_dot[n & 1], cur.j);
-    if (ahead_tile != tile) {  // the tile is done: every warp has stored its slots
-      __syncthreads();
-      combine_tile(p, s_dot[n & 1], cur.b, cur.n0);
-      ++n;
-      tile = ahead_tile;
-    }
-    if (!more) return false;
-    cur = ahead;
-    rows = nrows;
-    g = 0;
-    ahead = next_unit(cur, ahead_tile);
-    ahead_id = ahead_tile < num_tiles ? unit_expert(p, ahead) : 0;
-    return true;
-  };
-  while (stage(a, b) && stage(b, a)) {
-  }
-}
-
-// MXMOE_DECODE_PIPELINE: "0" selects the one-tile-per-CTA kernel (A/B timing), else pipelined.
-bool pipelined_from_env() {
-  const char* v = std::getenv("MXMOE_DECODE_PIPELINE");
-  return v == nullptr || v[0] != '0';
-}
-
-template <bool kMx, bool kHBf16, bool kPipelined>
-void launch(const DownLaunch& p, cudaStream_t stream) {
-  constexpr auto kernel = warp_decode_down_kernel<kMx, kHBf16, kPipelined>;
-  const char* fn = "decode_down";
-  const int64_t tiles = (p.hidden + kRows - 1) / kRows;
-  const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  int64_t blocks = int64_t(p.batch) * tiles;
-  if (kPipelined) {  // persistent: what fits on the device at once (per CTA size: cache per size)
-    int device = 0, sms = 0, per_sm = 0;
-    MXMOE_CUDA_CHECK(fn, cudaGetDevice(&device));
-    MXMOE_CUDA_CHECK(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, 0));
-    blocks = std::min<int64_t>(blocks, int64_t(std::max(per_sm, 1)) * sms);
-  }
-  kernel<<<dim3(unsigned(blocks)), warps * 32, 0, stream>>>(p);
-}
-
 template <bool kMx, bool kHBf16>
 void launch(const DownLaunch& p, cudaStream_t stream) {
-  if (pipelined_from_env()) launch<kMx, kHBf16, true>(p, stream);
-  else launch<kMx, kHBf16, false>(p, stream);
+  const int64_t tiles = (p.hidden + kRows - 1) / kRows;
+  const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
+  warp_decode_down_kernel<kMx, kHBf16>
+      <<<dim3(unsigned(int64_t(p.batch) * tiles)), warps * 32, 0, stream>>>(p);
 }
 
 }  // namespace
