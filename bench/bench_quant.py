@@ -6,8 +6,10 @@ Each line: kernel, shape, time (us, median), GB/s (bytes read + written, scales 
 and whether mxmoe's timed output matched the PyTorch output bit for bit.
 For the plain MX copies (no fast form) the default kernel is the staged one (outputs leave
 through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
-(MXMOE_QUANT_STAGED=0, which also writes the fast form) on the same data, in the same run. Every
-variant's output is checked (the grouped rows: the default's).
+(MXMOE_QUANT_STAGED=0, which also writes the fast form) on the same data, in the same run; for
+both directions the default is the two-group kernel (one warp group per direction, 512 threads)
+and "1-group" times the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0). Every variant's
+output is checked (the grouped rows: the default's).
 Usage: python3 bench/bench_quant.py [--json out.json] [--quick]
 """
 import argparse
@@ -118,15 +120,16 @@ def compare(mx, ref):
 
 
 STAGED_ENV = "MXMOE_QUANT_STAGED"  # "0": the register-store kernel for the plain copies too
+TWO_GROUP_ENV = "MXMOE_QUANT_TWO_GROUP"  # "0": both plain copies on the 256-thread staged kernel
 
 
-def timed_variant(timer, run, mx, ref, staged):
-    """Time `run` with the staged kernel on or off (MXMOE_QUANT_STAGED), then check its outputs
-    against the baseline's. Outputs are poisoned first so that a kernel that writes nothing cannot
-    pass on a previous kernel's bytes."""
+def timed_variant(timer, run, mx, ref, staged, two_group=True):
+    """Time `run` with the staged kernels on or off (MXMOE_QUANT_STAGED) and the two-group kernel
+    on or off (MXMOE_QUANT_TWO_GROUP), then check its outputs against the baseline's. Outputs are
+    poisoned first so that a kernel that writes nothing cannot pass on a previous kernel's bytes."""
     for t in (mx.row or []) + (mx.col or []):
         t.fill_(0xA5)
-    with kernel_env({STAGED_ENV: "1" if staged else "0"}):
+    with kernel_env({STAGED_ENV: "1" if staged else "0", TWO_GROUP_ENV: "1" if two_group else "0"}):
         us = timer(run)
     return us, compare(mx, ref)
 
@@ -161,22 +164,26 @@ def main():
             check(lib, lib.mxmoe_quantize_mxfp8(ptr(x), b, r, c, *a, RCEIL, None))
 
         ref = torch_quant(x, row, col, fast)
-        us_reg = None
+        us_reg = us_one = None
         if not fast:  # the register-store kernel on the same data, output checked too
             us_reg, bad_reg = timed_variant(timer, run, mx, ref, staged=False)
+        if row and col and not fast:  # both directions on the 256-thread staged kernel
+            us_one, bad_one = timed_variant(timer, run, mx, ref, staged=True, two_group=False)
         us, bad = timed_variant(timer, run, mx, ref, staged=True)
-        bad += bad_reg if us_reg is not None else 0
+        bad += (bad_reg if us_reg is not None else 0) + (bad_one if us_one is not None else 0)
         t_us = timer(lambda: torch_quant(x, row, col, fast))
         nbytes = x.numel() * 2 + mx.nbytes()
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{b}x{r}x{c}" if b > 1 else f"{r}x{c}"
         reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs if us_reg else None
+        one_pct = 100 * nbytes / (us_one * 1e-6) / 1e9 / copy_gbs if us_one else None
         row_out = {"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
                    "reg_store_us": us_reg, "reg_store_pct_copy": reg_pct,
+                   "one_group_us": us_one, "one_group_pct_copy": one_pct,
                    "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad}
         results["rows"].append(row_out)
         table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%",
-                      f"{reg_pct:.1f}%" if reg_pct else "-", f"{t_us:.1f}",
+                      f"{reg_pct:.1f}%" if reg_pct else "-", f"{one_pct:.1f}%" if one_pct else "-", f"{t_us:.1f}",
                       f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
         del x, mx, ref
         torch.cuda.empty_cache()
@@ -205,6 +212,10 @@ def main():
         run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None))
         with kernel_env({STAGED_ENV: "0"}):
             us_reg = timer(run)
+        us_one = None
+        if row:
+            with kernel_env({STAGED_ENV: "1", TWO_GROUP_ENV: "0"}):
+                us_one = timer(run)
         with kernel_env({STAGED_ENV: "1"}):
             us = timer(run)
         # baseline: gather into the padded layout with index ops, then quantize
@@ -229,14 +240,17 @@ def main():
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{T}x{C} E={E} skewed"
         reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs
+        one_pct = 100 * nbytes / (us_one * 1e-6) / 1e9 / copy_gbs if us_one else None
         results["rows"].append({"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
                                 "reg_store_us": us_reg, "reg_store_pct_copy": reg_pct,
+                                "one_group_us": us_one, "one_group_pct_copy": one_pct,
                                 "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad})
         table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{reg_pct:.1f}%",
-                      f"{t_us:.1f}", f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+                      f"{one_pct:.1f}%" if one_pct else "-", f"{t_us:.1f}", f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
 
     print_table(f"MXFP8 quantization (RCEIL), copy ceiling {copy_gbs:.0f} GB/s; baseline: plain PyTorch, same run",
-                ["kernel", "shape", "us", "GB/s", "% copy", "reg-store % copy", "torch us", "x torch", "output check"],
+                ["kernel", "shape", "us", "GB/s", "% copy", "reg-store % copy", "1-group % copy", "torch us", "x torch",
+                 "output check"],
                 table)
     write_json(args.json, results)
     if any(r["mismatched_bytes"] for r in results["rows"]):

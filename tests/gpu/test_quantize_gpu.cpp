@@ -2,8 +2,9 @@
 // distributions (both scale modes, row counts that are not multiples of 128, K = 2880), batched
 // weights, expert-grouped inputs with empty and overloaded groups, NaN/Inf policy, determinism.
 // Outputs are poisoned before each launch so an unwritten byte fails the comparison.
-// Two kernels write the plain MX copies: the staged one (default; TMA stores) when no fast form is
-// asked for, the register-store one otherwise (or with MXMOE_QUANT_STAGED=0). Every case that asks
+// Three kernels write the plain MX copies when no fast form is asked for: the two-group one (both
+// directions; MXMOE_QUANT_TWO_GROUP=0 turns it off) and the staged one (one direction), both with
+// TMA stores; the register-store one otherwise (or with MXMOE_QUANT_STAGED=0). Every case that asks
 // for the fast form is also run without it, so that both kernels see every input.
 #include <gtest/gtest.h>
 
@@ -377,6 +378,17 @@ TEST(QuantizeGpu, RegisterStoreKernelOnPlainCopies) {
   run_plain_variant("MXMOE_QUANT_STAGED", "0",
                     {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 33, 32, true, false, false}},
                     Dist::kHeavyTailed, {1280}, rng);
+}
+
+// Both plain copies on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0) instead of the
+// two-group kernel that writes them by default: dense partial tiles, batched, grouped and a gather
+// whose last tile is cut by rows_used.
+TEST(QuantizeGpu, StagedKernelOnBothDirections) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  run_plain_variant("MXMOE_QUANT_TWO_GROUP", "0",
+                    {{1, 4000, 2880, true, true, false}, {3, 160, 96, true, true, false}, {1, 1024, 7168, true, true, false}},
+                    Dist::kOutlierChannels, {1248, 1536}, rng);
 }
 
 // quantize.h: scale pointers need no alignment. Row-wise scales at an odd address (the staged

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "device/cp_async.cuh"
 #include "device/cp_async_bulk_tensor.cuh"
@@ -286,7 +287,8 @@ struct ColWords {
   uint32_t w[32];
 };
 
-__device__ __forceinline__ int col_quad() { return (threadIdx.x / 32) * 4 + (threadIdx.x % 4); }
+// (threadIdx.x % kThreads: the two-group kernel runs its column-wise pass on threads 256-511.)
+__device__ __forceinline__ int col_quad() { return (threadIdx.x % kThreads / 32) * 4 + (threadIdx.x % 4); }
 __device__ __forceinline__ int col_group() { return (threadIdx.x % 32) >> 2; }
 
 __device__ __forceinline__ ColWords colwise_load(const uint32_t* tile_words) {
@@ -567,12 +569,12 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
 
 // A gather tile with rows at or past *rows_used: every thread copies the valid part of the
 // staging out (16-byte pieces; a column's last piece byte by byte when it is cut).
-template <bool kRow, bool kCol>
+template <bool kRow, bool kCol, int kNumThreads = kThreads>
 __device__ __forceinline__ void copy_out_partial(const QuantizeParams& p, const Tile& t, const uint8_t* row_out,
                                                  const uint8_t* col_out) {
   const int32_t cols = int32_t(p.cols), rows = int32_t(p.rows_out);
   const int ncol = min(kTileCols, cols - t.c0);
-  for (int i = threadIdx.x; i < kTileRows * 8; i += kThreads) {
+  for (int i = threadIdx.x; i < kTileRows * 8; i += kNumThreads) {
     const int y = i / 8, ch = i % 8;
     const uint4* src_r = reinterpret_cast<const uint4*>(row_out + y * kTileCols + 16 * (ch ^ (y & 7)));
     if (kRow && y < t.out_valid && 16 * ch < ncol)
@@ -584,6 +586,15 @@ __device__ __forceinline__ void copy_out_partial(const QuantizeParams& p, const 
       if (n == 16) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
       else for (int j = 0; j < n; ++j) dst[j] = src[j];
     }
+  }
+}
+
+// The TMA stores' 128-byte swizzle needs 1024-byte aligned staging (the base is declared so;
+// checked once, a trap rather than silently wrong bytes).
+__device__ __forceinline__ void trap_unless_staging_aligned(const uint8_t* smem) {
+  if (threadIdx.x == 0 && (device::smem_addr(smem) & 1023u) != 0) {
+    printf("mxmoe: quantize_mxfp8 staging is not 1024-byte aligned\n");
+    __trap();
   }
 }
 
@@ -603,10 +614,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   uint8_t* row_out = smem + L::kRowOut;
   uint8_t* col_out = smem + L::kColOut;
   Tile* s_tiles = reinterpret_cast<Tile*>(smem + L::kTiles);
-  if (threadIdx.x == 0 && (device::smem_addr(smem) & 1023u) != 0) {
-    printf("mxmoe: quantize_mxfp8 staging is not 1024-byte aligned\n");
-    __trap();
-  }
+  trap_unless_staging_aligned(smem);
   const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
   auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, s_tiles, k); };
   // Loads of this CTA's k-th tile into stage k % S, one commit group per tile (empty groups keep the
@@ -676,6 +684,104 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   dev::cp_async_wait_group<0>();
 }
 
+// ==== Two-group kernel: both plain MX copies, one warp group per direction ====
+// The staged kernel with both directions runs both passes on the same 256 threads (64 + 32 input
+// registers do not fit at once, so the row-wise pass needs a fourth barrier and the refill waits
+// for it), 2 stages, one tile in flight per CTA: 73-77% of copy (run 28). Here one CTA of 512
+// threads per SM: warps 0-7 load the tiles (as in the staged kernel) and run the row-wise pass,
+// warps 8-15 run the column-wise pass, each group on its own inputs in registers, so the stage is
+// refilled right after barrier C; 4 input stages (3 tiles in flight) and double-buffered staging
+// (the stores of tile k-1 may still read theirs while tile k is converted). Per tile k:
+//   loaders wait for tile k (+ gather row scaling); A; each group loads its pass's inputs;
+//   thread 0 waits until the stores of tile k-2 have read staging k % 2; C; refill with tile
+//   k + S; convert → staging k % 2; fence.proxy.async; B; thread 0 issues both TMA stores and
+//   commits one bulk group per tile (empty when there is nothing to store, so the group count
+//   stays one per tile). Same helpers, so the same bytes as the staged kernel.
+constexpr int kWsThreads = 2 * kThreads;
+struct WsLayout {
+  static constexpr int kStagesIn = 4;
+  static constexpr int kOut = kStagesIn * kStageBytes;         // staging: [2][row tile, col tile]
+  static constexpr int kTiles = kOut + 4 * kOutTileBytes;       // Tile ring (grouped)
+  static constexpr int kBytes = kTiles + kStagesIn * int(sizeof(Tile));  // 192 KB + ring
+};
+
+template <RowMap kMap>
+__global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel(
+    const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap row_map,
+    const __grid_constant__ CUtensorMap col_map) {
+  using L = WsLayout;
+  constexpr int S = L::kStagesIn;
+  constexpr int kStageVecs = kTileRows * kVecPerRow;
+  constexpr bool kGrouped = kMap == RowMap::kGrouped;
+  extern __shared__ __align__(1024) uint8_t two_group_smem[];
+  uint8_t* smem = two_group_smem;
+  uint4* stages = reinterpret_cast<uint4*>(smem);
+  Tile* s_tiles = reinterpret_cast<Tile*>(smem + L::kTiles);
+  trap_unless_staging_aligned(smem);
+  const bool row_group = threadIdx.x < kThreads;  // loads + row-wise pass; else column-wise pass
+  const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
+  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, s_tiles, k); };
+  auto issue = [&](uint32_t k) {  // every thread calls it (the grouped ring needs the barrier)
+    if constexpr (kGrouped) {
+      const uint32_t id = first + k * step;
+      if (threadIdx.x == 0) s_tiles[k % S] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id) : Tile{};
+      __syncthreads();
+    }
+    if (row_group) {
+      const Tile t = tile_k(k);
+      if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % S) * kStageVecs);
+      dev::cp_async_commit_group();
+    }
+  };
+#pragma unroll
+  for (int k = 0; k < S; ++k) issue(k);
+  // The loop is written once per group (kRowGroup), so that each group's inputs are the only
+  // ones live across barrier C; both groups pass the same barriers in the same order.
+  auto run = [&](auto row_tag) {
+    constexpr bool kRowGroup = decltype(row_tag)::value;
+    for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
+      const Tile t = tile_k(k);
+      uint4* stage = stages + (k % S) * kStageVecs;
+      const bool valid = t.out_valid > 0;  // uniform across the CTA
+      if constexpr (kRowGroup) {
+        dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
+        if constexpr (kMap == RowMap::kGather) {
+          if (p.row_scale != nullptr && valid) scale_own_slots(p, t, stage);
+        }
+      }
+      __syncthreads();  // A: tile k is visible to every thread
+      using In = std::conditional_t<kRowGroup, RowVecs, ColWords>;
+      In in;
+      if (valid) {
+        if constexpr (kRowGroup) in = rowwise_load(stage);
+        else in = colwise_load(reinterpret_cast<const uint32_t*>(stage));
+      }
+      if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<1>();  // tile k-2's stores read staging k % 2
+      __syncthreads();  // C: stage k % S has been read; staging k % 2 is free
+      issue(k + S);
+      uint8_t* row_out = smem + L::kOut + (k & 1) * 2 * kOutTileBytes;
+      uint8_t* col_out = row_out + kOutTileBytes;
+      if (valid) {
+        if constexpr (kRowGroup) rowwise_staged(p, t, in, row_out);
+        else colwise_staged(p, t, in, col_out);
+      }
+      device::fence_proxy_async_shared_cta();
+      __syncthreads();  // B: the staging is complete
+      if (valid && kMap == RowMap::kGather && t.out_valid < kTileRows) {
+        copy_out_partial<true, true, kWsThreads>(p, t, row_out, col_out);
+      } else if (valid && threadIdx.x == 0) {
+        device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
+        device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
+      }
+      if (threadIdx.x == 0) device::cp_async_bulk_commit_group();
+    }
+  };
+  if (row_group) run(std::true_type{});
+  else run(std::false_type{});
+  if (threadIdx.x == 0) device::cp_async_bulk_wait_group<0>();
+  if (row_group) dev::cp_async_wait_group<0>();
+}
+
 TileGrid make_grid(const QuantizeParams& p) {
   TileGrid g;
   g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
@@ -690,13 +796,13 @@ TileGrid make_grid(const QuantizeParams& p) {
 
 // Persistent grid: every CTA of `kernel` that fits on the device at once (at most one per tile).
 template <auto kernel>
-unsigned persistent_grid(int smem, int32_t num_tiles) {
+unsigned persistent_grid(int smem, int32_t num_tiles, int threads = kThreads) {
   detail::set_smem_limit_once<kernel>("quantize_mxfp8", smem);
-  const int resident = detail::once_per_device<kernel, detail::MaxResidentTag>("quantize_mxfp8", [smem](int dev) {
+  const int resident = detail::once_per_device<kernel, detail::MaxResidentTag>("quantize_mxfp8", [smem, threads](int dev) {
     int sms = 0, ctas_per_sm = 0;
     MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     MXMOE_CUDA_CHECK("quantize_mxfp8",
-                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kThreads, smem));
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, threads, smem));
     return sms * std::max(1, ctas_per_sm);
   });
   return unsigned(std::min<int64_t>(num_tiles, resident));
@@ -710,10 +816,15 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
+// MXMOE_QUANT_TWO_GROUP=0 (read on every call, so that one process can time both) runs both
+// plain copies on the 256-thread staged kernel instead of the two-group kernel.
+bool use_two_group() {
+  const char* e = std::getenv("MXMOE_QUANT_TWO_GROUP");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
 template <bool kRow, bool kCol, RowMap kMap>
 void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
-  constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kMap>;
-  constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
   const TileGrid g = make_grid(p);
   // TMA store maps: row-wise data [batch, rows_out, cols], column-wise data [batch, cols, rows_out].
   CUtensorMap row_map{}, col_map{};
@@ -726,7 +837,16 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
     col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, uint64_t(p.batch), uint64_t(p.cols),
                                     uint64_t(p.rows_out), uint64_t(p.rows_out), uint64_t(p.rows_out * p.cols),
                                     kTileCols, kTileRows, sw);
-  kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
+  if (kRow && kCol && use_two_group()) {
+    constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap>;
+    constexpr int kSmem = WsLayout::kBytes;
+    kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kWsThreads), kWsThreads, kSmem, stream>>>(p, g, row_map,
+                                                                                                     col_map);
+  } else {
+    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kMap>;
+    constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
+    kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
+  }
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
