@@ -349,6 +349,35 @@ TEST(MoeLayerGpu, BatchInvariantRouterMakesTokensIndependentOfT) {
     MXMOE_ASSERT_CUDA(cudaMemcpy(ib.data(), big.topk_ids(), ib.size() * 4, cudaMemcpyDeviceToHost));
     MXMOE_ASSERT_CUDA(cudaMemcpy(is.data(), small.topk_ids(), is.size() * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(ib, is);
+
+    // The router kernels themselves, against the cuBLAS path on the same step: the logits and the
+    // router's dX differ only in FP32 summation order (~1e-6 relative), so the tokens whose top-k
+    // agree (all but near-ties) have out and dx equal up to rare 1-ulp BF16 flips; a wrong index in
+    // either kernel would give O(1) differences.
+    MoeLayerConfig cfg_plain = cfg;
+    cfg_plain.batch_invariant_router = false;
+    MoeLayer plain(cfg_plain);
+    DevBuf<uint16_t> out_p{size_t(T * H)}, gx_p{size_t(T * H)};
+    plain.forward(c(dx_in), T, c(dwr), c(dw1), c(dw2), m(out_p), nullptr);
+    plain.backward(c(ddout), c(dx_in), c(dwr), m(gx_p), gwr.p, gw1.p, gw2.p, nullptr);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<int32_t> ia(size_t(T * 4)), ip(size_t(T * 4));
+    MXMOE_ASSERT_CUDA(cudaMemcpy(ia.data(), big.topk_ids(), ia.size() * 4, cudaMemcpyDeviceToHost));
+    MXMOE_ASSERT_CUDA(cudaMemcpy(ip.data(), plain.topk_ids(), ip.size() * 4, cudaMemcpyDeviceToHost));
+    const auto op = out_p.download(), xp = gx_p.download();
+    std::vector<uint16_t> o_inv, o_plain, x_inv, x_plain;  // rows of the tokens routed alike
+    int64_t same_route = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (!std::equal(ia.begin() + t * 4, ia.begin() + t * 4 + 4, ip.begin() + t * 4)) continue;
+      ++same_route;
+      o_inv.insert(o_inv.end(), ob.begin() + t * H, ob.begin() + (t + 1) * H);
+      o_plain.insert(o_plain.end(), op.begin() + t * H, op.begin() + (t + 1) * H);
+      x_inv.insert(x_inv.end(), xb.begin() + t * H, xb.begin() + (t + 1) * H);
+      x_plain.insert(x_plain.end(), xp.begin() + t * H, xp.begin() + (t + 1) * H);
+    }
+    EXPECT_GE(same_route, T - 3) << "top-k differs from the cuBLAS path on more than near-ties";
+    EXPECT_LT(rel_err(o_inv, o_plain), 2e-3);
+    EXPECT_LT(rel_err(x_inv, x_plain), 2e-3);
   }
 }
 
