@@ -515,16 +515,17 @@ int main() {
       {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 32, false, true},
   };
   bool all_ok = true;
+  const char* current = "bad setups";
   try {
     all_ok &= bad_setups(w, 100);
     int index = 0;
     for (const LayerCase& c : cases) {
+      current = c.name;
       CaseRun run(w, c, index++);
       all_ok &= run.run();
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] ERROR: %s\n", w.rank, e.what());
-    std::printf("[rank %d] ERROR: %s\n", w.rank, e.what());
+    std::printf("[rank %d] ERROR in %s: %s\n", w.rank, current, e.what());
     return 2;
   }
   std::printf("[rank %d] %s\n", w.rank, all_ok ? "ALL PASS" : "SOME FAILED");

@@ -15,13 +15,13 @@
 
 #include "mxmoe/ep.h"
 
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                \
-    }                                                                                              \
+#define CK(call)                                                                                              \
+  do {                                                                                                        \
+    cudaError_t e_ = (call);                                                                                  \
+    if (e_ != cudaSuccess) {                                                                                  \
+      std::fprintf(stderr, "ERROR %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));       \
+      std::exit(2);                                                                                           \
+    }                                                                                                         \
   } while (0)
 
 namespace ep_test {
@@ -38,10 +38,16 @@ struct Dev {
   explicit Dev(size_t count) : n(count) {
     CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
     CK(cudaMemset(p, 0xA5, std::max<size_t>(1, n) * sizeof(T)));
+    CK(cudaDeviceSynchronize());  // the poison must land before any (non-blocking) stream writes
   }
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
-  void up(const std::vector<T>& h) { CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  // cudaMemcpy from pageable memory may return before the DMA lands, and the tests' streams are
+  // non-blocking: wait for it before anything reads the buffer.
+  void up(const std::vector<T>& h) {
+    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+  }
   template <class U = T>
   std::vector<U> down(size_t count) const {
     static_assert(sizeof(U) == sizeof(T), "same element size");
@@ -73,6 +79,7 @@ struct World {
 // Reads the environment; prints SKIP and returns false (exit 0) when there are too few GPUs, and
 // exits 2 when a multi-rank run lacks the id file.
 inline bool world_from_env(World& w) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach the launcher's pipe as they are printed
   w.rank = env_int("RANK", 0);
   w.size = env_int("WORLD_SIZE", 1);
   w.local_rank = env_int("LOCAL_RANK", w.rank);
