@@ -258,10 +258,16 @@ class CaseRun {
     ref_->backward(bf(*dout_), bf(*x_), bf(*wr_), bfm(*ref_dx_), ref_dwr_->p, ref_dw1_->p, ref_dw2_->p, st_);
   }
 
-  void ep_step() {
+  void ep_forward() {
     const int64_t w1_off = int64_t(r) * El * 2 * I * H, w2_off = int64_t(r) * El * H * I;
     layer_->forward(bf(*x_, t0 * H), T, bf(*wr_), bf(*w1_, w1_off), bf(*w2_, w2_off), bfm(*out_), st_);
+  }
+  void ep_backward() {
     layer_->backward(bf(*dout_, t0 * H), bf(*x_, t0 * H), bf(*wr_), bfm(*dx_), dwr_->p, dw1_->p, dw2_->p, st_);
+  }
+  void ep_step() {
+    ep_forward();
+    ep_backward();
   }
 
   // The reference's rows of this rank's tokens and its slice of the experts.
@@ -397,12 +403,11 @@ class CaseRun {
     CK(cudaEventCreate(&e1));
     CK(cudaEventCreate(&e2));
     std::vector<float> tf, tb, tr;
-    const int64_t w1_off = int64_t(r) * El * 2 * I * H, w2_off = int64_t(r) * El * H * I;
     for (int rep = 0; rep < 12; ++rep) {
       CK(cudaEventRecord(e0, st_));
-      layer_->forward(bf(*x_, t0 * H), T, bf(*wr_), bf(*w1_, w1_off), bf(*w2_, w2_off), bfm(*out_), st_);
+      ep_forward();
       CK(cudaEventRecord(e1, st_));
-      layer_->backward(bf(*dout_, t0 * H), bf(*x_, t0 * H), bf(*wr_), bfm(*dx_), dwr_->p, dw1_->p, dw2_->p, st_);
+      ep_backward();
       CK(cudaEventRecord(e2, st_));
       comm_->check(st_);
       float a = 0, b = 0;
@@ -418,11 +423,34 @@ class CaseRun {
     const auto stages = layer_->stage_times();
     layer_->set_profiling(false);
     comm_->check(st_);
+    // NVLink bytes of this rank's tokens (from its routing): a BF16 row per remote owner rank out
+    // (dispatch; + k weights in backward), a BF16 row per remote slot in (combine).
+    const std::vector<int32_t> ids = down(layer_->topk_ids(), size_t(T * k));
+    double rows_out = 0, rows_in = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      uint64_t owners = 0;
+      for (int j = 0; j < k; ++j) {
+        const int owner = ids[size_t(t * k + j)] / El;
+        if (owner != r) {
+          owners |= uint64_t(1) << owner;
+          rows_in += 1;
+        }
+      }
+      rows_out += __builtin_popcountll(owners);
+    }
     double comm_ms = 0, compute_ms = 0;
     for (const auto& [name, ms] : stages) {
       const bool is_comm = name.find("dispatch") != std::string::npos || name.find("combine (") != std::string::npos;
       (is_comm ? comm_ms : compute_ms) += ms;
-      if (r == 0) std::printf("[rank 0]   stage %-45s %8.3f ms%s\n", name.c_str(), ms, is_comm ? "  (communication)" : "");
+      double bytes = 0;  // this rank's share of what the stage moves
+      if (name.find("dispatch") != std::string::npos) bytes = rows_out * 2.0 * H;
+      if (name.find("combine (") != std::string::npos) bytes = rows_in * 2.0 * H;
+      if (r == 0)
+        std::printf("[rank 0]   stage %-40s %8.3f ms%s\n", name.c_str(), ms,
+                    is_comm ? ("  (communication, " + std::to_string(int(bytes / 1e6 + 0.5)) + " MB of this rank: " +
+                               std::to_string(ms > 0 ? int(bytes / (ms * 1e6) + 0.5) : 0) + " GB/s)")
+                                  .c_str()
+                            : "");
     }
     for (int rep = 0; rep < 5; ++rep) {  // the single-GPU layer on all R ranks' tokens, for orientation
       CK(cudaEventRecord(e0, st_));
