@@ -175,7 +175,6 @@ void RouterBlock::backward(const __nv_bfloat16* x, int64_t tokens, const __nv_bf
   const int64_t H = hidden, E = experts, T = tokens;
   moe_router_backward(logits, ids, dw, T, int(E), routing, dlogits, stream);
   launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(x), T * H, x_f32, stream);
-  launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(wr), E * H, wr_f32, stream);
   const float one = 1.0f, zero = 0.0f;
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
   // column-major: dWr_cm [H, E] = X_cm [H, T] · (dlogits_cm [E, T])ᵀ
@@ -187,6 +186,7 @@ void RouterBlock::backward(const __nv_bfloat16* x, int64_t tokens, const __nv_bf
     return;
   }
   // column-major: dXr_cm [H, T] = Wr_cm [H, E] · dlogits_cm [E, T]
+  launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(wr), E * H, wr_f32, stream);
   check_cublas(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(H), int(T), int(E), &one, wr_f32, int(H), dlogits,
                            int(E), &zero, dx_router, int(H)),
                "router dgrad GEMM");
