@@ -7,7 +7,8 @@
 #   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant),
 #   ncu_quant_run.log and ncu_quant_src.csv.gz (stall samples per SASS instruction);
 #   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back);
-#   MXMOE_EP=1 runs the expert-parallel test at R = #GPUs (if >= 2) and R = 1, printed inline;
+#   MXMOE_EP=1 runs the expert-parallel tests (mxmoe_ep_test: dispatch/combine; mxmoe_ep_layer_test:
+#   the EP layer vs MoeLayer) at R = #GPUs (if >= 2) and R = 1, printed inline;
 #   MXMOE_CTEST_REGEX=re runs only the tests whose names match (ctest -R);
 #   MXMOE_NCU_GEMM=1 writes ncu_gemm.txt, ncu_gemm_run.log and ncu_gemm_src.csv.gz (stall reasons
 #   of the fast GEMM, DSV3 gate-up, also per SASS instruction).
@@ -55,6 +56,11 @@ if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test 
     NCCL_NVLS_ENABLE=0 MXMOE_EP_TIMEOUT=90 timeout 120 scripts/ep_launch.sh "$r" $BUILD/mxmoe_ep_test 2>&1 |
       grep -E "PASS|FAIL|ERROR|GB/s|R = 1" | cut -c1-200
     echo "EP R=$r rc=${PIPESTATUS[0]}"
+    # the EP training layer against the single-GPU MoeLayer (bitwise), graph replay, timing
+    [ -x $BUILD/mxmoe_ep_layer_test ] &&
+      { NCCL_NVLS_ENABLE=0 MXMOE_EP_TIMEOUT=240 timeout 270 scripts/ep_launch.sh "$r" $BUILD/mxmoe_ep_layer_test 2>&1 |
+          grep -E "PASS|FAIL|ERROR|timing|stage|rc=|exited" | cut -c1-400
+        echo "EP layer R=$r rc=${PIPESTATUS[0]}"; }
   done
   if [ "$ngpu" -ge 2 ]; then  # the torch.distributed all_to_all baseline on the same bytes (issue 7)
     NCCL_NVLS_ENABLE=0 timeout 180 python3 bench/bench_ep_a2a.py --world "$ngpu" 2>&1 | grep -E "GB/s|rror" | cut -c1-200

@@ -21,6 +21,10 @@
 //     routed to this rank = all R · max_tokens records.
 //   combine region: max_tokens · k rows of H BF16; row t·k + j is written by the owner of the
 //     expert of (t, j), exactly once; the token's rank then sums them in j order (moe_combine).
+//   with cfg.bf16_rows only (dispatch_bf16, what EpMoeLayer uses):
+//   BF16 row region: R · max_tokens rows of H BF16, row s · max_tokens + t = token t of source s
+//     (written by the source for the ranks that own one of its experts, as the MX data);
+//   weight region: R · max_tokens · k FP32, the routing weights of those tokens (same writers).
 //
 // Determinism: every byte has exactly one writer, no atomics, the final sum is the single-GPU
 // layer's moe_combine on the same values, so outputs are bitwise equal to the single-GPU result.
@@ -58,6 +62,7 @@ struct EpConfig {
   int64_t max_tokens = 0;    // per rank; the window is sized for it
   int num_ctas = 32;         // CTAs of the dispatch/combine kernels (= LSA barrier count)
   double timeout_s = 30.0;   // device barrier wait limit, and the id-file wait on ranks != 0
+  bool bf16_rows = false;    // also hold the BF16 row and routing-weight regions (dispatch_bf16)
 };
 
 // The opaque NCCL unique id (NCCL_UNIQUE_ID_BYTES = 128), so this header needs no nccl.h.
@@ -75,6 +80,10 @@ struct EpWindowLayout {
   int64_t dispatch_bytes = 0;   // R · max_tokens · record_bytes
   int64_t combine_offset = 0;   // after dispatch, 4096-aligned
   int64_t combine_bytes = 0;    // max_tokens · k · H · 2
+  int64_t bf16_offset = 0;      // after combine, 4096-aligned (cfg.bf16_rows; else 0 bytes)
+  int64_t bf16_bytes = 0;       // R · max_tokens · H · 2
+  int64_t weights_offset = 0;   // after the BF16 rows, 4096-aligned
+  int64_t weights_bytes = 0;    // R · max_tokens · k · 4
   int64_t total_bytes = 0;      // rounded up to 4096 (NCCL_WIN_REQUIRED_ALIGNMENT)
 };
 
@@ -138,6 +147,38 @@ class EpComm {
   //   tokens must equal the last dispatch's.
   void combine(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_of, const float* topk_weights,
                int64_t tokens, __nv_bfloat16* out, cudaStream_t stream = nullptr);
+
+  // The combine's two halves, for a caller that sums the rows itself (EpMoeLayer adds the
+  // router's dX and keeps the rows for the routing-weight gradient): combine_send moves the rows
+  // (the combine kernel, both barriers); afterwards combine_rows() [max_tokens · k, H] holds
+  // Y(t, j) at row t·k + j for every slot with a valid expert id, and home_rows() [max_tokens, k]
+  // is t·k + j for those slots and -1 for the others (the row_of of moe_combine). Both stay valid
+  // until the next combine_send/combine (or dispatch: home_rows) on this EpComm.
+  void combine_send(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_of, int64_t tokens,
+                    cudaStream_t stream = nullptr);
+  const __nv_bfloat16* combine_rows() const;
+  const int32_t* home_rows() const;
+
+  // Dispatch of BF16 rows (needs cfg.bf16_rows): the same destinations, ids records and
+  // recv_local_ids() as dispatch(), but the payload is x BF16 [tokens, H] (16-byte aligned) and,
+  // if topk_weights FP32 [tokens, k] is given, the token's k routing weights. After it (stream
+  // order): recv_bf16_rows() [R · max_tokens, H] holds token t of source s at row s·max_tokens + t
+  // for every (s, t) with an expert here (other rows: stale), recv_weights() [R · max_tokens, k]
+  // likewise (when sent). The receiver's quantize_mxfp8_gather reads the rows in place.
+  void dispatch_bf16(const __nv_bfloat16* x, const int32_t* topk_ids, const float* topk_weights, int64_t tokens,
+                     cudaStream_t stream = nullptr);
+  const __nv_bfloat16* recv_bf16_rows() const;
+  const float* recv_weights() const;
+
+  // Host-level collectives over the communicator (ordinary NCCL collectives, stream-ordered).
+  //   all_gather: recv [R · bytes] = every rank's send [bytes], rank order.
+  void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream = nullptr);
+  //   agree: collective set-up check, blocking. Every rank passes the same n named values and its
+  //   own verdict (local_error empty = fine here). Throws mxmoe::Error on *every* rank if any rank
+  //   has a local error (its message here; elsewhere naming the rank(s)) or any value differs across
+  //   ranks (naming it, with its min and max). `who` prefixes the message.
+  void agree(const char* who, const int64_t* values, const char* const* names, int n,
+             const std::string& local_error);
 
   // Synchronises `stream`, then throws mxmoe::CudaError if a device barrier timed out (naming
   // the kernel and the barrier) or NCCL reports an asynchronous error.

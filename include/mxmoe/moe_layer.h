@@ -33,6 +33,11 @@ struct MoeLayerConfig {
   RouterParams routing;             // scoring, top_k, groups, scaling (bias: device pointer or null)
   GemmMode mode = GemmMode::kFast;  // GEMM operands: fast form (default) or exact MX
   int64_t max_tokens = 0;           // workspace sized for up to this many tokens
+  // Router logits and the router's part of dX by a fixed-order FP32 kernel whose per-token result
+  // does not depend on the number of tokens (cuBLAS may choose another algorithm, hence another
+  // summation order, for another T). Slower (a plain tiled SGEMM); what EpMoeLayer always uses, so
+  // a single-GPU layer compared bitwise with the EP layer must set it.
+  bool batch_invariant_router = false;
 };
 
 // A weight tensor [E, N, K] already quantized both ways, as quantize_mxfp8(w, E, N, K, &row, &col)
@@ -74,6 +79,7 @@ class MoeLayer {
   const int32_t* topk_ids() const;        // [T, k]
   const float* topk_weights() const;      // [T, k]
   const float* topk_weight_grads() const; // [T, k] d loss / d w of the last backward
+  const float* router_logit_grads() const;  // [T, E] d loss / d logits of the last backward
   const int32_t* row_of() const;          // [T, k] padded row of (t, j)
   const int32_t* padded_offsets() const;  // [E+1]
   int64_t capacity() const;               // padded rows of the workspace

@@ -2,6 +2,7 @@
 // throw mxmoe::Error naming the function and the argument; CUDA failures throw mxmoe::CudaError.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 
@@ -34,6 +35,18 @@ inline void check_aligned(const char* fn, const char* arg, const void* p, uintpt
 
 inline void check_not_null(const char* fn, const char* arg, const void* p) {
   if (p == nullptr) throw_arg(fn, arg, "null", "must be a device pointer");
+}
+
+// Each named pointer non-null and `align`-byte aligned, e.g. check_device_ptrs(fn, {{"x", x}, {"out", out}}).
+struct NamedPtr {
+  const char* name;
+  const void* p;
+};
+inline void check_device_ptrs(const char* fn, std::initializer_list<NamedPtr> ptrs, uintptr_t align = 16) {
+  for (const NamedPtr& q : ptrs) {
+    check_not_null(fn, q.name, q.p);
+    check_aligned(fn, q.name, q.p, align);
+  }
 }
 
 inline void check_cuda(cudaError_t e, const char* fn, const char* what) {

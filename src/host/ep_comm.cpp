@@ -126,6 +126,8 @@ struct EpComm::Impl {
     a.scale_bytes = int(layout.scale_bytes);
     a.ids_bytes = int(layout.ids_bytes);
     a.combine_offset = layout.combine_offset;
+    a.bf16_offset = layout.bf16_offset;
+    a.weights_offset = layout.weights_offset;
     a.timeout_ns = uint64_t(cfg.timeout_s * 1e9);
     a.error_flag = error_flag;
     a.home_row = home_row;
@@ -133,31 +135,54 @@ struct EpComm::Impl {
     return a;
   }
 
-  // Every rank must hold the same config: min and max of each field over the world must agree.
-  void check_same_config_everywhere(cudaStream_t stream) {
-    const int64_t mine[6] = {cfg.hidden, cfg.top_k, cfg.num_experts, cfg.max_tokens, cfg.num_ctas,
-                             int64_t(cfg.timeout_s * 1e3)};
-    const char* names[6] = {"cfg.hidden", "cfg.top_k", "cfg.num_experts", "cfg.max_tokens", "cfg.num_ctas",
-                            "cfg.timeout_s"};
+  // Collective: min and max of each value over the world, and of a local-error flag. Returns the
+  // error to throw (empty when every rank is fine and every value agrees); identical on every rank
+  // except that the rank with the local error keeps its own message.
+  std::string agree(const char* who, const int64_t* values, const char* const* names, int n,
+                    const std::string& local_error, cudaStream_t stream) {
+    const int m = n + 2;  // values, error flag, rank if in error else R (min: the lowest such rank)
+    std::vector<int64_t> mine(static_cast<size_t>(m));
+    for (int i = 0; i < n; ++i) mine[size_t(i)] = values[i];
+    mine[size_t(n)] = local_error.empty() ? 0 : 1;
+    mine[size_t(n + 1)] = local_error.empty() ? int64_t(world) : int64_t(rank);
     int64_t* d = nullptr;
-    MXMOE_CUDA_CHECK(kFn, cudaMalloc(&d, 3 * sizeof mine));
-    std::vector<int64_t> h(18);
+    MXMOE_CUDA_CHECK(kFn, cudaMalloc(&d, 3 * size_t(m) * sizeof(int64_t)));
+    std::vector<int64_t> h(3 * size_t(m));
     try {
-      MXMOE_CUDA_CHECK(kFn, cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice));
-      MXMOE_NCCL_CHECK(comm, ncclAllReduce(d, d + 6, 6, ncclInt64, ncclMin, comm, stream));
-      MXMOE_NCCL_CHECK(comm, ncclAllReduce(d, d + 12, 6, ncclInt64, ncclMax, comm, stream));
+      MXMOE_CUDA_CHECK(kFn, cudaMemcpy(d, mine.data(), size_t(m) * sizeof(int64_t), cudaMemcpyHostToDevice));
+      MXMOE_NCCL_CHECK(comm, ncclAllReduce(d, d + m, size_t(m), ncclInt64, ncclMin, comm, stream));
+      MXMOE_NCCL_CHECK(comm, ncclAllReduce(d, d + 2 * m, size_t(m), ncclInt64, ncclMax, comm, stream));
       MXMOE_CUDA_CHECK(kFn, cudaStreamSynchronize(stream));
-      MXMOE_CUDA_CHECK(kFn, cudaMemcpy(h.data(), d, 3 * sizeof mine, cudaMemcpyDeviceToHost));
+      MXMOE_CUDA_CHECK(kFn, cudaMemcpy(h.data(), d, h.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
     } catch (...) {
       cudaFree(d);
       throw;
     }
     cudaFree(d);
-    for (int i = 0; i < 6; ++i)
-      if (h[6 + i] != h[12 + i])
-        detail::throw_arg(kFn, names[i], detail::to_str(mine[i]),
-                          "differs across ranks (min " + detail::to_str(h[6 + i]) + ", max " +
-                              detail::to_str(h[12 + i]) + "): every rank must pass the same config");
+    const int64_t* lo = h.data() + m;
+    const int64_t* hi = h.data() + 2 * m;
+    if (!local_error.empty()) return local_error;
+    if (hi[n] != 0)
+      return std::string("mxmoe::") + who + ": rank " + detail::to_str(lo[n + 1]) +
+             " rejected its arguments (its own message names the argument); every rank stops here";
+    for (int i = 0; i < n; ++i)
+      if (lo[i] != hi[i]) {
+        std::ostringstream os;
+        os << "mxmoe::" << who << ": argument '" << names[i] << "' = " << values[i] << ": differs across ranks (min "
+           << lo[i] << ", max " << hi[i] << "): every rank must pass the same value";
+        return os.str();
+      }
+    return {};
+  }
+
+  // Every rank must hold the same config: min and max of each field over the world must agree.
+  void check_same_config_everywhere(cudaStream_t stream) {
+    const int64_t mine[7] = {cfg.hidden, cfg.top_k, cfg.num_experts, cfg.max_tokens, cfg.num_ctas,
+                             int64_t(cfg.timeout_s * 1e3), cfg.bf16_rows ? 1 : 0};
+    const char* names[7] = {"cfg.hidden", "cfg.top_k", "cfg.num_experts", "cfg.max_tokens", "cfg.num_ctas",
+                            "cfg.timeout_s", "cfg.bf16_rows"};
+    const std::string err = agree(kFn, mine, names, 7, "", stream);
+    if (!err.empty()) throw Error(err);
   }
 
   void init(const EpConfig& c, int r, int w, const EpUniqueId& id, int dev_index) {
@@ -292,8 +317,8 @@ void EpComm::dispatch(const uint8_t* x_data, const uint8_t* x_scales, const int3
   impl_->last_tokens = tokens;
 }
 
-void EpComm::combine(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_of, const float* topk_weights,
-                     int64_t tokens, __nv_bfloat16* out, cudaStream_t stream) {
+void EpComm::combine_send(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_of, int64_t tokens,
+                          cudaStream_t stream) {
   const char* fn = "EpComm::combine";
   const EpConfig& c = impl_->cfg;
   if (tokens != impl_->last_tokens)
@@ -307,18 +332,71 @@ void EpComm::combine(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_
   }
   detail::check_not_null(fn, "row_of", row_of);
   detail::check_aligned(fn, "row_of", row_of, 4);
+  detail::launch_ep_combine(impl_->dev, impl_->args(tokens), c.num_ctas, y, y_rows, row_of, stream);
+}
+
+const __nv_bfloat16* EpComm::combine_rows() const {
+  return reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(impl_->window_buf) +
+                                                impl_->layout.combine_offset);
+}
+const int32_t* EpComm::home_rows() const { return impl_->home_row; }
+
+void EpComm::combine(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_of, const float* topk_weights,
+                     int64_t tokens, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "EpComm::combine";
   if (tokens > 0) {
     detail::check_not_null(fn, "topk_weights", topk_weights);
     detail::check_not_null(fn, "out", out);
     detail::check_aligned(fn, "out", out, 16);
   }
-  detail::launch_ep_combine(impl_->dev, impl_->args(tokens), c.num_ctas, y, y_rows, row_of, stream);
+  combine_send(y, y_rows, row_of, tokens, stream);
+  const EpConfig& c = impl_->cfg;
+  if (tokens > 0)
+    moe_combine(combine_rows(), c.max_tokens * c.top_k, c.hidden, impl_->home_row, topk_weights, tokens, c.top_k,
+                nullptr, out, stream);
+}
+
+void EpComm::dispatch_bf16(const __nv_bfloat16* x, const int32_t* topk_ids, const float* topk_weights, int64_t tokens,
+                           cudaStream_t stream) {
+  const char* fn = "EpComm::dispatch_bf16";
+  const EpConfig& c = impl_->cfg;
+  if (!c.bf16_rows)
+    detail::throw_arg(fn, "cfg.bf16_rows", "false", "must be true (the window has no BF16 row region)");
+  if (tokens < 0 || tokens > c.max_tokens)
+    detail::throw_arg(fn, "tokens", detail::to_str(tokens), "must be in [0, cfg.max_tokens = " +
+                                                                detail::to_str(c.max_tokens) + "]");
   if (tokens > 0) {
-    const auto* comb = reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(impl_->window_buf) +
-                                                               impl_->layout.combine_offset);
-    moe_combine(comb, c.max_tokens * c.top_k, c.hidden, impl_->home_row, topk_weights, tokens, c.top_k, nullptr,
-                out, stream);
+    detail::check_not_null(fn, "x", x);
+    detail::check_aligned(fn, "x", x, 16);
+    detail::check_not_null(fn, "topk_ids", topk_ids);
+    detail::check_aligned(fn, "topk_ids", topk_ids, 4);
+    detail::check_aligned(fn, "topk_weights", topk_weights, 4);
   }
+  detail::launch_ep_dispatch_bf16(impl_->dev, impl_->args(tokens), c.num_ctas, x, topk_weights, topk_ids, stream);
+  impl_->last_tokens = tokens;
+}
+
+const __nv_bfloat16* EpComm::recv_bf16_rows() const {
+  if (!impl_->cfg.bf16_rows) return nullptr;
+  return reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(impl_->window_buf) +
+                                                impl_->layout.bf16_offset);
+}
+const float* EpComm::recv_weights() const {
+  if (!impl_->cfg.bf16_rows) return nullptr;
+  return reinterpret_cast<const float*>(static_cast<const char*>(impl_->window_buf) + impl_->layout.weights_offset);
+}
+
+void EpComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  detail::check_not_null("EpComm::all_gather", "send", send);
+  detail::check_not_null("EpComm::all_gather", "recv", recv);
+  MXMOE_NCCL_CHECK(impl_->comm, ncclAllGather(send, recv, bytes, ncclUint8, impl_->comm, stream));
+}
+
+void EpComm::agree(const char* who, const int64_t* values, const char* const* names, int n,
+                   const std::string& local_error) {
+  const std::string err = impl_->agree(who, values, names, n, local_error, nullptr);
+  if (!err.empty()) throw Error(err);
 }
 
 void EpComm::gather_recv_mx(const int32_t* row_index, int64_t out_rows, const int32_t* rows_used, uint8_t* data,

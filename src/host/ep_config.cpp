@@ -43,7 +43,8 @@ void ep_check_config(const EpConfig& cfg, int rank, int world_size) {
     throw_arg(kFn, "cfg.max_tokens", to_str(cfg.max_tokens),
               "world_size · max_tokens · top_k must fit in int32");
   const int64_t rec = cfg.hidden + roundup(cfg.hidden / 32, 16) + roundup(4 * cfg.top_k, 16);
-  const double bytes = double(rows) * rec + double(cfg.max_tokens) * cfg.top_k * cfg.hidden * 2.0;
+  double bytes = double(rows) * rec + double(cfg.max_tokens) * cfg.top_k * cfg.hidden * 2.0;
+  if (cfg.bf16_rows) bytes += double(rows) * (2.0 * cfg.hidden + 4.0 * cfg.top_k);
   if (bytes > double(int64_t(1) << 40))
     throw_arg(kFn, "cfg.max_tokens", to_str(cfg.max_tokens), "window would exceed 1 TiB");
 }
@@ -59,7 +60,16 @@ EpWindowLayout ep_window_layout(const EpConfig& cfg, int world_size) {
   l.dispatch_bytes = int64_t(world_size) * cfg.max_tokens * l.record_bytes;
   l.combine_offset = roundup(l.dispatch_offset + l.dispatch_bytes, 4096);
   l.combine_bytes = cfg.max_tokens * cfg.top_k * int64_t(cfg.hidden) * 2;
-  l.total_bytes = roundup(l.combine_offset + l.combine_bytes, 4096);
+  int64_t end = l.combine_offset + l.combine_bytes;
+  if (cfg.bf16_rows) {  // after the combine region, so the other offsets do not depend on it
+    const int64_t rows = int64_t(world_size) * cfg.max_tokens;
+    l.bf16_offset = roundup(end, 4096);
+    l.bf16_bytes = rows * cfg.hidden * 2;
+    l.weights_offset = roundup(l.bf16_offset + l.bf16_bytes, 4096);
+    l.weights_bytes = rows * cfg.top_k * 4;
+    end = l.weights_offset + l.weights_bytes;
+  }
+  l.total_bytes = roundup(end, 4096);
   return l;
 }
 

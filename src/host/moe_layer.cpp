@@ -2,139 +2,69 @@
 // Workspace: one cudaMalloc arena, carved once at construction (256-byte aligned pieces).
 #include "mxmoe/moe_layer.h"
 
-#include <cublas_v2.h>
-
 #include <string>
 #include <vector>
 
 #include "host/check.h"
+#include "host/moe_expert_block.h"
 #include "kernels/layer/moe_ops_launch.h"
 #include "mxmoe/moe_ops.h"
 #include "mxmoe/moe_plan.h"
 #include "mxmoe/quantize.h"
 
 namespace mxmoe {
-namespace {
 
 using detail::throw_arg;
 using detail::to_str;
-
-void check_cublas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw CudaError(std::string("mxmoe::MoeLayer: ") + what + ": cuBLAS status " + std::to_string(int(s)));
-}
-
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// An MX copy in the workspace: data, scales, fast data, fast scales.
-struct MxBuf {
-  uint8_t *data = nullptr, *scales = nullptr, *fast = nullptr, *fast_scales = nullptr;
-  MxOut out() const { return MxOut{data, scales, fast, fast_scales}; }
-  MxOperand operand() const { return MxOperand{data, scales, fast, fast_scales}; }
-};
-
-}  // namespace
 
 struct MoeLayer::Impl {
   MoeLayerConfig cfg;
   int64_t cap = 0;
   size_t bytes = 0;
   uint8_t* arena = nullptr;
-  cublasHandle_t cublas = nullptr;
-  float* logits = nullptr;
   int32_t* ids = nullptr;
   float* weights = nullptr;
   MoePlan plan;
   void* plan_ws = nullptr;
   size_t plan_ws_bytes = 0;
-  MxBuf x_row, x_col, w1_row, w1_col, w2_row, w2_col, h_row, h_col;
-  __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr;
+  detail::ExpertBlock blk;  // the expert GEMMs and their buffers
   int64_t tokens = 0;  // of the last forward
-  MxOperand w1r_op, w1c_op, w2r_op, w2c_op;  // weight operands of the last forward
 
   void run_forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, __nv_bfloat16* out,
                    cudaStream_t stream, bool quantize_weights, const __nv_bfloat16* w1, const __nv_bfloat16* w2);
-  // profiling: events recorded after each stage (a reusable pool)
-  bool profile = false;
-  std::vector<cudaEvent_t> events;
-  std::vector<std::string> names;  // names[i]: the stage that ends at events[i] ("" for the start)
-  size_t used_marks = 0;
-  void mark(const char* stage, cudaStream_t stream) {
-    if (!profile) return;
-    if (used_marks == events.size()) {
-      cudaEvent_t e;
-      MXMOE_CUDA_CHECK("MoeLayer", cudaEventCreate(&e));
-      events.push_back(e);
-      names.emplace_back();
-    }
-    names[used_marks] = stage;
-    MXMOE_CUDA_CHECK("MoeLayer", cudaEventRecord(events[used_marks++], stream));
-  }
+  detail::StageTimer timer{"MoeLayer"};  // profiling
+  void mark(const char* stage, cudaStream_t stream) { timer.mark(stage, stream); }
+  detail::StageMark marker(cudaStream_t stream) { return timer.marker(stream); }
   // backward
-  MxBuf dy_row, dy_col, dgu_row, dgu_col;
-  __nv_bfloat16 *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
-  float* row_w = nullptr;  // [cap]: routing weight of each padded row (dY = bf16(row_w · dout))
-  float *dw = nullptr, *dlogits = nullptr, *x_f32 = nullptr, *wr_f32 = nullptr, *dx_router = nullptr;
+  float* dw = nullptr;
+  detail::RouterBlock router;
 
   // Carves (or, with base == nullptr, only measures) the workspace.
   size_t carve(uint8_t* base) {
-    size_t off = 0;
-    auto take = [&](size_t n) {
-      uint8_t* p = base ? base + off : nullptr;
-      off += (n + 255) / 256 * 256;
-      return p;
-    };
-    const int64_t T = cfg.max_tokens, H = cfg.hidden, I = cfg.inter, E = cfg.num_experts, k = cfg.routing.top_k;
-    // An MX copy of [batch, rows, cols] in the one form the GEMM mode reads (fast: the rebased
-    // 1x128 form; exact: plain MX). The quantizers write only the pair that is given, so fast
-    // mode neither writes nor holds the plain copies.
-    const bool fast = cfg.mode == GemmMode::kFast;
-    auto mx = [&](int64_t batch, int64_t rows, int64_t cols) {
-      MxBuf b;
-      if (fast) {
-        b.fast = take(size_t(batch * rows * cols));
-        b.fast_scales = take(size_t(batch * cdiv(cols, 128) * rows));
-      } else {
-        b.data = take(size_t(batch * rows * cols));
-        b.scales = take(size_t(batch * rows * cols / 32));
-      }
-      return b;
-    };
-    logits = reinterpret_cast<float*>(take(size_t(T * E) * 4));
-    ids = reinterpret_cast<int32_t*>(take(size_t(T * k) * 4));
-    weights = reinterpret_cast<float*>(take(size_t(T * k) * 4));
-    plan.counts = reinterpret_cast<int32_t*>(take(size_t(E) * 4));
-    plan.offsets = reinterpret_cast<int32_t*>(take(size_t(E + 1) * 4));
-    plan.padded_offsets = reinterpret_cast<int32_t*>(take(size_t(E + 1) * 4));
-    plan.row_of = reinterpret_cast<int32_t*>(take(size_t(T * k) * 4));
-    plan.row_index = reinterpret_cast<int32_t*>(take(size_t(cap) * 4));
+    detail::Carver c(base);
+    const int64_t T = cfg.max_tokens, H = cfg.hidden, E = cfg.num_experts, k = cfg.routing.top_k;
+    ids = c.take_n<int32_t>(size_t(T * k));
+    weights = c.take_n<float>(size_t(T * k));
+    plan.counts = c.take_n<int32_t>(size_t(E));
+    plan.offsets = c.take_n<int32_t>(size_t(E + 1));
+    plan.padded_offsets = c.take_n<int32_t>(size_t(E + 1));
+    plan.row_of = c.take_n<int32_t>(size_t(T * k));
+    plan.row_index = c.take_n<int32_t>(size_t(cap));
     plan_ws_bytes = moe_plan_workspace_bytes(T, int(k), int(E));
-    plan_ws = take(plan_ws_bytes);
-    x_row = mx(1, cap, H);
-    x_col = mx(1, H, cap);
-    w1_row = mx(E, 2 * I, H);
-    w1_col = mx(E, H, 2 * I);
-    w2_row = mx(E, H, I);
-    w2_col = mx(E, I, H);
-    gu = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * 2 * I) * 2));
-    hact = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * I) * 2));
-    h_row = mx(1, cap, I);
-    h_col = mx(1, I, cap);
-    y = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
-    row_w = reinterpret_cast<float*>(take(size_t(cap) * 4));
-    dy_row = mx(1, cap, H);
-    dy_col = mx(1, H, cap);
-    dh = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * I) * 2));
-    dgu = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * 2 * I) * 2));
-    dgu_row = mx(1, cap, 2 * I);
-    dgu_col = mx(1, 2 * I, cap);
-    dxp = reinterpret_cast<__nv_bfloat16*>(take(size_t(cap * H) * 2));
-    dw = reinterpret_cast<float*>(take(size_t(T * k) * 4));
-    dlogits = reinterpret_cast<float*>(take(size_t(T * E) * 4));
-    x_f32 = reinterpret_cast<float*>(take(size_t(T * H) * 4));
-    wr_f32 = reinterpret_cast<float*>(take(size_t(E * H) * 4));
-    dx_router = reinterpret_cast<float*>(take(size_t(T * H) * 4));
-    return off;
+    plan_ws = c.take(plan_ws_bytes);
+    blk.cap = cap;
+    blk.hidden = H;
+    blk.inter = cfg.inter;
+    blk.experts = int(E);
+    blk.mode = cfg.mode;
+    blk.carve(c);
+    dw = c.take_n<float>(size_t(T * k));
+    router.max_tokens = T;
+    router.hidden = int(H);
+    router.experts = int(E);
+    router.batch_invariant = cfg.batch_invariant_router;
+    router.carve(c);
+    return c.bytes();
   }
 };
 
@@ -158,7 +88,7 @@ MoeLayer::MoeLayer(const MoeLayerConfig& cfg) : impl_(new Impl) {
     impl_->bytes = impl_->carve(nullptr);
     MXMOE_CUDA_CHECK(fn, cudaMalloc(&impl_->arena, impl_->bytes));
     impl_->carve(impl_->arena);
-    check_cublas(cublasCreate(&impl_->cublas), "cublasCreate");
+    impl_->router.create();
   } catch (...) {
     if (impl_->arena) cudaFree(impl_->arena);
     delete impl_;
@@ -167,8 +97,7 @@ MoeLayer::MoeLayer(const MoeLayerConfig& cfg) : impl_(new Impl) {
 }
 
 MoeLayer::~MoeLayer() {
-  for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
-  if (impl_->cublas) cublasDestroy(impl_->cublas);
+  impl_->router.destroy();
   if (impl_->arena) cudaFree(impl_->arena);
   delete impl_;
 }
@@ -179,10 +108,7 @@ void check_forward_inputs(const char* fn, const MoeLayerConfig& c, const __nv_bf
                           const __nv_bfloat16* wr, const __nv_bfloat16* out) {
   if (tokens < 1 || tokens > c.max_tokens)
     throw_arg(fn, "tokens", to_str(tokens), "must be in [1, max_tokens = " + to_str(c.max_tokens) + "]");
-  for (auto [name, p] : {std::pair<const char*, const void*>{"x", x}, {"wr", wr}, {"out", out}}) {
-    detail::check_not_null(fn, name, p);
-    detail::check_aligned(fn, name, p, 16);
-  }
+  detail::check_device_ptrs(fn, {{"x", x}, {"wr", wr}, {"out", out}});
 }
 
 // A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned.
@@ -205,55 +131,30 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
                                  const __nv_bfloat16* w2) {
   Impl& m = *this;
   const MoeLayerConfig& c = m.cfg;
-  const int64_t H = c.hidden, I = c.inter, E = c.num_experts;
+  const int64_t H = c.hidden, E = c.num_experts;
   const int k = c.routing.top_k;
-  m.used_marks = 0;
-  m.mark("", stream);
-  // 1. logits [T, E] = x · wrᵀ (FP32 out): column-major C[E, T] = op(Wr)[E, H] · X[H, T].
-  const float one = 1.0f, zero = 0.0f;
-  check_cublas(cublasSetStream(m.cublas, stream), "cublasSetStream");
-  check_cublas(cublasGemmEx(m.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(E), int(tokens), int(H), &one, wr, CUDA_R_16BF,
-                            int(H), x, CUDA_R_16BF, int(H), &zero, m.logits, CUDA_R_32F, int(E), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-               "router GEMM");
-  m.mark("router GEMM (cuBLAS)", stream);
+  m.timer.restart(stream);
+  // 1. logits [T, E] = x · wrᵀ (FP32 out)
+  m.router.forward(x, tokens, wr, stream);
+  m.mark(m.router.logits_stage(), stream);
   // 2-3. top-k and the routing plan
-  moe_topk(m.logits, tokens, int(E), c.routing, m.ids, m.weights, stream);
+  moe_topk(m.router.logits, tokens, int(E), c.routing, m.ids, m.weights, stream);
   moe_plan(m.ids, tokens, k, int(E), m.cap, m.plan_ws, m.plan_ws_bytes, m.plan, stream);
   const int32_t* rows_used = m.plan.padded_offsets + E;
   m.mark("top-k + routing plan", stream);
   // 4. gather + quantize x both ways (the column-wise copy is the W1 wgrad operand)
-  const MxOut xr = m.x_row.out(), xc = m.x_col.out();
+  const MxOut xr = m.blk.x_row.out(), xc = m.blk.x_col.out();
   quantize_mxfp8_gather(x, tokens, H, m.plan.row_index, m.cap, rows_used, &xr, &xc, ScaleMode::kRceil, stream);
   m.mark("permute + quantize x", stream);
   // 5. weights, both directions, one pass each (unless given pre-quantized)
   if (quantize_weights) {
-    const MxOut w1r = m.w1_row.out(), w1c = m.w1_col.out(), w2r = m.w2_row.out(), w2c = m.w2_col.out();
-    quantize_mxfp8(w1, E, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
-    quantize_mxfp8(w2, E, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
-    m.w1r_op = m.w1_row.operand();
-    m.w1c_op = m.w1_col.operand();
-    m.w2r_op = m.w2_row.operand();
-    m.w2c_op = m.w2_col.operand();
+    m.blk.quantize_weights(w1, w2, stream);
     m.mark("quantize W1, W2 (both ways)", stream);
   }
-  // 6. GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ
-  GemmOptions go;
-  go.mode = c.mode;
-  go.stream = stream;
-  m_grouped_mxfp8_gemm_nt(m.x_row.operand(), m.cap, m.w1r_op, int(E), 2 * I, H, m.plan.padded_offsets, m.gu, go);
-  m.mark("GEMM1 (gate/up)", stream);
-  // 7. SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
-  moe_swiglu(m.gu, m.cap, I, rows_used, m.hact, stream);
-  const MxOut hr = m.h_row.out(), hc = m.h_col.out();
-  quantize_mxfp8_grouped(m.hact, m.cap, I, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &hr, &hc,
-                         ScaleMode::kRceil, stream);
-  m.mark("SwiGLU + quantize", stream);
-  // 8. GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
-  m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2r_op, int(E), H, I, m.plan.padded_offsets, m.y, go);
-  m.mark("GEMM2 (down)", stream);
+  // 6-8. GEMM1, SwiGLU + quantize, GEMM2
+  m.blk.forward(m.plan.padded_offsets, stream, m.marker(stream));
   // 9. combine in slot order
-  moe_combine(m.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
+  moe_combine(m.blk.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
   m.mark("combine", stream);
   m.tokens = tokens;
 }
@@ -262,10 +163,7 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
                        const __nv_bfloat16* w2, __nv_bfloat16* out, cudaStream_t stream) {
   const char* fn = "MoeLayer::forward";
   check_forward_inputs(fn, impl_->cfg, x, tokens, wr, out);
-  for (auto [name, p] : {std::pair<const char*, const void*>{"w1", w1}, {"w2", w2}}) {
-    detail::check_not_null(fn, name, p);
-    detail::check_aligned(fn, name, p, 16);
-  }
+  detail::check_device_ptrs(fn, {{"w1", w1}, {"w2", w2}});
   impl_->run_forward(x, tokens, wr, out, stream, true, w1, w2);
 }
 
@@ -278,10 +176,10 @@ void MoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat
   check_weight_operand(fn, "w1.colwise", w1.colwise, m.cfg.mode);
   check_weight_operand(fn, "w2.rowwise", w2.rowwise, m.cfg.mode);
   check_weight_operand(fn, "w2.colwise", w2.colwise, m.cfg.mode);
-  m.w1r_op = w1.rowwise;
-  m.w1c_op = w1.colwise;
-  m.w2r_op = w2.rowwise;
-  m.w2c_op = w2.colwise;
+  m.blk.w1r_op = w1.rowwise;
+  m.blk.w1c_op = w1.colwise;
+  m.blk.w2r_op = w2.rowwise;
+  m.blk.w2c_op = w2.colwise;
   m.run_forward(x, tokens, wr, out, stream, false, nullptr, nullptr);
 }
 
@@ -290,84 +188,39 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
   const char* fn = "MoeLayer::backward";
   Impl& m = *impl_;
   const MoeLayerConfig& c = m.cfg;
-  const int64_t H = c.hidden, I = c.inter, E = c.num_experts, T = m.tokens;
+  const int64_t H = c.hidden, E = c.num_experts, T = m.tokens;
   const int k = c.routing.top_k;
   if (T == 0) throw Error("mxmoe::MoeLayer::backward: no forward to differentiate (call forward first)");
-  for (auto [name, p] : {std::pair<const char*, const void*>{"dout", dout}, {"x", x}, {"wr", wr}, {"dx", dx},
-                         {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}}) {
-    detail::check_not_null(fn, name, p);
-    detail::check_aligned(fn, name, p, 16);
-  }
+  detail::check_device_ptrs(
+      fn, {{"dout", dout}, {"x", x}, {"wr", wr}, {"dx", dx}, {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}});
   const int32_t* rows_used = m.plan.padded_offsets + E;
-  GemmOptions go;
-  go.mode = c.mode;
-  go.stream = stream;
-  GemmOptions go32 = go;
-  go32.out_dtype = GemmOutDtype::kFP32;
   m.mark("", stream);
   // 1. dw = dout · Y and each padded row's weight; then dY = bf16(w · dout) gathered into the padded
   //    layout and quantized both ways in one pass (no BF16 dY in memory)
-  moe_combine_backward_scales(dout, m.y, m.cap, H, rows_used, m.plan.row_index, m.plan.row_of, m.weights, T, k,
-                              m.row_w, m.dw, stream);
-  const MxOut dyr = m.dy_row.out(), dyc = m.dy_col.out();
-  quantize_mxfp8_gather_scaled(dout, T, H, m.plan.row_index, m.row_w, m.cap, rows_used, &dyr, &dyc,
+  moe_combine_backward_scales(dout, m.blk.y, m.cap, H, rows_used, m.plan.row_index, m.plan.row_of, m.weights, T, k,
+                              m.blk.row_w, m.dw, stream);
+  const MxOut dyr = m.blk.dy_row.out(), dyc = m.blk.dy_col.out();
+  quantize_mxfp8_gather_scaled(dout, T, H, m.plan.row_index, m.blk.row_w, m.cap, rows_used, &dyr, &dyc,
                                ScaleMode::kRceil, stream);
   m.mark("bwd: gather dOut·w, dw, quantize dY", stream);
-  // 2. dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  3. dW2[e] = Σ dYᵀ · Hact
-  m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2c_op, int(E), I, H, m.plan.padded_offsets, m.dh, go);
-  k_grouped_mxfp8_gemm_nt(m.dy_col.operand(), m.h_col.operand(), m.cap, int(E), H, I, m.plan.padded_offsets, dw2, go32);
-  m.mark("bwd: W2 dgrad + wgrad GEMMs", stream);
-  // 4. SwiGLU backward, quantize dGU both ways
-  moe_swiglu_backward(m.gu, m.dh, m.cap, I, rows_used, m.dgu, stream);
-  const MxOut gr = m.dgu_row.out(), gc = m.dgu_col.out();
-  quantize_mxfp8_grouped(m.dgu, m.cap, 2 * I, m.plan.padded_offsets, m.plan.padded_offsets, int(E), m.cap, &gr, &gc,
-                         ScaleMode::kRceil, stream);
-  m.mark("bwd: SwiGLU backward + quantize", stream);
-  // 5. dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  6. dW1[e] = Σ dGUᵀ · Xp
-  m_grouped_mxfp8_gemm_nt(m.dgu_row.operand(), m.cap, m.w1c_op, int(E), H, 2 * I, m.plan.padded_offsets,
-                          m.dxp, go);
-  k_grouped_mxfp8_gemm_nt(m.dgu_col.operand(), m.x_col.operand(), m.cap, int(E), 2 * I, H, m.plan.padded_offsets, dw1,
-                          go32);
-  m.mark("bwd: W1 dgrad + wgrad GEMMs", stream);
-  // 7. router: dlogits, then FP32 GEMMs dWr = dlogitsᵀ·X and dX_router = dlogits·Wr
-  moe_router_backward(m.logits, m.ids, m.dw, T, int(E), c.routing, m.dlogits, stream);
-  detail::launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(x), T * H, m.x_f32, stream);
-  detail::launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(wr), E * H, m.wr_f32, stream);
-  const float one = 1.0f, zero = 0.0f;
-  check_cublas(cublasSetStream(m.cublas, stream), "cublasSetStream");
-  // column-major: dWr_cm [H, E] = X_cm [H, T] · (dlogits_cm [E, T])ᵀ
-  check_cublas(cublasSgemm(m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, int(H), int(E), int(T), &one, m.x_f32, int(H),
-                           m.dlogits, int(E), &zero, dwr, int(H)),
-               "router wgrad GEMM");
-  // column-major: dXr_cm [H, T] = Wr_cm [H, E] · dlogits_cm [E, T]
-  check_cublas(cublasSgemm(m.cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(H), int(T), int(E), &one, m.wr_f32, int(H),
-                           m.dlogits, int(E), &zero, m.dx_router, int(H)),
-               "router dgrad GEMM");
+  // 2-6. W2 dgrad + wgrad, SwiGLU backward + quantize, W1 dgrad + wgrad
+  m.blk.backward(m.plan.padded_offsets, dw1, dw2, stream, m.marker(stream));
+  // 7. router: dlogits, then dWr = dlogitsᵀ·X and dX_router = dlogits·Wr
+  m.router.backward(x, T, wr, m.ids, m.dw, c.routing, dwr, stream);
   m.mark("bwd: router backward", stream);
   // 8. un-permute in slot order, plus the router's part
-  moe_combine(m.dxp, m.cap, H, m.plan.row_of, nullptr, T, k, m.dx_router, dx, stream);
+  moe_combine(m.blk.dxp, m.cap, H, m.plan.row_of, nullptr, T, k, m.router.dx_router, dx, stream);
   m.mark("bwd: un-permute dX", stream);
 }
 
-void MoeLayer::set_profiling(bool on) { impl_->profile = on; }
+void MoeLayer::set_profiling(bool on) { impl_->timer.on = on; }
 
-std::vector<std::pair<std::string, float>> MoeLayer::stage_times() const {
-  const Impl& m = *impl_;
-  std::vector<std::pair<std::string, float>> out;
-  if (m.used_marks == 0) return out;
-  MXMOE_CUDA_CHECK("MoeLayer::stage_times", cudaEventSynchronize(m.events[m.used_marks - 1]));
-  for (size_t i = 1; i < m.used_marks; ++i) {
-    if (m.names[i].empty()) continue;  // a start mark (backward's first)
-    float ms = 0.0f;
-    MXMOE_CUDA_CHECK("MoeLayer::stage_times", cudaEventElapsedTime(&ms, m.events[i - 1], m.events[i]));
-    out.emplace_back(m.names[i], ms);
-  }
-  return out;
-}
+std::vector<std::pair<std::string, float>> MoeLayer::stage_times() const { return impl_->timer.times(); }
 
 const int32_t* MoeLayer::topk_ids() const { return impl_->ids; }
 const float* MoeLayer::topk_weights() const { return impl_->weights; }
 const float* MoeLayer::topk_weight_grads() const { return impl_->dw; }
+const float* MoeLayer::router_logit_grads() const { return impl_->router.dlogits; }
 const int32_t* MoeLayer::row_of() const { return impl_->plan.row_of; }
 const int32_t* MoeLayer::padded_offsets() const { return impl_->plan.padded_offsets; }
 int64_t MoeLayer::capacity() const { return impl_->cap; }

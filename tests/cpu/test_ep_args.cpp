@@ -118,3 +118,24 @@ TEST(EpArgs, WindowLayoutIsTheWorstCase) {
   // MX rows are about half of BF16 rows.
   EXPECT_LT(double(l.data_bytes + l.scale_bytes) / (2.0 * c.hidden), 0.52);
 }
+
+TEST(EpArgs, Bf16RowRegionsComeAfterTheCombineRegion) {
+  EpConfig c = good();
+  const EpWindowLayout plain = ep_window_layout(c, 8);
+  EXPECT_EQ(plain.bf16_bytes, 0);
+  EXPECT_EQ(plain.weights_bytes, 0);
+  c.bf16_rows = true;
+  const EpWindowLayout l = ep_window_layout(c, 8);
+  // The MX and combine regions do not move.
+  EXPECT_EQ(l.dispatch_offset, plain.dispatch_offset);
+  EXPECT_EQ(l.combine_offset, plain.combine_offset);
+  EXPECT_EQ(l.combine_bytes, plain.combine_bytes);
+  EXPECT_EQ(l.bf16_offset % 4096, 0);
+  EXPECT_GE(l.bf16_offset, l.combine_offset + l.combine_bytes);
+  EXPECT_EQ(l.bf16_bytes, 8LL * 4096 * 7168 * 2);  // one BF16 row per (source rank, token)
+  EXPECT_EQ(l.weights_offset % 4096, 0);
+  EXPECT_GE(l.weights_offset, l.bf16_offset + l.bf16_bytes);
+  EXPECT_EQ(l.weights_bytes, 8LL * 4096 * 8 * 4);
+  EXPECT_EQ(l.total_bytes % 4096, 0);
+  EXPECT_GE(l.total_bytes, l.weights_offset + l.weights_bytes);
+}

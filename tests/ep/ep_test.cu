@@ -35,42 +35,13 @@
 #include "mxmoe/moe_plan.h"
 #include "mxmoe/moe_ops.h"
 #include "mxmoe/quantize.h"
+#include "ep/ep_test_util.h"
 
 namespace {
 
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                \
-    }                                                                                              \
-  } while (0)
-
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : dflt;
-}
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
-    CK(cudaMemset(p, 0xA5, std::max<size_t>(1, n) * sizeof(T)));
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  void up(const std::vector<T>& h) { CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
-  template <class U = T>
-  std::vector<U> down(size_t count) const {
-    static_assert(sizeof(U) == sizeof(T), "same element size");
-    std::vector<U> h(count);
-    CK(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using ep_test::bf16_bits;
+using ep_test::Dev;
+using ep_test::median;
 
 // ---- the stand-in expert (one kernel for both paths) -----------------------------------------
 __device__ float deq_e4m3(uint8_t q, uint8_t s) {
@@ -141,23 +112,11 @@ std::vector<int32_t> routing_of(const Case& c, int rank, int world, uint32_t see
   return ids;
 }
 
-uint16_t bf16_bits(float f) {  // round to nearest even (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7FFF + ((u >> 16) & 1);
-  return uint16_t(u >> 16);
-}
-
 struct Outputs {
   std::vector<uint16_t> out, out_ref;
   std::vector<int32_t> local_ids;
   float dispatch_ms = 0, combine_ms = 0;
 };
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.f : v[v.size() / 2];
-}
 
 Outputs run_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed, int reps) {
   const int R = ep.world_size(), rank = ep.rank(), H = c.hidden, k = c.top_k;
@@ -407,23 +366,9 @@ bool run_gemm_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed) {
 }  // namespace
 
 int main() {
-  const int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
-  const int local_rank = env_int("LOCAL_RANK", rank);
-  const uint32_t seed = uint32_t(env_int("MXMOE_EP_SEED", 12345));
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-  if (ndev < world) {
-    std::printf("[rank %d] SKIP: %d GPU(s) visible, WORLD_SIZE = %d needs one per rank on this node\n", rank, ndev,
-                world);
-    return 0;
-  }
-  const char* id_file = std::getenv("MXMOE_EP_ID_FILE");
-  if (world > 1 && id_file == nullptr) {
-    std::fprintf(stderr, "[rank %d] MXMOE_EP_ID_FILE is not set: start with scripts/ep_launch.sh\n", rank);
-    return 2;
-  }
-  std::printf("[rank %d/%d] device %d, seed %u\n", rank, world, local_rank, seed);
-
+  ep_test::World world_env;
+  if (!ep_test::world_from_env(world_env)) return 0;
+  const int rank = world_env.rank, world = world_env.size;
   const Case cases[] = {
       {"uniform H=256 k=4 ragged-T invalid-ids", 256, 4, 8, 333, 17, Route::kUniform, 0.03, 8, false},
       {"all-to-rank0 H=512 k=4", 512, 4, 4, 256, 0, Route::kAllToRank0, 0.0, 16, false},
@@ -441,26 +386,23 @@ int main() {
       cfg.max_tokens = c.max_tokens;
       cfg.num_ctas = c.num_ctas;
       cfg.timeout_s = 20.0;
-      const std::string idf = id_file ? std::string(id_file) + "." + std::to_string(&c - cases) : "";
-      std::unique_ptr<mxmoe::EpComm> ep =
-          world > 1 ? std::make_unique<mxmoe::EpComm>(cfg, rank, world, idf, local_rank)
-                    : std::make_unique<mxmoe::EpComm>(cfg, rank, world, mxmoe::EpComm::new_unique_id(), local_rank);
+      std::unique_ptr<mxmoe::EpComm> ep = ep_test::make_comm(world_env, cfg, int(&c - cases));
       if (c.gemm) {
-        const bool ok = run_gemm_case(*ep, c, seed);
+        const bool ok = run_gemm_case(*ep, c, world_env.seed);
         all_ok &= ok;
         std::printf("[rank %d] %s: %s (T = %lld)\n", rank, c.name, ok ? "PASS" : "FAIL",
                     (long long)tokens_of(c, rank, world));
         continue;
       }
-      const Outputs o = run_case(*ep, c, seed, 3);
-      const bool ok = check_case(c, o, rank, world, seed);
+      const Outputs o = run_case(*ep, c, world_env.seed, 3);
+      const bool ok = check_case(c, o, rank, world, world_env.seed);
       all_ok &= ok;
       std::printf("[rank %d] %s: %s (T = %lld)\n", rank, c.name, ok ? "PASS" : "FAIL",
                   (long long)tokens_of(c, rank, world));
       if (c.timed) {
         // Bytes leaving this rank for other ranks (what NVLink carries), from the host's routing.
         const mxmoe::EpWindowLayout& L = ep->layout();
-        const std::vector<int32_t> ids = routing_of(c, rank, world, seed);
+        const std::vector<int32_t> ids = routing_of(c, rank, world, world_env.seed);
         const int64_t T = tokens_of(c, rank, world);
         double disp = 0, comb = 0;
         for (int64_t t = 0; t < T; ++t) {

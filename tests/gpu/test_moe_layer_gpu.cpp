@@ -4,6 +4,7 @@
 // against FP64, reruns bitwise identical, both GEMM modes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/gpu_test_util.h"
@@ -252,6 +253,21 @@ MoeLayerConfig small_layer(int64_t H, int64_t I, int64_t E, int top_k, int64_t m
   return cfg;
 }
 
+// Weights and dOut of a small layer step on the device, at the scales these tests use, and the
+// BF16 views of a buffer.
+struct StepInputs {
+  DevBuf<uint16_t> wr, w1, w2, dout;
+  StepInputs(int64_t T, int64_t H, int64_t I, int64_t E, std::mt19937& rng)
+      : wr{size_t(E * H)}, w1{size_t(E * 2 * I * H)}, w2{size_t(E * H * I)}, dout{size_t(T * H)} {
+    wr.upload(rand_bf16(wr.n, 0.5, rng));
+    w1.upload(rand_bf16(w1.n, 0.06, rng));
+    w2.upload(rand_bf16(w2.n, 0.09, rng));
+    dout.upload(rand_bf16(dout.n, 1.0, rng));
+  }
+};
+const __nv_bfloat16* c(const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); }
+__nv_bfloat16* m(DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); }
+
 }  // namespace
 
 TEST(MoeLayerGpu, ForwardBackwardCapturedInOneGraphReplaysWithNewRouting) {
@@ -260,18 +276,11 @@ TEST(MoeLayerGpu, ForwardBackwardCapturedInOneGraphReplaysWithNewRouting) {
   const int64_t T = 300, H = 256, I = 128, E = 16;
   const MoeLayerConfig cfg = small_layer(H, I, E, 4, T);
   MoeLayer layer(cfg);
-  const auto wr = rand_bf16(size_t(E * H), 0.5, rng), w1 = rand_bf16(size_t(E * 2 * I * H), 0.06, rng),
-             w2 = rand_bf16(size_t(E * H * I), 0.09, rng), dout = rand_bf16(size_t(T * H), 1.0, rng);
-  DevBuf<uint16_t> dx_in{size_t(T * H)}, dwr{wr.size()}, dw1{w1.size()}, dw2{w2.size()}, ddout{dout.size()},
-      out_g{size_t(T * H)}, out_e{size_t(T * H)}, gx_g{size_t(T * H)}, gx_e{size_t(T * H)};
-  DevBuf<float> gwr{size_t(E * H)}, gw1{w1.size()}, gw2{w2.size()}, gw1_e{w1.size()}, gwr_e{size_t(E * H)},
-      gw2_e{w2.size()};
-  dwr.upload(wr);
-  dw1.upload(w1);
-  dw2.upload(w2);
-  ddout.upload(dout);
-  auto c = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
-  auto m = [](DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); };
+  const StepInputs in(T, H, I, E, rng);
+  const DevBuf<uint16_t>&dwr = in.wr, &dw1 = in.w1, &dw2 = in.w2, &ddout = in.dout;
+  DevBuf<uint16_t> dx_in{size_t(T * H)}, out_g{size_t(T * H)}, out_e{size_t(T * H)}, gx_g{size_t(T * H)},
+      gx_e{size_t(T * H)};
+  DevBuf<float> gwr{dwr.n}, gw1{dw1.n}, gw2{dw2.n}, gw1_e{dw1.n}, gwr_e{dwr.n}, gw2_e{dw2.n};
   cudaStream_t s;
   MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   dx_in.upload(rand_bf16(size_t(T * H), 1.0, rng));
@@ -308,6 +317,70 @@ TEST(MoeLayerGpu, ForwardBackwardCapturedInOneGraphReplaysWithNewRouting) {
   cudaStreamDestroy(s);
 }
 
+// With batch_invariant_router, a token's whole forward and backward depend on no other token:
+// the router kernel's rows do not depend on T, quantization is row-wise per row (and column-wise
+// only feeds the weight gradients), the grouped GEMMs' rows do not depend on their tile mates.
+// So the first T1 tokens of a T-token step give the same bits as a T1-token step. This is what
+// the expert-parallel layer's bitwise equality rests on (docs/notes/ep.md).
+TEST(MoeLayerGpu, BatchInvariantRouterMakesTokensIndependentOfT) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 300, T1 = 137, H = 256, I = 128, E = 16;
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+    SCOPED_TRACE(mode == GemmMode::kFast ? "fast" : "exact");
+    MoeLayerConfig cfg = small_layer(H, I, E, 4, T, mode);
+    cfg.batch_invariant_router = true;
+    MoeLayer big(cfg), small(cfg);
+    const StepInputs in(T, H, I, E, rng);
+    const DevBuf<uint16_t>&dwr = in.wr, &dw1 = in.w1, &dw2 = in.w2, &ddout = in.dout;
+    DevBuf<uint16_t> dx_in{size_t(T * H)}, out_b{size_t(T * H)}, out_s{size_t(T1 * H)}, gx_b{size_t(T * H)},
+        gx_s{size_t(T1 * H)};
+    DevBuf<float> gwr{dwr.n}, gw1{dw1.n}, gw2{dw2.n};
+    dx_in.upload(rand_bf16(dx_in.n, 1.0, rng));
+    big.forward(c(dx_in), T, c(dwr), c(dw1), c(dw2), m(out_b), nullptr);
+    big.backward(c(ddout), c(dx_in), c(dwr), m(gx_b), gwr.p, gw1.p, gw2.p, nullptr);
+    small.forward(c(dx_in), T1, c(dwr), c(dw1), c(dw2), m(out_s), nullptr);
+    small.backward(c(ddout), c(dx_in), c(dwr), m(gx_s), gwr.p, gw1.p, gw2.p, nullptr);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto ob = out_b.download(), os = out_s.download(), xb = gx_b.download(), xs = gx_s.download();
+    EXPECT_TRUE(std::equal(os.begin(), os.end(), ob.begin())) << "out of the first " << T1 << " tokens";
+    EXPECT_TRUE(std::equal(xs.begin(), xs.end(), xb.begin())) << "dx of the first " << T1 << " tokens";
+    std::vector<int32_t> ib(size_t(T1 * 4)), is(size_t(T1 * 4));
+    MXMOE_ASSERT_CUDA(cudaMemcpy(ib.data(), big.topk_ids(), ib.size() * 4, cudaMemcpyDeviceToHost));
+    MXMOE_ASSERT_CUDA(cudaMemcpy(is.data(), small.topk_ids(), is.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(ib, is);
+
+    // The router kernels themselves, against the cuBLAS path on the same step: the logits and the
+    // router's dX differ only in FP32 summation order (~1e-6 relative), so the tokens whose top-k
+    // agree (all but near-ties) have out and dx equal up to rare 1-ulp BF16 flips; a wrong index in
+    // either kernel would give O(1) differences.
+    MoeLayerConfig cfg_plain = cfg;
+    cfg_plain.batch_invariant_router = false;
+    MoeLayer plain(cfg_plain);
+    DevBuf<uint16_t> out_p{size_t(T * H)}, gx_p{size_t(T * H)};
+    plain.forward(c(dx_in), T, c(dwr), c(dw1), c(dw2), m(out_p), nullptr);
+    plain.backward(c(ddout), c(dx_in), c(dwr), m(gx_p), gwr.p, gw1.p, gw2.p, nullptr);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<int32_t> ia(size_t(T * 4)), ip(size_t(T * 4));
+    MXMOE_ASSERT_CUDA(cudaMemcpy(ia.data(), big.topk_ids(), ia.size() * 4, cudaMemcpyDeviceToHost));
+    MXMOE_ASSERT_CUDA(cudaMemcpy(ip.data(), plain.topk_ids(), ip.size() * 4, cudaMemcpyDeviceToHost));
+    const auto op = out_p.download(), xp = gx_p.download();
+    std::vector<uint16_t> o_inv, o_plain, x_inv, x_plain;  // rows of the tokens routed alike
+    int64_t same_route = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (!std::equal(ia.begin() + t * 4, ia.begin() + t * 4 + 4, ip.begin() + t * 4)) continue;
+      ++same_route;
+      o_inv.insert(o_inv.end(), ob.begin() + t * H, ob.begin() + (t + 1) * H);
+      o_plain.insert(o_plain.end(), op.begin() + t * H, op.begin() + (t + 1) * H);
+      x_inv.insert(x_inv.end(), xb.begin() + t * H, xb.begin() + (t + 1) * H);
+      x_plain.insert(x_plain.end(), xp.begin() + t * H, xp.begin() + (t + 1) * H);
+    }
+    EXPECT_GE(same_route, T - 3) << "top-k differs from the cuBLAS path on more than near-ties";
+    EXPECT_LT(rel_err(o_inv, o_plain), 2e-3);
+    EXPECT_LT(rel_err(x_inv, x_plain), 2e-3);
+  }
+}
+
 TEST(MoeLayerGpu, ProfilingReportsEveryStage) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
@@ -321,8 +394,6 @@ TEST(MoeLayerGpu, ProfilingReportsEveryStage) {
   wr.upload(rand_bf16(wr.n, 0.5, rng));
   w1.upload(rand_bf16(w1.n, 0.1, rng));
   w2.upload(rand_bf16(w2.n, 0.1, rng));
-  auto c = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
-  auto m = [](DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); };
   layer.forward(c(x), T, c(wr), c(w1), c(w2), m(out));
   EXPECT_TRUE(layer.stage_times().empty());  // off by default
   layer.set_profiling(true);
@@ -349,8 +420,6 @@ TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
     wr.upload(rand_bf16(wr.n, 0.5, rng));
     w1.upload(rand_bf16(w1.n, 0.06, rng));
     w2.upload(rand_bf16(w2.n, 0.1, rng));
-    auto c = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
-    auto m = [](DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); };
     // Quantize both weights both ways (with fast forms) into caller-owned buffers.
     struct Q {
       DevBuf<uint8_t> rd, rs, rfd, rfs, cd, cs, cfd, cfs;

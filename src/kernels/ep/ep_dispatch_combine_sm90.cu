@@ -5,6 +5,8 @@
 //     window_d.record(self, t).ids    = topk_ids[t, :]                       (always, 16-byte stores)
 //     window_d.record(self, t).data   = x_data[t, :]   E4M3 [H]              (if d owns one of the
 //     window_d.record(self, t).scales = x_scales[t, :] E8M0 [H/32] + zero pad  token's experts)
+//   (dispatch_bf16: the BF16 row x[t, :] into window_d.bf16_row(self, t) and, if given, w[t, :]
+//   into window_d.weights(self, t), both only for the owners)
 //   then, on the receiving side, local_ids[s·max_tokens + t, j] = id − rank·E/R for the ids this
 //   rank owns, else -1; home_row[t, j] = t·k + j for a valid id, else -1.
 // combine: for every (s, t, j) with local_ids >= 0 and row = row_of[s·max_tokens + t, j] >= 0:
@@ -68,15 +70,73 @@ struct RankBarrier<false> {
 
 __device__ __forceinline__ void st16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
+// A row of `bytes` (multiple of 16, 16-byte aligned source) read once and stored at byte `offset`
+// of the window of every rank in dest_mask.
+template <bool kSingle>
+__device__ __forceinline__ void copy_row(const EpKernelArgs& a, const uint8_t* src, int bytes, int64_t offset,
+                                         uint64_t dest_mask, int lane) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  for (int c = lane; c < bytes / 16; c += 32) {
+    const uint4 v = __ldg(s + c);
+    for (uint64_t m = dest_mask; m; m &= m - 1) st16(win_ptr<kSingle>(a, offset + 16 * c, __ffsll(int64_t(m)) - 1), v);
+  }
+}
+
 // Lane j (< k) holds id j of token t (-1 past `tokens` or for j >= k).
 __device__ __forceinline__ int load_slot_id(const int32_t* ids, int t, const EpKernelArgs& a, int lane) {
   return (t < a.tokens && lane < a.top_k) ? ids[int64_t(t) * a.top_k + lane] : -1;
 }
 
-// One warp sends token t of this rank to every rank (ids always; data + scales to the owners).
-template <bool kSingle>
-__device__ void dispatch_token(const EpKernelArgs& a, int t, const uint8_t* x_data, const uint8_t* x_scales,
-                               const int32_t* topk_ids, int lane) {
+// Payloads of a dispatch record (s, t): what goes to the ranks in dest_mask besides the ids.
+// MX (dispatch): H bytes of E4M3 data and H/32 scale bytes (zero-padded to scale_bytes) into the
+// record itself.
+struct MxPayload {
+  const uint8_t* data;
+  const uint8_t* scales;
+  template <bool kSingle>
+  __device__ void send(const EpKernelArgs& a, int t, uint64_t dest_mask, int lane) const {
+    const int64_t rec = a.record_bytes * (int64_t(a.rank) * a.max_tokens + t);  // record (self, t)
+    // scales: H/32 bytes, zero-padded to scale_bytes (16-byte stores).
+    const int n_scale = a.hidden / 32;
+    for (int c = lane; c < a.scale_bytes / 16; c += 32) {
+      uint32_t w4[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int b = 16 * c + i;
+        const uint32_t byte = b < n_scale ? scales[int64_t(t) * n_scale + b] : 0u;
+        w4[i / 4] |= byte << (8 * (i % 4));
+      }
+      const uint4 v = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+      for (uint64_t m = dest_mask; m; m &= m - 1)
+        st16(win_ptr<kSingle>(a, rec + a.hidden + 16 * c, __ffsll(int64_t(m)) - 1), v);
+    }
+    copy_row<kSingle>(a, data + int64_t(t) * a.hidden, a.hidden, rec, dest_mask, lane);
+  }
+};
+
+// BF16 (dispatch_bf16): the 2H-byte row into row (self, t) of the BF16 region, and the token's k
+// routing weights (if given) into the weight region.
+struct Bf16Payload {
+  const uint8_t* rows;   // BF16 [tokens, H] as bytes
+  const float* weights;  // FP32 [tokens, k] or null
+  template <bool kSingle>
+  __device__ void send(const EpKernelArgs& a, int t, uint64_t dest_mask, int lane) const {
+    const int64_t u = int64_t(a.rank) * a.max_tokens + t;
+    const int row_bytes = 2 * a.hidden;
+    copy_row<kSingle>(a, rows + int64_t(t) * row_bytes, row_bytes, a.bf16_offset + u * row_bytes, dest_mask, lane);
+    if (weights != nullptr && lane < a.top_k) {
+      const float w = weights[int64_t(t) * a.top_k + lane];
+      for (uint64_t m = dest_mask; m; m &= m - 1)
+        *reinterpret_cast<float*>(win_ptr<kSingle>(a, a.weights_offset + (u * a.top_k + lane) * 4,
+                                                   __ffsll(int64_t(m)) - 1)) = w;
+    }
+  }
+};
+
+// One warp sends token t of this rank to every rank (ids always; the payload to the owners).
+template <bool kSingle, class Payload>
+__device__ void dispatch_token(const EpKernelArgs& a, int t, const Payload& payload, const int32_t* topk_ids,
+                               int lane) {
   const int id = load_slot_id(topk_ids, t, a, lane);
   const bool valid = id >= 0 && id < a.num_experts;
   const int owner = valid ? id / a.local_experts : -1;
@@ -103,41 +163,20 @@ __device__ void dispatch_token(const EpKernelArgs& a, int t, const uint8_t* x_da
   for (int d = 0; d < a.world; ++d)
     if (lane < n_id_vec) st16(win_ptr<kSingle>(a, ids_off + 16 * lane, d), idv);
   if (dest_mask == 0) return;
-
-  // scales: H/32 bytes, zero-padded to scale_bytes (16-byte stores).
-  const int n_scale = a.hidden / 32;
-  for (int c = lane; c < a.scale_bytes / 16; c += 32) {
-    uint32_t w4[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int b = 16 * c + i;
-      const uint32_t byte = b < n_scale ? x_scales[int64_t(t) * n_scale + b] : 0u;
-      w4[i / 4] |= byte << (8 * (i % 4));
-    }
-    const uint4 v = make_uint4(w4[0], w4[1], w4[2], w4[3]);
-    for (uint64_t m = dest_mask; m; m &= m - 1)
-      st16(win_ptr<kSingle>(a, rec + a.hidden + 16 * c, __ffsll(int64_t(m)) - 1), v);
-  }
-  // data: H bytes, read once, stored to every destination.
-  const uint4* src = reinterpret_cast<const uint4*>(x_data + int64_t(t) * a.hidden);
-  for (int c = lane; c < a.hidden / 16; c += 32) {
-    const uint4 v = __ldg(src + c);
-    for (uint64_t m = dest_mask; m; m &= m - 1)
-      st16(win_ptr<kSingle>(a, rec + 16 * c, __ffsll(int64_t(m)) - 1), v);
-  }
+  payload.template send<kSingle>(a, t, dest_mask, lane);
 }
 
-template <bool kSingle>
+template <bool kSingle, class Payload>
 __global__ void __launch_bounds__(kThreads) ep_dispatch_kernel(const __grid_constant__ ncclDevComm dev,
-                                                               const EpKernelArgs a, const uint8_t* x_data,
-                                                               const uint8_t* x_scales, const int32_t* topk_ids) {
+                                                               const EpKernelArgs a, const Payload payload,
+                                                               const int32_t* topk_ids) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   RankBarrier<kSingle> bar(dev);
-  // Entry: every peer has reached this kernel, so it no longer reads its dispatch region.
+  // Entry: every peer has reached this kernel, so it no longer reads its dispatch regions.
   bar.sync(a, detail::kEpErrDispatchEntry);
 
   for (int t = blockIdx.x + gridDim.x * warp; t < a.max_tokens; t += gridDim.x * kWarps)
-    dispatch_token<kSingle>(a, t, x_data, x_scales, topk_ids, lane);
+    dispatch_token<kSingle>(a, t, payload, topk_ids, lane);
 
   // Exit: CTA b of every peer has stored its records (tokens ≡ b) into our window.
   bar.sync(a, detail::kEpErrDispatchExit);
@@ -221,11 +260,25 @@ void launch_ep_gather_recv_mx(const uint8_t* records, int64_t record_bytes, int6
   MXMOE_CHECK_LAUNCH("EpComm::gather_recv_mx");
 }
 
+namespace {
+template <class Payload>
+void launch_dispatch(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const Payload& p,
+                     const int32_t* topk_ids, cudaStream_t stream, const char* fn) {
+  if (a.world == 1) ep::ep_dispatch_kernel<true><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, p, topk_ids);
+  else ep::ep_dispatch_kernel<false><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, p, topk_ids);
+  MXMOE_CHECK_LAUNCH(fn);
+}
+}  // namespace
+
 void launch_ep_dispatch(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const uint8_t* x_data,
                         const uint8_t* x_scales, const int32_t* topk_ids, cudaStream_t stream) {
-  if (a.world == 1) ep::ep_dispatch_kernel<true><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, x_data, x_scales, topk_ids);
-  else ep::ep_dispatch_kernel<false><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, x_data, x_scales, topk_ids);
-  MXMOE_CHECK_LAUNCH("EpComm::dispatch");
+  launch_dispatch(dev, a, num_ctas, ep::MxPayload{x_data, x_scales}, topk_ids, stream, "EpComm::dispatch");
+}
+
+void launch_ep_dispatch_bf16(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* x,
+                             const float* weights, const int32_t* topk_ids, cudaStream_t stream) {
+  launch_dispatch(dev, a, num_ctas, ep::Bf16Payload{static_cast<const uint8_t*>(x), weights}, topk_ids, stream,
+                  "EpComm::dispatch_bf16");
 }
 
 void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,

@@ -28,6 +28,8 @@ struct EpKernelArgs {
   int64_t record_bytes = 0;      // dispatch record: [H data][scale_bytes][ids_bytes]
   int scale_bytes = 0, ids_bytes = 0;
   int64_t combine_offset = 0;    // byte offset of the combine region in the window
+  int64_t bf16_offset = 0;       // BF16 row region [R · max_tokens, H] (cfg.bf16_rows)
+  int64_t weights_offset = 0;    // routing-weight region [R · max_tokens, k] FP32 (cfg.bf16_rows)
   uint64_t timeout_ns = 0;
   int* error_flag = nullptr;     // device int, EpErrorBits
   int32_t* home_row = nullptr;   // [max_tokens, k]: t·k + j for a valid id, else -1 (dispatch writes)
@@ -38,6 +40,9 @@ struct EpKernelArgs {
 // a.world == 1, `dev` is not used (a.local_window is the window, no barriers).
 void launch_ep_dispatch(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const uint8_t* x_data,
                         const uint8_t* x_scales, const int32_t* topk_ids, cudaStream_t stream);
+// The BF16 form: rows x [tokens, H] (and weights [tokens, k] if non-null) instead of MX data + scales.
+void launch_ep_dispatch_bf16(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* x,
+                             const float* weights, const int32_t* topk_ids, cudaStream_t stream);
 void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,
                        const int32_t* row_of, cudaStream_t stream);
 

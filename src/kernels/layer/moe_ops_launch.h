@@ -23,4 +23,13 @@ void launch_moe_router_backward(const float* logits, const float* dw, int64_t to
 void launch_moe_combine(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,
                         int64_t tokens, int top_k, const float* addend, uint16_t* out, cudaStream_t stream);
 
+// Batch-invariant router GEMMs (src/kernels/layer/moe_router_gemm_sm90.cu): one thread's fmaf
+// chain in increasing k per output, so a token's row does not depend on how many tokens there are.
+//   logits FP32 [tokens, experts] = x BF16 [tokens, hidden] · wr BF16 [experts, hidden]ᵀ
+//   dx FP32 [tokens, hidden] = dlogits FP32 [tokens, experts] · wr BF16 [experts, hidden]
+void launch_router_logits_fixed(const uint16_t* x, const uint16_t* wr, int64_t tokens, int experts, int hidden,
+                                float* logits, cudaStream_t stream);
+void launch_router_dgrad_fixed(const float* dlogits, const uint16_t* wr, int64_t tokens, int experts, int hidden,
+                               float* dx, cudaStream_t stream);
+
 }  // namespace mxmoe::detail

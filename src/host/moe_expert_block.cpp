@@ -1,0 +1,195 @@
+// The expert part of the MoE layer, shared by MoeLayer and EpMoeLayer (src/host/moe_expert_block.h).
+#include "host/moe_expert_block.h"
+
+#include <string>
+
+#include "host/check.h"
+#include "kernels/layer/moe_ops_launch.h"
+#include "mxmoe/moe_ops.h"
+
+namespace mxmoe::detail {
+
+namespace {
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw CudaError(std::string("mxmoe::MoeLayer: ") + what + ": cuBLAS status " + std::to_string(int(s)));
+}
+}  // namespace
+
+StageTimer::~StageTimer() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+void StageTimer::mark(const char* stage, cudaStream_t stream) {
+  if (!on) return;
+  if (used_ == events_.size()) {
+    cudaEvent_t e;
+    MXMOE_CUDA_CHECK(owner_, cudaEventCreate(&e));
+    events_.push_back(e);
+    names_.emplace_back();
+  }
+  names_[used_] = stage;
+  MXMOE_CUDA_CHECK(owner_, cudaEventRecord(events_[used_++], stream));
+}
+
+std::vector<std::pair<std::string, float>> StageTimer::times() const {
+  std::vector<std::pair<std::string, float>> out;
+  if (used_ == 0) return out;
+  MXMOE_CUDA_CHECK(owner_, cudaEventSynchronize(events_[used_ - 1]));
+  for (size_t i = 1; i < used_; ++i) {
+    if (names_[i].empty()) continue;  // a start mark (backward's first)
+    float ms = 0.0f;
+    MXMOE_CUDA_CHECK(owner_, cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+    out.emplace_back(names_[i], ms);
+  }
+  return out;
+}
+
+MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const {
+  MxBuf b;
+  if (mode == GemmMode::kFast) {
+    b.fast = c.take(size_t(batch * rows * cols));
+    b.fast_scales = c.take(size_t(batch * cdiv(cols, 128) * rows));
+  } else {
+    b.data = c.take(size_t(batch * rows * cols));
+    b.scales = c.take(size_t(batch * rows * cols / 32));
+  }
+  return b;
+}
+
+void ExpertBlock::carve(Carver& c) {
+  const int64_t H = hidden, I = inter, E = experts;
+  x_row = mx(c, 1, cap, H);
+  x_col = mx(c, 1, H, cap);
+  w1_row = mx(c, E, 2 * I, H);
+  w1_col = mx(c, E, H, 2 * I);
+  w2_row = mx(c, E, H, I);
+  w2_col = mx(c, E, I, H);
+  gu = c.take_n<__nv_bfloat16>(size_t(cap * 2 * I));
+  hact = c.take_n<__nv_bfloat16>(size_t(cap * I));
+  h_row = mx(c, 1, cap, I);
+  h_col = mx(c, 1, I, cap);
+  y = c.take_n<__nv_bfloat16>(size_t(cap * H));
+  row_w = c.take_n<float>(size_t(cap));
+  dy_row = mx(c, 1, cap, H);
+  dy_col = mx(c, 1, H, cap);
+  dh = c.take_n<__nv_bfloat16>(size_t(cap * I));
+  dgu = c.take_n<__nv_bfloat16>(size_t(cap * 2 * I));
+  dgu_row = mx(c, 1, cap, 2 * I);
+  dgu_col = mx(c, 1, 2 * I, cap);
+  dxp = c.take_n<__nv_bfloat16>(size_t(cap * H));
+}
+
+void ExpertBlock::quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16* w2, cudaStream_t stream) {
+  const int64_t H = hidden, I = inter;
+  const MxOut w1r = w1_row.out(), w1c = w1_col.out(), w2r = w2_row.out(), w2c = w2_col.out();
+  quantize_mxfp8(w1, experts, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
+  quantize_mxfp8(w2, experts, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+  w1r_op = w1_row.operand();
+  w1c_op = w1_col.operand();
+  w2r_op = w2_row.operand();
+  w2c_op = w2_col.operand();
+}
+
+void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, const StageMark& mark) const {
+  const int64_t H = hidden, I = inter;
+  const int32_t* rows_used = padded_offsets + experts;
+  GemmOptions go;
+  go.mode = mode;
+  go.stream = stream;
+  // GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ
+  m_grouped_mxfp8_gemm_nt(x_row.operand(), cap, w1r_op, experts, 2 * I, H, padded_offsets, gu, go);
+  mark("GEMM1 (gate/up)");
+  // SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
+  moe_swiglu(gu, cap, I, rows_used, hact, stream);
+  const MxOut hr = h_row.out(), hc = h_col.out();
+  quantize_mxfp8_grouped(hact, cap, I, padded_offsets, padded_offsets, experts, cap, &hr, &hc, ScaleMode::kRceil,
+                         stream);
+  mark("SwiGLU + quantize");
+  // GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
+  m_grouped_mxfp8_gemm_nt(h_row.operand(), cap, w2r_op, experts, H, I, padded_offsets, y, go);
+  mark("GEMM2 (down)");
+}
+
+void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2, cudaStream_t stream,
+                           const StageMark& mark) const {
+  const int64_t H = hidden, I = inter;
+  const int32_t* rows_used = padded_offsets + experts;
+  GemmOptions go;
+  go.mode = mode;
+  go.stream = stream;
+  GemmOptions go32 = go;
+  go32.out_dtype = GemmOutDtype::kFP32;
+  // dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  dW2[e] = Σ dYᵀ · Hact
+  m_grouped_mxfp8_gemm_nt(dy_row.operand(), cap, w2c_op, experts, I, H, padded_offsets, dh, go);
+  k_grouped_mxfp8_gemm_nt(dy_col.operand(), h_col.operand(), cap, experts, H, I, padded_offsets, dw2, go32);
+  mark("bwd: W2 dgrad + wgrad GEMMs");
+  // SwiGLU backward, quantize dGU both ways
+  moe_swiglu_backward(gu, dh, cap, I, rows_used, dgu, stream);
+  const MxOut gr = dgu_row.out(), gc = dgu_col.out();
+  quantize_mxfp8_grouped(dgu, cap, 2 * I, padded_offsets, padded_offsets, experts, cap, &gr, &gc, ScaleMode::kRceil,
+                         stream);
+  mark("bwd: SwiGLU backward + quantize");
+  // dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  dW1[e] = Σ dGUᵀ · Xp
+  m_grouped_mxfp8_gemm_nt(dgu_row.operand(), cap, w1c_op, experts, H, 2 * I, padded_offsets, dxp, go);
+  k_grouped_mxfp8_gemm_nt(dgu_col.operand(), x_col.operand(), cap, experts, 2 * I, H, padded_offsets, dw1, go32);
+  mark("bwd: W1 dgrad + wgrad GEMMs");
+}
+
+void RouterBlock::carve(Carver& c) {
+  const int64_t T = max_tokens, H = hidden, E = experts;
+  logits = c.take_n<float>(size_t(T * E));
+  dlogits = c.take_n<float>(size_t(T * E));
+  x_f32 = c.take_n<float>(size_t(T * H));
+  wr_f32 = c.take_n<float>(size_t(E * H));
+  dx_router = c.take_n<float>(size_t(T * H));
+}
+
+void RouterBlock::create() { check_cublas(cublasCreate(&cublas), "cublasCreate"); }
+
+void RouterBlock::destroy() noexcept {
+  if (cublas) cublasDestroy(cublas);
+  cublas = nullptr;
+}
+
+void RouterBlock::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, cudaStream_t stream) const {
+  const int64_t H = hidden, E = experts;
+  if (batch_invariant) {
+    launch_router_logits_fixed(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(wr), tokens,
+                               int(E), int(H), logits, stream);
+    return;
+  }
+  // column-major C[E, T] = op(Wr)[E, H] · X[H, T]
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
+  check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(E), int(tokens), int(H), &one, wr, CUDA_R_16BF,
+                            int(H), x, CUDA_R_16BF, int(H), &zero, logits, CUDA_R_32F, int(E), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "router GEMM");
+}
+
+void RouterBlock::backward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const int32_t* ids,
+                           const float* dw, const RouterParams& routing, float* dwr, cudaStream_t stream) const {
+  const int64_t H = hidden, E = experts, T = tokens;
+  moe_router_backward(logits, ids, dw, T, int(E), routing, dlogits, stream);
+  launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(x), T * H, x_f32, stream);
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
+  // column-major: dWr_cm [H, E] = X_cm [H, T] · (dlogits_cm [E, T])ᵀ
+  check_cublas(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, int(H), int(E), int(T), &one, x_f32, int(H), dlogits,
+                           int(E), &zero, dwr, int(H)),
+               "router wgrad GEMM");
+  if (batch_invariant) {
+    launch_router_dgrad_fixed(dlogits, reinterpret_cast<const uint16_t*>(wr), T, int(E), int(H), dx_router, stream);
+    return;
+  }
+  // column-major: dXr_cm [H, T] = Wr_cm [H, E] · dlogits_cm [E, T]
+  launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(wr), E * H, wr_f32, stream);
+  check_cublas(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(H), int(T), int(E), &one, wr_f32, int(H), dlogits,
+                           int(E), &zero, dx_router, int(H)),
+               "router dgrad GEMM");
+}
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,132 @@
+// The expert part of the MoE layer (docs/notes/layer.md "Recipe", forward steps 5-7 and backward
+// steps 2-6), shared by MoeLayer (all E experts, src/host/moe_layer.cpp) and EpMoeLayer (this
+// rank's E/R experts, src/host/ep_moe_layer.cpp): the same launches on the same operands, so the
+// two layers give the same bits for an expert whose rows, row order and padding agree.
+// Internal to the library; buffers are carved from the caller's workspace.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "mxmoe/decode.h"
+
+#include "mxmoe/gemm.h"
+#include "mxmoe/quantize.h"
+
+namespace mxmoe::detail {
+
+// An MX copy in a workspace: data, scales, fast data, fast scales.
+struct MxBuf {
+  uint8_t *data = nullptr, *scales = nullptr, *fast = nullptr, *fast_scales = nullptr;
+  MxOut out() const { return MxOut{data, scales, fast, fast_scales}; }
+  MxOperand operand() const { return MxOperand{data, scales, fast, fast_scales}; }
+};
+
+// Carves pieces of a workspace (256-byte aligned); with base == nullptr it only measures.
+class Carver {
+ public:
+  explicit Carver(uint8_t* base) : base_(base) {}
+  uint8_t* take(size_t n) {
+    uint8_t* p = base_ ? base_ + off_ : nullptr;
+    off_ += (n + 255) / 256 * 256;
+    return p;
+  }
+  template <class T>
+  T* take_n(size_t count) {
+    return reinterpret_cast<T*>(take(count * sizeof(T)));
+  }
+  size_t bytes() const { return off_; }
+
+ private:
+  uint8_t* base_;
+  size_t off_ = 0;
+};
+
+// Stage marks for profiling (MoeLayer::set_profiling); may be empty.
+using StageMark = std::function<void(const char*)>;
+
+// Per-stage timing with CUDA events (a reusable pool): restart() begins a record, mark(stage)
+// ends a stage, times() waits for the last mark and returns (stage, ms) in order. Off: no-ops.
+class StageTimer {
+ public:
+  explicit StageTimer(const char* owner) : owner_(owner) {}
+  ~StageTimer();
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+  bool on = false;
+  void restart(cudaStream_t stream) {
+    used_ = 0;
+    mark("", stream);
+  }
+  void mark(const char* stage, cudaStream_t stream);  // "" = a start mark (not a stage)
+  StageMark marker(cudaStream_t stream) {
+    return [this, stream](const char* stage) { mark(stage, stream); };
+  }
+  std::vector<std::pair<std::string, float>> times() const;
+
+ private:
+  const char* owner_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::string> names_;  // names_[i]: the stage that ends at events_[i] ("" for a start)
+  size_t used_ = 0;
+};
+
+struct ExpertBlock {
+  int64_t cap = 0, hidden = 0, inter = 0;  // padded rows (multiple of 128), H, I
+  int experts = 0;                        // experts held here
+  GemmMode mode = GemmMode::kFast;
+  // X rows in the padded expert layout, both ways (the caller's gather-quantizer writes them)
+  MxBuf x_row, x_col;
+  MxBuf w1_row, w1_col, w2_row, w2_col, h_row, h_col, dy_row, dy_col, dgu_row, dgu_col;
+  __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr, *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
+  float* row_w = nullptr;  // [cap]: routing weight of each padded row (dY = bf16(row_w · dout))
+  MxOperand w1r_op, w1c_op, w2r_op, w2c_op;  // weight operands of the last forward
+
+  // An MX copy of [batch, rows, cols] in the one form the GEMM mode reads (fast: the rebased 1x128
+  // form; exact: plain MX). The quantizers write only the pair that is given.
+  MxBuf mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const;
+  void carve(Carver& c);  // every buffer above (cap, hidden, inter, experts, mode set before)
+
+  // Quantize BF16 master weights w1 [experts, 2I, H], w2 [experts, H, I] both ways; the operands
+  // of the next forward/backward become these copies.
+  void quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16* w2, cudaStream_t stream);
+  // GEMM1 → SwiGLU + quantize → GEMM2: y [cap, H] from x_row (rows of expert e in
+  // [padded_offsets[e], padded_offsets[e+1]); rows at or beyond padded_offsets[experts] untouched).
+  void forward(const int32_t* padded_offsets, cudaStream_t stream, const StageMark& mark) const;
+  // From dy_row/dy_col (filled by the caller): dH, dW2, SwiGLU backward + quantize, dXp [cap, H], dW1.
+  void backward(const int32_t* padded_offsets, float* dw1, float* dw2, cudaStream_t stream,
+                const StageMark& mark) const;
+};
+
+// The router's GEMMs (forward logits; backward dlogits, dWr, the router's part of dX), shared by
+// both layers. batch_invariant: logits and the router's dX by the fixed-order kernels
+// (moe_router_gemm_sm90.cu), whose per-token rows do not depend on the number of tokens; else
+// cuBLAS (faster; its algorithm, and so its summation order, may change with T). dWr (a sum over
+// tokens) is cuBLAS either way.
+struct RouterBlock {
+  int64_t max_tokens = 0;
+  int hidden = 0, experts = 0;
+  bool batch_invariant = false;
+  cublasHandle_t cublas = nullptr;  // owned: create() / destroy()
+  float *logits = nullptr, *dlogits = nullptr, *x_f32 = nullptr, *wr_f32 = nullptr, *dx_router = nullptr;
+
+  void carve(Carver& c);
+  void create();
+  void destroy() noexcept;
+  const char* logits_stage() const { return batch_invariant ? "router GEMM (batch-invariant)" : "router GEMM (cuBLAS)"; }
+  // logits [tokens, E] = x [tokens, H] · wr [E, H]ᵀ, FP32
+  void forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, cudaStream_t stream) const;
+  // dlogits from dw [tokens, k] (moe_router_backward), then dwr FP32 [E, H] = dlogitsᵀ · x and
+  // dx_router FP32 [tokens, H] = dlogits · wr.
+  void backward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const int32_t* ids, const float* dw,
+                const RouterParams& routing, float* dwr, cudaStream_t stream) const;
+};
+
+}  // namespace mxmoe::detail
