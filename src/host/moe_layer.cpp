@@ -4,11 +4,13 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "host/check.h"
 #include "kernels/layer/moe_ops_launch.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/moe_ops.h"
 #include "mxmoe/moe_plan.h"
 #include "mxmoe/quantize.h"
@@ -51,6 +53,20 @@ struct MoeLayer::Impl {
   __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr;
   int64_t tokens = 0;  // of the last forward
   MxOperand w1r_op, w1c_op, w2r_op, w2c_op;  // weight operands of the last forward
+  // Exact mode: one scratch region for the BF16 images of the GEMM running now (A and B slots),
+  // rewritten before every GEMM; stream order keeps the next GEMM's images from overwriting the
+  // previous GEMM's operands while it runs. Null in fast mode.
+  __nv_bfloat16 *img_a = nullptr, *img_b = nullptr;
+
+  // The operand as the layer's GEMM mode reads it: fast mode as it is; exact mode with its BF16
+  // image, made into `slot` from data/scales ([rows, cols]) unless the operand carries one (a
+  // pre-quantized weight may: MxWeights).
+  MxOperand gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot, cudaStream_t stream) const {
+    if (cfg.mode != GemmMode::kExact || o.image != nullptr) return o;
+    dequantize_mxfp8_bf16(o.data, o.scales, rows, cols, slot, stream);
+    o.image = slot;
+    return o;
+  }
 
   void run_forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, __nv_bfloat16* out,
                    cudaStream_t stream, bool quantize_weights, const __nv_bfloat16* w1, const __nv_bfloat16* w2);
@@ -134,6 +150,14 @@ struct MoeLayer::Impl {
     x_f32 = reinterpret_cast<float*>(take(size_t(T * H) * 4));
     wr_f32 = reinterpret_cast<float*>(take(size_t(E * H) * 4));
     dx_router = reinterpret_cast<float*>(take(size_t(T * H) * 4));
+    if (!fast) {
+      // The largest A and B operands of the six GEMMs (elements): A is x, dY [cap, H] (or their
+      // transposes) or dGU [cap, 2I]; B is W1 (2·E·I·H, either direction), W2 (E·H·I), or the
+      // wgrad operands Hact, X [I | H, cap].
+      const int64_t a_max = cap * std::max(H, 2 * I), b_max = std::max(2 * E * I * H, cap * std::max(H, I));
+      img_a = reinterpret_cast<__nv_bfloat16*>(take(size_t(a_max) * 2));
+      img_b = reinterpret_cast<__nv_bfloat16*>(take(size_t(b_max) * 2));
+    }
     return off;
   }
 };
@@ -185,9 +209,14 @@ void check_forward_inputs(const char* fn, const MoeLayerConfig& c, const __nv_bf
   }
 }
 
-// A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned.
+// A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned; in exact
+// mode a BF16 image (then used as it is) instead of data + scales will do.
 void check_weight_operand(const char* fn, const std::string& name, const MxOperand& o, GemmMode mode) {
   const bool fast = mode == GemmMode::kFast;
+  if (!fast && o.image != nullptr) {
+    detail::check_aligned(fn, (name + ".image").c_str(), o.image, 16);
+    return;
+  }
   const std::string d = name + (fast ? ".fast_data" : ".data"), sc = name + (fast ? ".fast_scales" : ".scales");
   const void* data = fast ? o.fast_data : o.data;
   const void* scales = fast ? o.fast_scales : o.scales;
@@ -241,7 +270,9 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
   GemmOptions go;
   go.mode = c.mode;
   go.stream = stream;
-  m_grouped_mxfp8_gemm_nt(m.x_row.operand(), m.cap, m.w1r_op, int(E), 2 * I, H, m.plan.padded_offsets, m.gu, go);
+  m_grouped_mxfp8_gemm_nt(m.gemm_operand(m.x_row.operand(), m.cap, H, m.img_a, stream), m.cap,
+                          m.gemm_operand(m.w1r_op, E * 2 * I, H, m.img_b, stream), int(E), 2 * I, H,
+                          m.plan.padded_offsets, m.gu, go);
   m.mark("GEMM1 (gate/up)", stream);
   // 7. SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
   moe_swiglu(m.gu, m.cap, I, rows_used, m.hact, stream);
@@ -250,7 +281,9 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
                          ScaleMode::kRceil, stream);
   m.mark("SwiGLU + quantize", stream);
   // 8. GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
-  m_grouped_mxfp8_gemm_nt(m.h_row.operand(), m.cap, m.w2r_op, int(E), H, I, m.plan.padded_offsets, m.y, go);
+  m_grouped_mxfp8_gemm_nt(m.gemm_operand(m.h_row.operand(), m.cap, I, m.img_a, stream), m.cap,
+                          m.gemm_operand(m.w2r_op, E * H, I, m.img_b, stream), int(E), H, I, m.plan.padded_offsets,
+                          m.y, go);
   m.mark("GEMM2 (down)", stream);
   // 9. combine in slot order
   moe_combine(m.y, m.cap, H, m.plan.row_of, m.weights, tokens, k, nullptr, out, stream);
@@ -314,8 +347,12 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
                                ScaleMode::kRceil, stream);
   m.mark("bwd: gather dOut·w, dw, quantize dY", stream);
   // 2. dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  3. dW2[e] = Σ dYᵀ · Hact
-  m_grouped_mxfp8_gemm_nt(m.dy_row.operand(), m.cap, m.w2c_op, int(E), I, H, m.plan.padded_offsets, m.dh, go);
-  k_grouped_mxfp8_gemm_nt(m.dy_col.operand(), m.h_col.operand(), m.cap, int(E), H, I, m.plan.padded_offsets, dw2, go32);
+  m_grouped_mxfp8_gemm_nt(m.gemm_operand(m.dy_row.operand(), m.cap, H, m.img_a, stream), m.cap,
+                          m.gemm_operand(m.w2c_op, E * I, H, m.img_b, stream), int(E), I, H, m.plan.padded_offsets,
+                          m.dh, go);
+  k_grouped_mxfp8_gemm_nt(m.gemm_operand(m.dy_col.operand(), H, m.cap, m.img_a, stream),
+                          m.gemm_operand(m.h_col.operand(), I, m.cap, m.img_b, stream), m.cap, int(E), H, I,
+                          m.plan.padded_offsets, dw2, go32);
   m.mark("bwd: W2 dgrad + wgrad GEMMs", stream);
   // 4. SwiGLU backward, quantize dGU both ways
   moe_swiglu_backward(m.gu, m.dh, m.cap, I, rows_used, m.dgu, stream);
@@ -324,10 +361,12 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
                          ScaleMode::kRceil, stream);
   m.mark("bwd: SwiGLU backward + quantize", stream);
   // 5. dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  6. dW1[e] = Σ dGUᵀ · Xp
-  m_grouped_mxfp8_gemm_nt(m.dgu_row.operand(), m.cap, m.w1c_op, int(E), H, 2 * I, m.plan.padded_offsets,
-                          m.dxp, go);
-  k_grouped_mxfp8_gemm_nt(m.dgu_col.operand(), m.x_col.operand(), m.cap, int(E), 2 * I, H, m.plan.padded_offsets, dw1,
-                          go32);
+  m_grouped_mxfp8_gemm_nt(m.gemm_operand(m.dgu_row.operand(), m.cap, 2 * I, m.img_a, stream), m.cap,
+                          m.gemm_operand(m.w1c_op, E * H, 2 * I, m.img_b, stream), int(E), H, 2 * I,
+                          m.plan.padded_offsets, m.dxp, go);
+  k_grouped_mxfp8_gemm_nt(m.gemm_operand(m.dgu_col.operand(), 2 * I, m.cap, m.img_a, stream),
+                          m.gemm_operand(m.x_col.operand(), H, m.cap, m.img_b, stream), m.cap, int(E), 2 * I, H,
+                          m.plan.padded_offsets, dw1, go32);
   m.mark("bwd: W1 dgrad + wgrad GEMMs", stream);
   // 7. router: dlogits, then FP32 GEMMs dWr = dlogitsᵀ·X and dX_router = dlogits·Wr
   moe_router_backward(m.logits, m.ids, m.dw, T, int(E), c.routing, m.dlogits, stream);
