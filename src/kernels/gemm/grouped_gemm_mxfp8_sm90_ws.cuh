@@ -918,9 +918,9 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 //     into a CTA are all consumed by that CTA's own math warps before they get there).
 
 // kKGrouped selects the schedule: false = m-grouped (forward/dgrad), true = k-grouped (wgrad).
-// kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined over the serial
-// fast path in math(); exact mode always runs math()'s ping-pong per 32. kMulticast (fast mode
-// only): launched as 2-CTA clusters sharing A, see above.
+// kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined (or, for wide
+// tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
+// BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
           bool kMulticast = false, bool kPreload = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
@@ -1009,7 +1009,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 
 // ---- host side --------------------------------------------------------------------------------
 
-// Configuration (one for now; both groupings, both modes):
+// Configuration (both groupings):
 //   kBlockN = 128: m64n128k32 wgmma per math warpgroup, 64 + 64 accumulator registers.
 //   kNumStages = 6: 6 × 32 KB operand tiles (+ scales, + 1 KB decoded scales when pipelined)
 //   fit 227 KB in both modes.
