@@ -12,19 +12,29 @@ Verification: mxmoe's timed output against the BF16 baseline, relative Frobenius
 token rows < 0.08 (MX quantization of both operands alone gives ~3.7% on Gaussian data, DESIGN §2;
 fast and exact differ from each other by far less).
 
-Each line: shape | mode | us | TFLOP/s | ×BF16 | ×FP8-rowwise | ×triton (ratios > 1: mxmoe faster).
-With --wgrad, also the k-grouped wgrad GEMM (dW[e] = Σ dY[t]ᵀ X[t]) against torch._grouped_mm
-2-D × 2-D (BF16, groups along the reduced dimension).
+Each line: shape | mode | us | TFLOP/s | ×BF16 | ×FP8-rowwise | ×triton | ×default | GB/s
+(ratios > 1: mxmoe faster). With --wgrad, also the k-grouped wgrad GEMM (dW[e] = Σ dY[t]ᵀ X[t])
+against torch._grouped_mm 2-D × 2-D (BF16, groups along the reduced dimension).
+Exact mode reads BF16 images of the MX operands (gemm.h); they are made by mxmoe's
+dequantize_mxfp8_bf16 outside the timed region, as a caller that reuses them would. Per case two
+more lines make the cost of the images visible:
+  "mxmoe-dequant"        time to make both operands' images (A and B, two calls), its GB/s (bytes
+                         read + written: 3 + 1/32 per element) and % of the copy bandwidth measured
+                         at the start of the run;
+  "mxmoe-exact+dequant"  exact GEMM + both images, i.e. exact mode when no image is reused.
 Fast mode's kernel path follows MXMOE_GEMM_MULTICAST and MXMOE_GEMM_TILE (read by the library on
 every call; unset = the default path). --multicast-both and --tile-both time the alternative paths
 beside the default one in the same run, on the same data: "mxmoe-fast" then runs with
 MXMOE_GEMM_TILE=128 MXMOE_GEMM_MULTICAST=0, "mxmoe-fast-mc" with MXMOE_GEMM_MULTICAST=1 (2-CTA
 clusters sharing the A tile by TMA multicast), "mxmoe-fast-192" with MXMOE_GEMM_TILE=192 (128 × 192
 tiles, one accumulator per math warpgroup), "mxmoe-fast-pre" (--preload-both) with MXMOE_GEMM_PRELOAD=1
-(scales loaded before the wgmma wait). Each alternative's output must be bitwise equal to
-mxmoe-fast's; the column xfast is mxmoe-fast's time / the alternative's.
+(scales loaded before the wgmma wait). Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
+default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
+"mxmoe-exact-128" with 128. Each alternative's output must be bitwise equal to its mode's default
+line; the column xdefault is the default line's time / the alternative's.
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--tile-both] [--preload-both] [--shapes Qwen3-30B] [--reps 15]
+                                   [--tile-both] [--preload-both] [--exact-tile-both]
+                                   [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
 import math
@@ -34,7 +44,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, device_info, kernel_env, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
+from common import (Timer, check, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr,  # noqa: E402
+                    require_gpu, write_json)
 from bench_quant import torch_quant_rows, torch_rebase  # noqa: E402  (MX quantizer in plain PyTorch)
 
 import ctypes  # noqa: E402
@@ -43,7 +54,10 @@ FAST, EXACT = 0, 1
 MULTICAST_ENV = "MXMOE_GEMM_MULTICAST"
 TILE_ENV = "MXMOE_GEMM_TILE"
 PRELOAD_ENV = "MXMOE_GEMM_PRELOAD"
+EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 PRELOAD_BOTH = False  # --preload-both (set in main)
+EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
+COPY_GBS = None  # device-to-device copy bandwidth measured in main (GB/s, read + write)
 BF16_OUT = 0
 VERIFY_TOL = 0.08
 MEM_BUDGET = 90e9  # bytes of GPU memory a case may use
@@ -63,10 +77,11 @@ TOKENS_PER_EXPERT = [512, 2048, 8192]
 def setup_lib(lib):
     f = lib.mxmoe_m_grouped_mxfp8_gemm_nt
     vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    f.argtypes = [vp, vp, vp, vp, i64, vp, vp, vp, vp, i32, i64, i64, vp, vp, i32, i32, i32, vp]
+    # per operand: data, scales, fast_data, fast_scales, image
+    f.argtypes = [vp] * 5 + [i64] + [vp] * 5 + [i32, i64, i64, vp, vp, i32, i32, i32, vp]
     f.restype = i32
     g = lib.mxmoe_k_grouped_mxfp8_gemm_nt
-    g.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, vp]
+    g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, vp]
     g.restype = i32
     lib.mxmoe_gemm_last_error.restype = ctypes.c_char_p
 
@@ -200,8 +215,40 @@ def rel_frob(x, ref, rows):
 
 
 def case_bytes(M, E, N, K):
-    return (M * K * (2 + 1 + 1 + 1 + 1 / 16) + E * N * K * (2 + 1 + 1 + 1 + 1 / 16)
+    # per operand element: BF16 source, MX data, fast data, FP8 row-wise copy, BF16 image, scales
+    return (M * K * (2 + 1 + 1 + 1 + 2 + 1 / 16) + E * N * K * (2 + 1 + 1 + 1 + 2 + 1 / 16)
             + M * N * 2 * 5 + 2 * M * K * 4 / 8)
+
+
+def make_images(lib, parts):
+    """BF16 images of MX tensors with mxmoe's dequantize_mxfp8_bf16: parts = [(data, scales)],
+    data u8 [R, C]. Returns (images, run) where run() remakes all of them (what is timed)."""
+    imgs = [torch.empty(d.shape, dtype=torch.bfloat16, device="cuda") for d, _ in parts]
+
+    def run():
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        for (d, sc), img in zip(parts, imgs):
+            check(lib, lib.mxmoe_dequantize_mxfp8_bf16(ptr(d), ptr(sc), d.shape[0], d.shape[1], ptr(img), stream))
+    run()
+    return imgs, run
+
+
+def dequant_lines(timer, run_images, parts, shape, row, table):
+    """Times making the images (both operands) and adds the "mxmoe-dequant" line; returns its time."""
+    t = timer(run_images)
+    elems = sum(d.numel() for d, _ in parts)
+    gbs = elems * (3 + 1 / 32) / (t * 1e-6) / 1e9
+    row["dequant_us"], row["dequant_GBps"], row["dequant_pct_copy"] = t, gbs, 100 * gbs / COPY_GBS
+    table.append([shape, "mxmoe-dequant", f"{t:.1f}", "", "", "", "", "",
+                  f"{gbs:.0f} ({100 * gbs / COPY_GBS:.0f}% copy)"])
+    return t
+
+
+def exact_plus_dequant_line(t_exact, t_deq, shape, flops, t_bf16, row, table):
+    t = t_exact + t_deq
+    row["mxmoe-exact+dequant_us"] = t
+    table.append([shape, "mxmoe-exact+dequant", f"{t:.1f}", f"{flops / t / 1e6:.0f}", f"{t_bf16 / t:.2f}",
+                  "", "", "", ""])
 
 
 def token_row_mask(offs, counts, M):
@@ -213,21 +260,44 @@ def token_row_mask(offs, counts, M):
 
 
 def mxmoe_variants(multicast_both, tile_both):
-    """(mode, name, environment for the call or None) for each timed mxmoe line; the alternative
-    fast paths ("mxmoe-fast-*") follow "mxmoe-fast", which then runs pinned to the default path."""
+    """(mode, name, environment for the call or None, default line it is compared with or None) for
+    each timed mxmoe line; the alternative paths ("mxmoe-fast-*", "mxmoe-exact-128") follow their
+    mode's default line, which then runs pinned to the default path."""
     alts = []
     if multicast_both:
-        alts.append((FAST, "mxmoe-fast-mc", {MULTICAST_ENV: "1", TILE_ENV: "128"}))
+        alts.append((FAST, "mxmoe-fast-mc", {MULTICAST_ENV: "1", TILE_ENV: "128"}, "mxmoe-fast"))
     if tile_both:
-        alts.append((FAST, "mxmoe-fast-192", {MULTICAST_ENV: "0", TILE_ENV: "192"}))
+        alts.append((FAST, "mxmoe-fast-192", {MULTICAST_ENV: "0", TILE_ENV: "192"}, "mxmoe-fast"))
     if PRELOAD_BOTH:
-        alts.append((FAST, "mxmoe-fast-pre", {MULTICAST_ENV: "0", TILE_ENV: "128", PRELOAD_ENV: "1"}))
+        alts.append((FAST, "mxmoe-fast-pre", {MULTICAST_ENV: "0", TILE_ENV: "128", PRELOAD_ENV: "1"},
+                     "mxmoe-fast"))
     fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128", PRELOAD_ENV: "0"} if alts else None
-    return [(FAST, "mxmoe-fast", fast_env)] + alts + [(EXACT, "mxmoe-exact", None)]
+    exact = [(EXACT, "mxmoe-exact", {EXACT_TILE_ENV: "256"} if EXACT_TILE_BOTH else None, None)]
+    if EXACT_TILE_BOTH:
+        exact.append((EXACT, "mxmoe-exact-128", {EXACT_TILE_ENV: "128"}, "mxmoe-exact"))
+    return [(FAST, "mxmoe-fast", fast_env, None)] + alts + exact
 
 
-def is_alt_path(mname):
-    return mname.startswith("mxmoe-fast-")
+def record_variant(row, table, outs, y, mname, base, t, flops, err, ok, shape, ratios):
+    """Records one timed mxmoe line: an alternative path (base = its mode's default line) must be
+    bitwise equal to that line's output (same elements, same arithmetic); a default line keeps its
+    output for the comparisons."""
+    same = True
+    if base:
+        same = bool(torch.equal(y.view(torch.int16), outs[base].view(torch.int16)))
+        row[f"{mname}_bitwise_equal"] = same
+        ok = ok and same
+    else:
+        outs[mname] = y.clone()
+    row[f"{mname}_us"] = t
+    row[f"{mname}_TFLOPs"] = flops / t / 1e6
+    row[f"{mname}_vs_bf16_relfrob"] = err
+    row[f"{mname}_ok"] = ok
+    table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", *ratios,
+                  f"{row[f'{base}_us'] / t:.2f}" if base else "", ""])
+    if not ok:
+        table[-1][-1] += (f"  VERIFY FAILED relfrob={err:.3g}"
+                          + ("" if same else " (not bitwise equal to the default path's output)"))
 
 
 def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multicast_both=False,
@@ -258,6 +328,9 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
     nck = (K + 127) // 128
     b_fs = b_fs_rows.view(nck, E, N).permute(1, 0, 2).contiguous()  # [E, nck, N]
     del b_fs_rows
+    # Exact mode's operands: the BF16 images, made here (outside every timed region).
+    img_parts = [(a_d, a_s), (b_d, b_s)]
+    (a_img, b_img), remake_images = make_images(lib, img_parts)
 
     row = {"shape": shape, "name": name, "E": E, "N": N, "K": K, "tokens_per_expert": tpe,
            "skewed": skewed, "M_padded": M, "tokens": sum(counts), "flops": flops}
@@ -298,14 +371,15 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
 
     for base_name, t in (("torch-bf16", t_bf16), ("torch-fp8-rowwise", t_fp8), ("triton-mxfp8", t_tri)):
         if t:
-            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", "", ""])
+            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", "", "", ""])
 
     y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    for mode, mname, env in mxmoe_variants(multicast_both, tile_both):
+    outs = {}
+    for mode, mname, env, base in mxmoe_variants(multicast_both, tile_both):
         def call():
             rc = lib.mxmoe_m_grouped_mxfp8_gemm_nt(
-                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), M, ptr(b_d), ptr(b_s), ptr(b_fd), ptr(b_fs),
-                E, N, K, ptr(offsets_dev), ptr(y), mode, BF16_OUT, 0,
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), M, ptr(b_d), ptr(b_s), ptr(b_fd),
+                ptr(b_fs), ptr(b_img), E, N, K, ptr(offsets_dev), ptr(y), mode, BF16_OUT, 0,
                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
@@ -314,24 +388,11 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
             t = timer(call)  # the output of the last timed rep is verified below
         err = rel_frob(y, y_bf16, token_rows)
         ok = err < VERIFY_TOL and not bool(torch.isnan(y[:M]).any())
-        same = True
-        if is_alt_path(mname):  # same elements, same arithmetic: bitwise the default path's
-            same = bool(torch.equal(y.view(torch.int16), y_fast.view(torch.int16)))
-            row[f"{mname}_bitwise_equal"] = same
-            ok = ok and same
-        row[f"{mname}_us"] = t
-        row[f"{mname}_TFLOPs"] = flops / t / 1e6
-        row[f"{mname}_vs_bf16_relfrob"] = err
-        row[f"{mname}_ok"] = ok
-        table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", ratio(t_bf16, t), ratio(t_fp8, t),
-                      ratio(t_tri, t), ratio(row["mxmoe-fast_us"], t) if is_alt_path(mname) else ""])
-        if not ok:
-            table[-1][-1] += (f"  VERIFY FAILED relfrob={err:.3g}"
-                              + ("" if same else " (not bitwise equal to the default path's output)"))
-        if mname == "mxmoe-fast":
-            y_fast = y.clone()
-        elif mode == EXACT:
-            row["fast_vs_exact_relfrob"] = rel_frob(y_fast, y, token_rows)
+        record_variant(row, table, outs, y, mname, base, t, flops, err, ok, shape,
+                       [ratio(t_bf16, t), ratio(t_fp8, t), ratio(t_tri, t)])
+    row["fast_vs_exact_relfrob"] = rel_frob(outs["mxmoe-fast"], outs["mxmoe-exact"], token_rows)
+    t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
+    exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
     results["rows"].append(row)
     print(f"  done: {shape}", file=sys.stderr, flush=True)
 
@@ -356,18 +417,21 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     xt = x.t().contiguous()    # [K, M]
     a_d, a_s, a_fd, a_fs = quant_rows_chunked(dyt)  # column-wise MX of dY: fast scales [M/128, N]
     b_d, b_s, b_fd, b_fs = quant_rows_chunked(xt)
+    img_parts = [(a_d, a_s), (b_d, b_s)]  # exact mode: images of dYᵀ [N, M] and Xᵀ [K, M]
+    (a_img, b_img), remake_images = make_images(lib, img_parts)
     row = {"shape": shape, "kind": "wgrad", "name": name, "E": E, "N": N, "K": K,
            "tokens_per_expert": tpe, "skewed": skewed, "M_padded": M, "flops": flops}
     ref = torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16)
     t_bf16 = timer(lambda: torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16))
     row["bf16_us"] = t_bf16
-    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", ""])
+    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", "", ""])
     dw = torch.empty(E, N, K, device="cuda", dtype=torch.bfloat16)
-    for mode, mname, env in mxmoe_variants(multicast_both, tile_both):
+    outs = {}
+    for mode, mname, env, base in mxmoe_variants(multicast_both, tile_both):
         def call():
             rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
-                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(b_d), ptr(b_s), ptr(b_fd), ptr(b_fs),
-                M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0,
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), ptr(b_d), ptr(b_s), ptr(b_fd),
+                ptr(b_fs), ptr(b_img), M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0,
                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
@@ -376,18 +440,10 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
             t = timer(call)
         err = float((dw.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
         ok = err < VERIFY_TOL and not bool(torch.isnan(dw).any())
-        if mname == "mxmoe-fast":
-            dw_fast = dw.clone()
-        elif is_alt_path(mname):
-            same = bool(torch.equal(dw.view(torch.int16), dw_fast.view(torch.int16)))
-            row[f"{mname}_bitwise_equal"] = same
-            ok = ok and same
-        row[f"{mname}_us"], row[f"{mname}_TFLOPs"] = t, flops / t / 1e6
-        row[f"{mname}_vs_bf16_relfrob"], row[f"{mname}_ok"] = err, ok
-        table.append([shape, mname, f"{t:.1f}", f"{flops / t / 1e6:.0f}", f"{t_bf16 / t:.2f}", "n/a", "n/a",
-                      f"{row['mxmoe-fast_us'] / t:.2f}" if is_alt_path(mname) else ""])
-        if not ok:
-            table[-1][-1] += f"  VERIFY FAILED relfrob={err:.3g}"
+        record_variant(row, table, outs, dw, mname, base, t, flops, err, ok, shape,
+                       [f"{t_bf16 / t:.2f}", "n/a", "n/a"])
+    t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
+    exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
     results["rows"].append(row)
     print(f"  done: {shape}", file=sys.stderr, flush=True)
 
@@ -406,16 +462,23 @@ def main():
                     help="time fast mode on the default and the 128x192-tile path (MXMOE_GEMM_TILE=128/192)")
     ap.add_argument("--preload-both", action="store_true",
                     help="time fast mode on the default and the scale-preload path (MXMOE_GEMM_PRELOAD=0/1)")
+    ap.add_argument("--exact-tile-both", action="store_true",
+                    help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     args = ap.parse_args()
-    global PRELOAD_BOTH
+    global PRELOAD_BOTH, EXACT_TILE_BOTH, COPY_GBS
     PRELOAD_BOTH = args.preload_both
+    EXACT_TILE_BOTH = args.exact_tile_both
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)
     timer = Timer(warmup=3, reps=args.reps, flush_bytes=512 << 20)
+    COPY_GBS = copy_bandwidth(timer)
+    print(f"device-to-device copy: {COPY_GBS:.0f} GB/s (read + write): the ceiling of the mxmoe-dequant lines",
+          file=sys.stderr)
     gen = torch.Generator().manual_seed(1234)
     torch.manual_seed(1234)
-    results = {"device": device_info(), "verify_tol_relfrob_vs_bf16": VERIFY_TOL, "rows": []}
+    results = {"device": device_info(), "verify_tol_relfrob_vs_bf16": VERIFY_TOL, "copy_GBps": COPY_GBS,
+               "rows": []}
     table = []
     tpes = [2048] if args.quick else TOKENS_PER_EXPERT
     for name, E, N, K in SHAPES:
@@ -433,13 +496,16 @@ def main():
     if _triton_error:
         results["triton_error"] = _triton_error
         print(f"triton baseline unavailable: {_triton_error}", file=sys.stderr)
-    print_table("m-grouped MXFP8 GEMM (Y = X·Wᵀ per expert, BF16 out); ratios = baseline time / mxmoe time",
-                ["shape", "mode", "us", "TFLOP/s", "xBF16", "xFP8-rowwise", "xtriton", "xfast"], table)
+    print_table("m-grouped MXFP8 GEMM (Y = X·Wᵀ per expert, BF16 out); ratios = baseline time / mxmoe time; "
+                f"GB/s: mxmoe-dequant lines (copy ceiling {COPY_GBS:.0f} GB/s)",
+                ["shape", "mode", "us", "TFLOP/s", "xBF16", "xFP8-rowwise", "xtriton", "xdefault", "GB/s"], table)
     results["multicast_env"] = os.environ.get(MULTICAST_ENV)
     results["tile_env"] = os.environ.get(TILE_ENV)
+    results["exact_tile_env"] = os.environ.get(EXACT_TILE_ENV)
     write_json(args.json, results)
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
-               and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-pre_ok", True) for r in results["rows"]):
+               and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-pre_ok", True)
+               and r.get("mxmoe-exact-128_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)
 

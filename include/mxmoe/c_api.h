@@ -32,6 +32,11 @@ int mxmoe_quantize_mxfp8_gather(const void* x, int64_t x_rows, int64_t cols, con
 int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,
                                  int align, void* stream);
 
+/* BF16 image [rows, cols] of an MX tensor (data E4M3 [rows, cols], scales E8M0 [rows, cols/32]):
+ * the operand exact-mode GEMMs read (mxmoe/dequantize.h). */
+int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales, int64_t rows, int64_t cols,
+                                void* image, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,21 +18,29 @@
 //     2^ea[m] · 2^eb[n] (DeepSeek's 1×128 recipe with per-row scales on both operands). A fast
 //     scale byte 0x00 is read as 0 (exact for zero chunks; it drops chunks whose amax is below
 //     448·2^-127) and 0xFF as +Inf (its chunk's data are NaN, so NaN propagates).
-//   kExact: reads the MX form (data, scales [rows, K/32]). Same kernel with promotion after every
-//     32 of K: each block product Σ_{32} qa·qb (exact E4M3 products, summed by the FP8 tensor
-//     core into a fresh accumulator) is scaled by 2^(ea+eb) and added in FP32. See
-//     docs/notes/gemm.md for how this differs from a strictly FP32-accumulated sum.
+//   kExact: reads the operands' BF16 images (MxOperand::image, BF16 [rows, K] made by
+//     dequantize_mxfp8_bf16, dequantize.h): image = deq(q, scale) rounded to BF16, which is exactly
+//     deq for every E4M3 code when the block's scale byte is in [kBF16ExactScaleMin,
+//     kBF16ExactScaleMax] = [3, 246] (2^-124 .. 2^119; outside, the image is rounded or ±Inf, and
+//     the GEMM computes with the image). BF16 wgmma accumulates every product straight into one
+//     FP32 accumulator over all of K (no promotion): the result is the FP32-accumulated sum of the
+//     exact products of the dequantized values (BF16 × BF16 products are exact in FP32), the
+//     contract of DESIGN.md §2. Speed ceiling: BF16 tensor-core rate. Making the images is a
+//     separate, bandwidth-bound call (3 bytes per element); callers reuse them across GEMMs where
+//     they can (a weight's image across steps, an activation's between forward and backward).
 //
 // Both modes can add into the output instead (GemmOptions::accumulate).
 //
 // Requirements (checked on the host before any CUDA call; a violation throws mxmoe::Error naming
 // the argument): K % 32 == 0, N % 32 == 0, K >= 32, N >= 32, M_total % 128 == 0 (M_total may be 0),
-// 1 <= E <= kMaxGemmExperts, every pointer the mode reads non-null, data/fast_data and y
-// 16-byte aligned, fast_scales 16-byte aligned (TMA), E·N and K·M_total within int32 TMA limits.
+// 1 <= E <= kMaxGemmExperts, every pointer the mode reads non-null, fast_data, fast_scales, image
+// and y 16-byte aligned (TMA), E·N and K·M_total within int32 TMA limits (exact k-grouped:
+// M_total <= 2^30, the image's byte coordinates).
 // Calls are asynchronous on opts.stream, make no host synchronisation, and are bitwise
 // deterministic (no atomics; each output element is written once by one thread).
 #pragma once
 #include <cstdint>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "mxmoe/error.h"
@@ -43,8 +51,8 @@ namespace mxmoe {
 inline constexpr int kMaxGemmExperts = 512;
 
 enum class GemmMode : int {
-  kFast = 0,   // fast_data + fast_scales, promotion every 128 of K (default)
-  kExact = 1,  // data + scales, promotion every 32 of K
+  kFast = 0,   // fast_data + fast_scales: FP8 wgmma, promotion every 128 of K (default)
+  kExact = 1,  // image: BF16 wgmma into one FP32 accumulator over all of K (no promotion)
 };
 
 enum class GemmOutDtype : int {
@@ -52,14 +60,17 @@ enum class GemmOutDtype : int {
   kFP32 = 1,
 };
 
-// One MX-quantized GEMM operand in both forms. A mode reads only its own pair; the other pair may
-// be null. Shapes per the call (A: rows = M_total; B: rows = E·N, laid out [E, N, K]).
+// One MX-quantized GEMM operand in its forms. A mode reads only its own: kFast the fast pair,
+// kExact the BF16 image; the others may be null. data/scales (the plain MX tensor) are what the
+// image is made from (dequantize_mxfp8_bf16, dequantize.h); the GEMMs do not read them. Shapes per
+// the call (A: rows = M_total; B: rows = E·N, laid out [E, N, K]; k-grouped: see below).
 struct MxOperand {
-  const uint8_t* data = nullptr;         // kExact: E4M3 [rows, K]
-  const uint8_t* scales = nullptr;       // kExact: E8M0 [rows, K/32]
+  const uint8_t* data = nullptr;         // E4M3 [rows, K]        (not read by the GEMMs)
+  const uint8_t* scales = nullptr;       // E8M0 [rows, K/32]     (not read by the GEMMs)
   const uint8_t* fast_data = nullptr;    // kFast:  E4M3 [rows, K]
   const uint8_t* fast_scales = nullptr;  // kFast:  E8M0 [ceil(K/128), M_total] for A,
                                          //         [E, ceil(K/128), N] for B
+  const __nv_bfloat16* image = nullptr;  // kExact: BF16 [rows, K] = dequantize_mxfp8_bf16(data, scales)
 };
 
 struct GemmOptions {
@@ -79,9 +90,10 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
 // k-grouped (wgrad): dW[e] = Σ_{t in segment e} dY[t, :]ᵀ · X[t, :]   i.e. dW[e][n, k] =
 // Σ_t deq(dYᵀ)[n, t] · deq(Xᵀ)[k, t] — the same "NT" form with tokens as the reduced dimension.
 //   a = dYᵀ, column-wise MX of dY [M_total, N]: data [N, M_total] (blocks of 32 along tokens),
-//       scales [N, M_total/32]; fast: fast_data [N, M_total], fast_scales [M_total/128, N].
+//       scales [N, M_total/32]; fast: fast_data [N, M_total], fast_scales [M_total/128, N];
+//       exact: image BF16 [N, M_total] (dequantize_mxfp8_bf16 of the column-wise copy).
 //   b = Xᵀ,  column-wise MX of X [M_total, K]:  data [K, M_total], scales [K, M_total/32];
-//       fast: fast_data [K, M_total], fast_scales [M_total/128, K].
+//       fast: fast_data [K, M_total], fast_scales [M_total/128, K]; exact: image BF16 [K, M_total].
 //   offsets int32 [E+1], DEVICE memory, token segment bounds as for the m-grouped GEMM (multiples
 //       of 128, offsets[0] = 0, offsets[E] <= M_total; pad tokens are zero in both operands).
 //   dw [E, N, K] row-major BF16 or FP32. Every expert's dW is written: an empty expert gets zeros

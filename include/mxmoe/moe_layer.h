@@ -31,7 +31,12 @@ namespace mxmoe {
 struct MoeLayerConfig {
   int hidden = 0, inter = 0, num_experts = 0;
   RouterParams routing;             // scoring, top_k, groups, scaling (bias: device pointer or null)
-  GemmMode mode = GemmMode::kFast;  // GEMM operands: fast form (default) or exact MX
+  // GEMM mode: kFast (default) or kExact. Exact mode quantizes to plain MX and makes each GEMM's
+  // BF16 operand images (dequantize_mxfp8_bf16) right before the GEMM, into one scratch region
+  // reused by all six GEMMs: the workspace grows by 2·(cap·max(H, 2I) + max(2·E·I·H, cap·max(H, I)))
+  // bytes (cap = capacity()), and each step spends one bandwidth-bound pass (3 bytes per element)
+  // per GEMM operand on the images (the GEMM1/GEMM2/backward stages' times include it).
+  GemmMode mode = GemmMode::kFast;
   int64_t max_tokens = 0;           // workspace sized for up to this many tokens
   // Router logits and the router's part of dX by a fixed-order FP32 kernel whose per-token result
   // does not depend on the number of tokens (cuBLAS may choose another algorithm, hence another
@@ -43,7 +48,9 @@ struct MoeLayerConfig {
 // A weight tensor [E, N, K] already quantized both ways, as quantize_mxfp8(w, E, N, K, &row, &col)
 // writes it: rowwise = MX of W[e] ([E, N, K], fast scales [E, ceil(K/128), N]) for the forward GEMM,
 // colwise = MX of W[e]ᵀ ([E, K, N], fast scales [E, ceil(N/128), K]) for the dgrad GEMM. The layer's
-// GEMM mode reads the matching pair (fast_data + fast_scales, or data + scales).
+// GEMM mode reads the matching form: fast_data + fast_scales; in exact mode the BF16 image when
+// given (e.g. made once with dequantize_mxfp8_bf16 and reused across steps), else data + scales,
+// from which the layer makes the image before each GEMM.
 struct MxWeights {
   MxOperand rowwise, colwise;
 };

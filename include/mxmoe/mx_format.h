@@ -49,6 +49,12 @@ inline constexpr float kE4M3Max = 448.0f;
 inline constexpr uint8_t kE8M0Nan = 0xFF;
 inline constexpr uint8_t kE4M3Nan = 0x7F;
 
+// BF16 images (dequantize.h): scale bytes whose blocks dequantize to BF16 exactly, for every E4M3
+// code (2^-124 .. 2^119; derivation in dequantize.h), and the image of NaN.
+inline constexpr uint8_t kBF16ExactScaleMin = 3;
+inline constexpr uint8_t kBF16ExactScaleMax = 246;
+inline constexpr uint16_t kBF16Nan = 0x7FC0;  // quiet, positive
+
 enum class ScaleMode : int {
   kRceil = 0,  // scale = 2^ceil(log2(amax/448))   (default)
   kFloor = 1,  // scale = 2^(floor(log2 amax) - 8) (OCP MX v1.0 §6.3)

@@ -14,7 +14,8 @@
 //
 // Conventions (the same as the C++ API): row-major; an MX tensor [R, C] is data float8_e4m3fn
 // [R, C] and scales uint8 (E8M0) [R, C/32]; the fast GEMM-ready form is fast_data float8_e4m3fn
-// [R, C] and fast_scales uint8 [ceil(C/128), R]; GEMMs compute Y = X · Wᵀ.
+// [R, C] and fast_scales uint8 [ceil(C/128), R]; exact mode's BF16 image is bfloat16 [R, C]
+// (dequantize.h); GEMMs compute Y = X · Wᵀ.
 #include <Python.h>
 
 #include <optional>
@@ -27,6 +28,7 @@
 #include <torch/library.h>
 
 #include "mxmoe/decode.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/error.h"
 #include "mxmoe/gemm.h"
 #include "mxmoe/moe_plan.h"
@@ -254,6 +256,38 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_plan(const Tensor& ids, i
   return {counts, offsets, padded, row_of, row_index};
 }
 
+// ---- BF16 images (exact mode's GEMM operands) ---------------------------------------------------
+
+// The BF16 image of an MX tensor (dequantize.h): data fp8 [..., R, C], scales uint8 [..., R, C/32]
+// (shapes already checked) -> bfloat16 of data's shape, on the current stream.
+Tensor make_image(const Tensor& data, const Tensor& scales) {
+  Tensor img = at::empty(data.sizes(), data.options().dtype(kBf16));
+  const int64_t cols = data.size(-1), rows = cols ? data.numel() / cols : 0;
+  if (rows == 0) return img;
+  const c10::cuda::CUDAGuard guard(data.device());
+  call_api([&] {
+    mxmoe::dequantize_mxfp8_bf16(ptr<const uint8_t>(data), ptr<const uint8_t>(scales), rows, cols,
+                                 reinterpret_cast<__nv_bfloat16*>(img.data_ptr()), current_stream(data.device()));
+  });
+  return img;
+}
+
+// image = BF16(deq(data, scales)) (dequantize.h: dequantize_mxfp8_bf16): data float8_e4m3fn
+// [R, C] or [B, R, C] (C % 32 == 0), scales uint8 [..., R, C/32] -> bfloat16 of data's shape.
+Tensor dequantize_mxfp8_bf16(const Tensor& data, const Tensor& scales) {
+  Checker c{"dequantize_mxfp8_bf16"};
+  c.tensor("data", data, kFp8, 16);
+  TORCH_CHECK_VALUE(data.dim() == 2 || data.dim() == 3, "mxmoe.dequantize_mxfp8_bf16: argument 'data' "
+                    "must be 2-D or 3-D, got shape ", data.sizes());
+  const int64_t cols = data.size(-1);
+  c.value(cols > 0 && cols % 32 == 0, "data.shape[-1]", cols, "must be a positive multiple of 32");
+  c.tensor("scales", scales, kU8, 1);
+  std::vector<int64_t> want(data.sizes().begin(), data.sizes().end());
+  want.back() = cols / 32;
+  c.shape("scales", scales, want);
+  return make_image(data, scales);
+}
+
 // ---- grouped GEMMs ---------------------------------------------------------------------------
 
 mxmoe::GemmOutDtype gemm_out_dtype(const char* op, ScalarType t) {
@@ -272,7 +306,22 @@ void check_operand(Checker& c, const char* data_arg, const Tensor& data, const c
   c.shape(scales_arg, scales, fast ? fast_scales_shape : exact_scales_shape);
 }
 
-mxmoe::MxOperand operand(const Tensor& data, const Tensor& scales, bool fast) {
+// Exact mode's operand image: `image` when given (bfloat16 of the data's shape, contiguous,
+// 16-byte aligned), else made here from data and scales on the current stream (a temporary: the
+// caching allocator keeps its memory for the GEMM queued after it on the same stream). Fast mode
+// reads no image (an undefined Tensor; a given one is ignored).
+Tensor exact_image(Checker& c, const char* arg, const std::optional<Tensor>& image, const Tensor& data,
+                   const Tensor& scales, bool fast) {
+  if (fast) return Tensor();
+  if (image.has_value()) {
+    c.tensor(arg, *image, kBf16, 16);
+    c.shape(arg, *image, data.sizes());
+    return *image;
+  }
+  return make_image(data, scales);
+}
+
+mxmoe::MxOperand operand(const Tensor& data, const Tensor& scales, const Tensor& image, bool fast) {
   mxmoe::MxOperand o;
   if (fast) {
     o.fast_data = ptr<const uint8_t>(data);
@@ -280,9 +329,15 @@ mxmoe::MxOperand operand(const Tensor& data, const Tensor& scales, bool fast) {
   } else {
     o.data = ptr<const uint8_t>(data);
     o.scales = ptr<const uint8_t>(scales);
+    o.image = bf16_ptr(image);
   }
   return o;
 }
+
+// The two operands' images (exact mode; undefined in fast mode).
+struct Images {
+  Tensor a, b;
+};
 
 struct MGroupedShape {
   int64_t m, n, k, e;
@@ -324,12 +379,12 @@ mxmoe::GemmOptions gemm_options(const char* op, const Tensor& a, const Tensor& o
 }
 
 void run_m_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
-                   const Tensor& b_scales, const Tensor& offsets, const MGroupedShape& s,
+                   const Tensor& b_scales, const Images& img, const Tensor& offsets, const MGroupedShape& s,
                    const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
   const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
   call_api([&] {
-    mxmoe::m_grouped_mxfp8_gemm_nt(operand(a, a_scales, fast), s.m, operand(b, b_scales, fast),
+    mxmoe::m_grouped_mxfp8_gemm_nt(operand(a, a_scales, img.a, fast), s.m, operand(b, b_scales, img.b, fast),
                                    int(s.e), s.n, s.k, ptr<const int32_t>(offsets),
                                    out.numel() ? out.data_ptr() : nullptr, opts);
   });
@@ -359,14 +414,19 @@ void check_gemm_out(Checker& c, const Tensor& out, std::initializer_list<int64_t
 
 // Y [M_total, N] = per expert segment A · B[e]ᵀ (gemm.h: m_grouped_mxfp8_gemm_nt). Rows at or
 // beyond offsets[E] are not written (content undefined: torch.empty); pad rows are zeros.
+// Exact mode (fast = false) reads the BF16 images a_image [M_total, K] and b_image [E, N, K] when
+// given, else makes them from the MX tensors first (exact_image).
 Tensor m_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                const Tensor& b_scales, const Tensor& offsets, bool fast,
-                               std::optional<ScalarType> out_dtype, int64_t num_sms) {
+                               std::optional<ScalarType> out_dtype, int64_t num_sms,
+                               const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
   const char* op = "m_grouped_mxfp8_gemm_nt";
   Checker c{op};
   const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast);
   Tensor y = new_gemm_out(c, a, out_dtype, {s.m, s.n}, num_sms);
-  run_m_grouped(op, a, a_scales, b, b_scales, offsets, s, y, fast, false, num_sms);
+  const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
+                   exact_image(c, "b_image", b_image, b, b_scales, fast)};
+  run_m_grouped(op, a, a_scales, b, b_scales, img, offsets, s, y, fast, false, num_sms);
   return y;
 }
 
@@ -374,12 +434,15 @@ Tensor m_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Te
 // beyond offsets[E] keep their values).
 void m_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                  const Tensor& b_scales, const Tensor& offsets, const Tensor& out,
-                                 bool fast, bool accumulate, int64_t num_sms) {
+                                 bool fast, bool accumulate, int64_t num_sms,
+                                 const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
   const char* op = "m_grouped_mxfp8_gemm_nt_out";
   Checker c{op};
   const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast);
   check_gemm_out(c, out, {s.m, s.n}, num_sms);
-  run_m_grouped(op, a, a_scales, b, b_scales, offsets, s, out, fast, accumulate, num_sms);
+  const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
+                   exact_image(c, "b_image", b_image, b, b_scales, fast)};
+  run_m_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms);
 }
 
 struct KGroupedShape {
@@ -410,39 +473,46 @@ KGroupedShape check_k_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
 }
 
 void run_k_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
-                   const Tensor& b_scales, const Tensor& offsets, const KGroupedShape& s,
+                   const Tensor& b_scales, const Images& img, const Tensor& offsets, const KGroupedShape& s,
                    const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
   const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
   call_api([&] {
-    mxmoe::k_grouped_mxfp8_gemm_nt(operand(a, a_scales, fast), operand(b, b_scales, fast), s.m,
+    mxmoe::k_grouped_mxfp8_gemm_nt(operand(a, a_scales, img.a, fast), operand(b, b_scales, img.b, fast), s.m,
                                    int(s.e), s.n, s.k, ptr<const int32_t>(offsets), out.data_ptr(),
                                    opts);
   });
 }
 
 // dW [E, N, K] = per expert segment of tokens dYᵀ · X (gemm.h: k_grouped_mxfp8_gemm_nt). Every
-// expert is written (an empty expert gets zeros).
+// expert is written (an empty expert gets zeros). Exact mode: images a_image [N, M_total] and
+// b_image [K, M_total] as for the m-grouped GEMM.
 Tensor k_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                const Tensor& b_scales, const Tensor& offsets, bool fast,
-                               std::optional<ScalarType> out_dtype, int64_t num_sms) {
+                               std::optional<ScalarType> out_dtype, int64_t num_sms,
+                               const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
   const char* op = "k_grouped_mxfp8_gemm_nt";
   Checker c{op};
   const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
   Tensor dw = new_gemm_out(c, a, out_dtype, {s.e, s.n, s.k}, num_sms);
-  run_k_grouped(op, a, a_scales, b, b_scales, offsets, s, dw, fast, false, num_sms);
+  const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
+                   exact_image(c, "b_image", b_image, b, b_scales, fast)};
+  run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, dw, fast, false, num_sms);
   return dw;
 }
 
 // As above into `out` (BF16 or FP32 [E, N, K]); accumulate: out += result.
 void k_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                  const Tensor& b_scales, const Tensor& offsets, const Tensor& out,
-                                 bool fast, bool accumulate, int64_t num_sms) {
+                                 bool fast, bool accumulate, int64_t num_sms,
+                                 const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
   const char* op = "k_grouped_mxfp8_gemm_nt_out";
   Checker c{op};
   const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
   check_gemm_out(c, out, {s.e, s.n, s.k}, num_sms);
-  run_k_grouped(op, a, a_scales, b, b_scales, offsets, s, out, fast, accumulate, num_sms);
+  const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
+                   exact_image(c, "b_image", b_image, b, b_scales, fast)};
+  run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms);
 }
 
 // ---- warp decode -----------------------------------------------------------------------------
@@ -627,14 +697,19 @@ TORCH_LIBRARY(mxmoe, m) {
   m.def("compute_padded_offsets(Tensor offsets, int align=128) -> Tensor");
   m.def("moe_plan(Tensor ids, int num_experts, int capacity=0) -> "
         "(Tensor counts, Tensor offsets, Tensor padded_offsets, Tensor row_of, Tensor row_index)");
+  m.def("dequantize_mxfp8_bf16(Tensor data, Tensor scales) -> Tensor");
   m.def("m_grouped_mxfp8_gemm_nt(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
-        "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0) -> Tensor");
+        "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0, "
+        "Tensor? a_image=None, Tensor? b_image=None) -> Tensor");
   m.def("m_grouped_mxfp8_gemm_nt_out(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
-        "Tensor offsets, Tensor(a!) out, bool fast=True, bool accumulate=False, int num_sms=0) -> ()");
+        "Tensor offsets, Tensor(a!) out, bool fast=True, bool accumulate=False, int num_sms=0, "
+        "Tensor? a_image=None, Tensor? b_image=None) -> ()");
   m.def("k_grouped_mxfp8_gemm_nt(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
-        "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0) -> Tensor");
+        "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0, "
+        "Tensor? a_image=None, Tensor? b_image=None) -> Tensor");
   m.def("k_grouped_mxfp8_gemm_nt_out(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
-        "Tensor offsets, Tensor(a!) out, bool fast=True, bool accumulate=False, int num_sms=0) -> ()");
+        "Tensor offsets, Tensor(a!) out, bool fast=True, bool accumulate=False, int num_sms=0, "
+        "Tensor? a_image=None, Tensor? b_image=None) -> ()");
   m.def("decode_router(Tensor x, Tensor router_w, int top_k, bool sigmoid=False, "
         "bool renormalize=True, int n_groups=1, int topk_groups=1, float scaling_factor=1.0, "
         "Tensor? bias=None) -> (Tensor topk_ids, Tensor topk_weights)");
@@ -650,6 +725,7 @@ TORCH_LIBRARY(mxmoe, m) {
   m.impl("quantize_mxfp8_gather", &mxmoe_torch::quantize_mxfp8_gather);          \
   m.impl("compute_padded_offsets", &mxmoe_torch::compute_padded_offsets);        \
   m.impl("moe_plan", &mxmoe_torch::moe_plan);                                    \
+  m.impl("dequantize_mxfp8_bf16", &mxmoe_torch::dequantize_mxfp8_bf16);          \
   m.impl("m_grouped_mxfp8_gemm_nt", &mxmoe_torch::m_grouped_mxfp8_gemm_nt);      \
   m.impl("m_grouped_mxfp8_gemm_nt_out", &mxmoe_torch::m_grouped_mxfp8_gemm_nt_out); \
   m.impl("k_grouped_mxfp8_gemm_nt", &mxmoe_torch::k_grouped_mxfp8_gemm_nt);      \

@@ -68,23 +68,32 @@ def _moe_plan(ids, num_experts, capacity=0):
             ids.new_empty((cap,), dtype=I32))
 
 
+@torch.library.register_fake("mxmoe::dequantize_mxfp8_bf16")
+def _dequantize_mxfp8_bf16(data, scales):
+    return data.new_empty(data.shape, dtype=torch.bfloat16)
+
+
 @torch.library.register_fake("mxmoe::m_grouped_mxfp8_gemm_nt")
-def _m_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0):
+def _m_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0, a_image=None,
+               b_image=None):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.bfloat16)
 
 
 @torch.library.register_fake("mxmoe::m_grouped_mxfp8_gemm_nt_out")
-def _m_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0):
+def _m_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0, a_image=None,
+                   b_image=None):
     return None
 
 
 @torch.library.register_fake("mxmoe::k_grouped_mxfp8_gemm_nt")
-def _k_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0):
+def _k_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0, a_image=None,
+               b_image=None):
     return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=out_dtype or torch.bfloat16)
 
 
 @torch.library.register_fake("mxmoe::k_grouped_mxfp8_gemm_nt_out")
-def _k_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0):
+def _k_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0, a_image=None,
+                   b_image=None):
     return None
 
 

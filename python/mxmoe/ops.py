@@ -10,7 +10,10 @@ Layouts (row-major everywhere; the C++ contracts are in include/mxmoe/*.h):
   of C). Batched weights [B, R, C] carry a leading B on every field.
 * **Column-wise** quantization of X [R, C] is the MX tensor of Xᵀ: [C, R] with blocks of 32 along
   R (needs R % 32 == 0), quantized from X itself, never from the row-wise copy.
-* GEMMs compute Y = X · Wᵀ ("NT": both operands K-major).
+* GEMMs compute Y = X · Wᵀ ("NT": both operands K-major). Exact mode (``fast=False``) multiplies
+  the **BF16 images** of the MX operands (bfloat16 [.., R, C] = deq rounded to BF16, exactly deq
+  for scale bytes 3..246: include/mxmoe/dequantize.h); pass them (``bf16_image``) to reuse them
+  across calls, or let the GEMM op make them before it runs.
 * Expert segments: ``offsets`` int32 [E+1] on the device, multiples of 128 for the GEMMs (each
   expert's rows padded to 128 with zero rows); never read by the host.
 
@@ -140,14 +143,26 @@ def _gemm_operand(t, fast, name):
     return t.data, t.scales
 
 
-def grouped_gemm(a, b, offsets, fast=True, out_dtype=torch.bfloat16, out=None, accumulate=False, num_sms=0):
+def bf16_image(t):
+    """The BF16 image of an MxTensor (exact mode's GEMM operand), made by mxmoe's kernel:
+    bfloat16 of t.data's shape = deq(data, scales) rounded to bfloat16 (round to nearest even,
+    gradual underflow, Inf on overflow; NaN for NaN codes or scale 0xFF). Equal to the exact MX
+    values for every block whose scale byte is in [3, 246]."""
+    return torch.ops.mxmoe.dequantize_mxfp8_bf16(t.data, t.scales)
+
+
+def grouped_gemm(a, b, offsets, fast=True, out_dtype=torch.bfloat16, out=None, accumulate=False, num_sms=0,
+                 a_image=None, b_image=None):
     """m-grouped MXFP8 GEMM (forward, dgrad): Y[r] = deq(A)[r] · deq(B[e])ᵀ for offsets[e] <= r < offsets[e+1].
 
     a: MxTensor of A [M_total, K] (rows sorted by expert, segments padded to 128 rows with zeros);
     b: MxTensor of B [E, N, K] (per-expert weights, quantize(w) of a 3-D tensor);
     offsets: int32 [E+1], device, multiples of 128, offsets[0] = 0, offsets[E] <= M_total.
     fast: True = fast mode (needs the fast forms; FP8 tensor cores, promotion every 128 of K),
-          False = exact mode (MX form, promotion every 32 of K).
+          False = exact mode (BF16 tensor cores on the operands' BF16 images, one FP32 accumulator
+          over all of K).
+    a_image, b_image: exact mode's images (bf16_image(a), bf16_image(b)); each one not given is
+          made by the op first (one bandwidth-bound pass). Fast mode ignores them.
     out_dtype: torch.bfloat16 or torch.float32. out: optional [M_total, N] output to write into
     (its dtype decides); accumulate: out += result (needs out).
     Returns Y [M_total, N]; pad rows are zeros, rows at or beyond offsets[E] are not written
@@ -158,19 +173,22 @@ def grouped_gemm(a, b, offsets, fast=True, out_dtype=torch.bfloat16, out=None, a
     if out is None:
         if accumulate:
             raise ValueError("mxmoe.grouped_gemm: argument 'accumulate' needs 'out'")
-        return torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt(ad, as_, bd, bs, offsets, fast, out_dtype, num_sms)
-    torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt_out(ad, as_, bd, bs, offsets, out, fast, accumulate, num_sms)
+        return torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt(ad, as_, bd, bs, offsets, fast, out_dtype, num_sms,
+                                                      a_image, b_image)
+    torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt_out(ad, as_, bd, bs, offsets, out, fast, accumulate, num_sms,
+                                                a_image, b_image)
     return out
 
 
 def grouped_gemm_wgrad(dy_t, x_t, offsets, fast=True, out_dtype=torch.bfloat16, out=None, accumulate=False,
-                       num_sms=0):
+                       num_sms=0, dy_t_image=None, x_t_image=None):
     """k-grouped MXFP8 GEMM (wgrad): dW[e] = Σ_{t in segment e} dY[t]ᵀ · X[t] -> [E, N, K].
 
     dy_t: column-wise MxTensor of dY [M_total, N] (data [N, M_total], blocks of 32 along tokens);
     x_t: column-wise MxTensor of X [M_total, K] (data [K, M_total]); e.g. quantize(...).colwise or
     quantize_grouped(..., colwise=True).colwise.
     offsets: int32 [E+1], device, token segment bounds, multiples of 128 (pad tokens zero).
+    dy_t_image, x_t_image: exact mode's images of the two (bf16_image), made by the op when not given.
     Every expert is written (an empty expert gets zeros, or keeps out with accumulate).
     """
     ad, as_ = _gemm_operand(dy_t, fast, "dy_t")
@@ -178,8 +196,10 @@ def grouped_gemm_wgrad(dy_t, x_t, offsets, fast=True, out_dtype=torch.bfloat16, 
     if out is None:
         if accumulate:
             raise ValueError("mxmoe.grouped_gemm_wgrad: argument 'accumulate' needs 'out'")
-        return torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt(ad, as_, bd, bs, offsets, fast, out_dtype, num_sms)
-    torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt_out(ad, as_, bd, bs, offsets, out, fast, accumulate, num_sms)
+        return torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt(ad, as_, bd, bs, offsets, fast, out_dtype, num_sms,
+                                                      dy_t_image, x_t_image)
+    torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt_out(ad, as_, bd, bs, offsets, out, fast, accumulate, num_sms,
+                                                dy_t_image, x_t_image)
     return out
 
 

@@ -11,8 +11,9 @@ The layer (C++ ``mxmoe::MoeLayer``, include/mxmoe/moe_layer.h; recipe in docs/no
 
 with SwiGLU(g ‖ u) = silu(g) ⊙ u (rows [0, I) of W1[e] are the gate, [I, 2I) the up projection).
 Both expert GEMMs and all four of their backward GEMMs run in MXFP8 (blocks of 32, E4M3 data, E8M0
-scales; ``mode="fast"``: FP8 tensor cores with FP32 promotion every 128 of K, ``"exact"``: every
-32); the router runs in FP32 from the BF16 inputs. Routing:
+scales; ``mode="fast"``: FP8 tensor cores with FP32 promotion every 128 of K, ``"exact"``: BF16
+tensor cores on the operands' BF16 images, made right before each GEMM, one FP32 accumulator over
+all of K); the router runs in FP32 from the BF16 inputs. Routing:
 
 * ``"softmax"`` (Qwen3, Mixtral): top-k of the logits, weights = softmax probabilities of the
   chosen experts renormalised to sum to 1.

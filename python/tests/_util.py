@@ -50,28 +50,35 @@ def assert_bytes_equal(got, want, what):
 
 
 # ---- GEMM reference and bound ----------------------------------------------------------------
-# Element-wise tolerance (tests/gpu/test_gemm_gpu.cpp). Products p_i = deq(a_i)·deq(b_i) are exact.
+# Element-wise tolerance (tests/gpu/test_gemm_gpu.cpp). Products p_i of the values each mode
+# multiplies are exact (fast: E4M3 deq values; exact: the BF16 images, = deq for these data).
+#  Fast mode:
 #  * Tensor-core sums (Hopper FP8 wgmma keeps about 14 bits, F = 13 assumed): one k32 instruction
-#    is off by at most 33·2^-F·max(|acc_in|, max_i |p_i|); exact mode starts every 32-block from 0,
-#    fast mode chains the four k32 steps of a 128-chunk.
-#  * FP32 promotion once per block (exact) or chunk (fast): (L/P + 1)·2^-24·Σ|p_i|.
+#    is off by at most 33·2^-F·max(|acc_in|, max_i |p_i|); the four k32 steps of a 128-chunk chain.
+#  * FP32 promotion once per chunk: (L/128 + 1)·2^-24·Σ|p_i|.
+#  Exact mode (FP32 accumulation only): one accumulator over all of L, each k16 step off by at most
+#    152·2^-23·max(|acc_in|, max_i |p_i|) (any FP32 evaluation of acc + 16 products that keeps 24
+#    significant bits: sequential adds, round-to-nearest or truncation, or a block addition).
 #  * BF16 output: 2^-8 relative (8-bit significand), applied to |y| + bound by the caller.
 TC_FRAC_BITS = 13
 TC = 33.0 * 2.0 ** -TC_FRAC_BITS
+EXACT_STEP = 152.0 * 2.0 ** -23
 
 
-def dot_with_bound(da, db, period):
-    """da [m, L], db [n, L] float64 (L % 32 == 0) -> (y = da·dbᵀ [m, n], bound [m, n]) for a kernel
-    promoting every `period` (32: exact, 128: fast) of L."""
+def dot_with_bound(da, db, fast):
+    """da [m, L], db [n, L] float64 (L % 32 == 0) -> (y = da·dbᵀ [m, n], bound [m, n]) for fast mode
+    (k32 steps, promotion every 128 of L) or exact mode (k16 steps, no promotion)."""
     m, L = da.shape
     n = db.shape[0]
-    nb = L // 32
-    bpc = period // 32
+    group, per_step = (32, TC) if fast else (16, EXACT_STEP)
+    period = 128 if fast else max(L, group)
+    nb = L // group
+    bpc = period // group
     nck = (nb + bpc - 1) // bpc
     pad = nck * bpc - nb
     ys, bounds = [], []
     for r0 in range(0, m, 64):
-        p = (da[r0:r0 + 64, None, :] * db[None, :, :]).reshape(-1, n, nb, 32)  # [mr, n, nb, 32]
+        p = (da[r0:r0 + 64, None, :] * db[None, :, :]).reshape(-1, n, nb, group)  # [mr, n, nb, group]
         sg = p.sum(-1)
         mx = p.abs().amax(-1)
         sabs = p.abs().sum((-1, -2))
@@ -83,9 +90,9 @@ def dot_with_bound(da, db, period):
         valid = torch.ones(nck * bpc, dtype=torch.float64, device=da.device)
         if pad:
             valid[nb:] = 0
-        btc = TC * (torch.maximum(partial_before.abs(), mx.reshape(sgc.shape)) * valid.reshape(nck, bpc)).sum((-1, -2))
+        btc = per_step * (torch.maximum(partial_before.abs(), mx.reshape(sgc.shape)) * valid.reshape(nck, bpc)).sum((-1, -2))
         ys.append(sgc.sum((-1, -2)))
-        bounds.append(btc + (L // period + 1) * 2.0 ** -24 * sabs)
+        bounds.append(btc + ((L // period + 1) * 2.0 ** -24 * sabs if fast else 0.0))
     return torch.cat(ys), torch.cat(bounds)
 
 

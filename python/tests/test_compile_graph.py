@@ -120,6 +120,10 @@ def test_opcheck():
          (qa.fast_data, qa.fast_scales, qb.fast_data, qb.fast_scales, off, True, torch.float32, 0)),
         (torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt.default,
          (col.data, col.scales, col.data, col.scales, off, False, None, 0)),
+        (torch.ops.mxmoe.dequantize_mxfp8_bf16.default, (qb.data, qb.scales)),
+        (torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt.default,  # exact mode with given images
+         (qa.data, qa.scales, qb.data, qb.scales, off, False, None, 0, mxmoe.bf16_image(qa),
+          mxmoe.bf16_image(qb))),
         (torch.ops.mxmoe.decode_router.default, (xs, wr, 2)),
         (torch.ops.mxmoe.decode_gate_up.default, (xs, w1, None, tid)),
         (torch.ops.mxmoe.decode_down.default, (h, w2, None, tid, tw)),

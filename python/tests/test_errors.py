@@ -103,6 +103,16 @@ class TestOnGpu:
             mxmoe.grouped_gemm(q, w, off, out_dtype=torch.float16)
         with pytest.raises(BAD, match=r"argument 'b' must be a CUDA tensor"):
             mxmoe.grouped_gemm(q, w._replace(fast_data=w.fast_data.cpu()), off)
+        # exact mode's images: bfloat16 of the data's shape
+        img = mxmoe.bf16_image(q)
+        with pytest.raises(BAD, match=r"argument 'a_image' must have dtype BFloat16"):
+            mxmoe.grouped_gemm(q, w, off, fast=False, a_image=img.float())
+        with pytest.raises(BAD, match=r"argument 'b_image' must have shape"):
+            mxmoe.grouped_gemm(q, w, off, fast=False, b_image=img)
+        with pytest.raises(BAD, match=r"argument 'scales' must have shape"):
+            torch.ops.mxmoe.dequantize_mxfp8_bf16(q.data, q.scales[:, :2].contiguous())
+        with pytest.raises(BAD, match=r"'data.shape\[-1\]' = 48"):
+            torch.ops.mxmoe.dequantize_mxfp8_bf16(q.data[:, :48].contiguous(), q.scales[:, :1].contiguous())
 
     def test_wgrad(self):
         qa = mxmoe.quantize(self.x(256, 64), rowwise=False, colwise=True, fast=True).colwise   # [64, 256]

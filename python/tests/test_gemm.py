@@ -1,8 +1,9 @@
 """Grouped GEMM ops against an FP64 torch reference on the dequantized MX inputs, with the
-element-wise bound of tests/gpu/test_gemm_gpu.cpp (see _util.py: tensor-core block sums, FP32
-promotion, BF16 output rounding 2^-8). Operands come from the quantization ops (tested bit-exact
-in test_quantize.py). Also: pad rows exact zeros, rows past offsets[E] untouched, accumulate,
-empty experts, bitwise reruns."""
+element-wise bound of tests/gpu/test_gemm_gpu.cpp (see _util.py: fast mode's tensor-core block
+sums and FP32 promotion; exact mode's FP32 accumulation; BF16 output rounding 2^-8). Operands come
+from the quantization ops (tested bit-exact in test_quantize.py); exact mode's BF16 images are made
+by the GEMM op itself or given (bf16_image, checked bit for bit against the reference here). Also:
+pad rows exact zeros, rows past offsets[E] untouched, accumulate, empty experts, bitwise reruns."""
 import pytest
 import torch
 
@@ -26,7 +27,8 @@ def prefix(counts, align=1):
 
 
 def deq(t, fast):
-    """Exact float64 values of an MxTensor as the GEMM mode reads them."""
+    """Exact float64 values of an MxTensor as the GEMM mode reads them (exact mode: the BF16 image,
+    equal to these MX values since every scale byte of these data is in [3, 246])."""
     if fast:
         return mxmoe.reference.dequantize_fast(t.fast_data, t.fast_scales, torch.float64, zero_byte_is_zero=True)
     return mxmoe.reference.dequantize(t.data, t.scales, torch.float64)
@@ -55,7 +57,7 @@ class MProblem:
         for e in range(self.experts):
             r0, r1 = int(self.padded[e]), int(self.padded[e + 1])
             if r1 > r0:
-                y[r0:r1], bound[r0:r1] = dot_with_bound(da[r0:r1], db[e], 128 if fast else 32)
+                y[r0:r1], bound[r0:r1] = dot_with_bound(da[r0:r1], db[e], fast)
         return y, bound
 
 
@@ -127,7 +129,7 @@ class KProblem:
         for e in range(self.experts):
             t0, t1 = int(self.padded[e]), int(self.padded[e + 1])
             if t1 > t0:
-                y[e], bound[e] = dot_with_bound(da[:, t0:t1], db[:, t0:t1], 128 if fast else 32)
+                y[e], bound[e] = dot_with_bound(da[:, t0:t1], db[:, t0:t1], fast)
         return y, bound
 
 
@@ -165,3 +167,37 @@ def test_fast_and_exact_agree_closely():
     ye = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=False, out_dtype=torch.float32)[: P.used].double()
     rel = (yf - ye).norm() / ye.norm()
     assert float(rel) < 1e-2, f"fast vs exact relative Frobenius difference {float(rel):.3g}"
+
+
+def test_bf16_image_is_the_reference_rounding():
+    """bf16_image = the MX values rounded to bfloat16 (reference.dequantize in float64, then torch's
+    round to nearest even), bit for bit: quantized data, and random codes under every finite scale
+    byte (subnormal images, rounding below 2^-124, Inf above 2^119); NaN codes and scale 0xFF -> NaN."""
+    fresh_seed()
+    t = mxmoe.quantize(torch.randn(3, 96, 256, device=DEV).to(torch.bfloat16)).rowwise
+    want = mxmoe.reference.dequantize(t.data, t.scales, torch.float64).to(torch.bfloat16)
+    assert_bytes_equal(mxmoe.bf16_image(t), want, "bf16_image of quantized data")
+    codes = torch.randint(0, 256, (255, 256), dtype=torch.uint8, device=DEV)
+    scales = torch.arange(255, dtype=torch.uint8, device=DEV)[:, None].expand(255, 8).contiguous()
+    img = mxmoe.bf16_image(mxmoe.MxTensor(codes.view(torch.float8_e4m3fn), scales))
+    want = mxmoe.reference.dequantize(codes.view(torch.float8_e4m3fn), scales, torch.float64).to(torch.bfloat16)
+    nan = want.isnan()
+    assert bool((img.isnan() == nan).all()), "bf16_image: NaN where the reference has none (or not where it has)"
+    assert_bytes_equal(img[~nan], want[~nan], "bf16_image of random codes x scale bytes 0..254")
+    t255 = mxmoe.MxTensor(codes[:1].view(torch.float8_e4m3fn), torch.full((1, 8), 255, dtype=torch.uint8, device=DEV))
+    assert bool(mxmoe.bf16_image(t255).isnan().all()), "scale byte 0xFF must give NaN images"
+
+
+def test_exact_mode_with_given_images_is_bitwise_the_same():
+    """Images passed to the exact-mode GEMMs give the bits of the images the ops make themselves."""
+    fresh_seed()
+    P = MProblem(4, 256, 384)
+    y = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=False, out_dtype=torch.float32)
+    y2 = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=False, out_dtype=torch.float32,
+                            a_image=mxmoe.bf16_image(P.a), b_image=mxmoe.bf16_image(P.b))
+    assert_bytes_equal(y2[: P.used], y[: P.used], "m_grouped exact with given images")
+    K = KProblem(3, 128, 160)
+    dw = mxmoe.grouped_gemm_wgrad(K.a, K.b, K.d_padded, fast=False)
+    dw2 = mxmoe.grouped_gemm_wgrad(K.a, K.b, K.d_padded, fast=False, dy_t_image=mxmoe.bf16_image(K.a),
+                                   x_t_image=mxmoe.bf16_image(K.b))
+    assert_bytes_equal(dw2, dw, "k_grouped exact with given images")

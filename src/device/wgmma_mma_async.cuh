@@ -1,7 +1,10 @@
 // wgmma.* (sm_90a warpgroup MMA): shared-memory matrix descriptors, wgmma.fence,
-// wgmma.commit_group, wgmma.wait_group and wgmma.mma_async for FP8 (E4M3 x E4M3 -> F32).
+// wgmma.commit_group, wgmma.wait_group and wgmma.mma_async for FP8 (E4M3 x E4M3 -> F32, k32) and
+// BF16 (BF16 x BF16 -> F32, k16). Both read K-major operands of 32 bytes per row per instruction,
+// so one 128-byte swizzled row holds four k-steps of either.
 //
-// Accumulator fragment of an m64nNk32 wgmma, thread t of the warpgroup (warp w = t/32, lane l):
+// Accumulator fragment of an m64nNk32 / m64nNk16 wgmma, thread t of the warpgroup (warp w = t/32,
+// lane l):
 //   d[4j + 0] = D[16w + l/4,     8j + 2(l%4)    ]   d[4j + 1] = D[16w + l/4,     8j + 2(l%4) + 1]
 //   d[4j + 2] = D[16w + l/4 + 8, 8j + 2(l%4)    ]   d[4j + 3] = D[16w + l/4 + 8, 8j + 2(l%4) + 1]
 #pragma once
@@ -169,6 +172,81 @@ __device__ __forceinline__ void wgmma_mma_async_m64nNk32_f32_e4m3_e4m3_ss(
   static_assert(kN == 128 || kN == 192, "wrappers exist for m64n128k32 and m64n192k32");
   if constexpr (kN == 128) wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(d, desc_a, desc_b, accumulate);
   else wgmma_mma_async_m64n192k32_f32_e4m3_e4m3_ss(d, desc_a, desc_b, accumulate);
+}
+
+// ---- BF16 (exact mode's BF16 images) -----------------------------------------------------------
+// The operand lists are spelled by macros: 8 accumulator registers per MXMOE_WGMMA_D8, their
+// "%i" placeholders 32 at a time. Only the wrappers below use them.
+#define MXMOE_WGMMA_D8(i)                                                                     \
+  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]),  \
+      "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define MXMOE_WGMMA_D64(i)                                                                    \
+  MXMOE_WGMMA_D8((i) + 0), MXMOE_WGMMA_D8((i) + 8), MXMOE_WGMMA_D8((i) + 16),                 \
+      MXMOE_WGMMA_D8((i) + 24), MXMOE_WGMMA_D8((i) + 32), MXMOE_WGMMA_D8((i) + 40),           \
+      MXMOE_WGMMA_D8((i) + 48), MXMOE_WGMMA_D8((i) + 56)
+#define MXMOE_WGMMA_R0_31                                                                     \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MXMOE_WGMMA_R32_63                                                                    \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "          \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MXMOE_WGMMA_R64_95                                                                    \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "          \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define MXMOE_WGMMA_R96_127                                                                   \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "    \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
+  "%126, %127"
+// wgmma.mma_async.sync.aligned.m64n<N>k16.f32.bf16.bf16 {REGS}, desc_a, desc_b, p, 1, 1, 0, 0
+// (scale-d = accumulate, A and B not negated, both K-major: no transpose); IA, IB, IP: the operand
+// numbers of desc_a, desc_b and accumulate.
+#define MXMOE_WGMMA_BF16_SS(N, REGS, IA, IB, IP, ...)                                          \
+  asm volatile("{\n"                                                                           \
+               ".reg .pred p;\n"                                                               \
+               "setp.ne.b32 p, %" #IP ", 0;\n"                                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 "                     \
+               "{" REGS "}, %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n"                              \
+               "}\n"                                                                           \
+               : __VA_ARGS__                                                                   \
+               : "l"(desc_a), "l"(desc_b), "r"(int32_t(accumulate)))
+
+// D = A·Bᵀ (+ D when accumulate), A [64, 16] and B [128, 16] BF16, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_mma_async_m64n128k16_f32_bf16_bf16_ss(
+    float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+#ifdef MXMOE_SM90A_ENABLED
+  MXMOE_WGMMA_BF16_SS(128, MXMOE_WGMMA_R0_31 ", " MXMOE_WGMMA_R32_63, 64, 65, 66, MXMOE_WGMMA_D64(0));
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// D = A·Bᵀ (+ D when accumulate), A [64, 16] and B [256, 16] BF16; the fragment as above, j = 0..31.
+__device__ __forceinline__ void wgmma_mma_async_m64n256k16_f32_bf16_bf16_ss(
+    float (&d)[128], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+#ifdef MXMOE_SM90A_ENABLED
+  MXMOE_WGMMA_BF16_SS(256,
+                      MXMOE_WGMMA_R0_31 ", " MXMOE_WGMMA_R32_63 ", " MXMOE_WGMMA_R64_95 ", " MXMOE_WGMMA_R96_127,
+                      128, 129, 130, MXMOE_WGMMA_D64(0), MXMOE_WGMMA_D64(64));
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+#undef MXMOE_WGMMA_BF16_SS
+#undef MXMOE_WGMMA_R96_127
+#undef MXMOE_WGMMA_R64_95
+#undef MXMOE_WGMMA_R32_63
+#undef MXMOE_WGMMA_R0_31
+#undef MXMOE_WGMMA_D64
+#undef MXMOE_WGMMA_D8
+
+// The m64nNk16 BF16 wgmma for the tile widths exact mode instantiates (N = 128, 256).
+template <int kN>
+__device__ __forceinline__ void wgmma_mma_async_m64nNk16_f32_bf16_bf16_ss(
+    float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(kN == 128 || kN == 256, "wrappers exist for m64n128k16 and m64n256k16");
+  if constexpr (kN == 128) wgmma_mma_async_m64n128k16_f32_bf16_bf16_ss(d, desc_a, desc_b, accumulate);
+  else wgmma_mma_async_m64n256k16_f32_bf16_bf16_ss(d, desc_a, desc_b, accumulate);
 }
 
 }  // namespace mxmoe::device

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "host/c_api_guard.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/quantize.h"
 
 std::string& mxmoe::detail::c_api_last_error() {
@@ -70,5 +71,13 @@ extern "C" int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* pad
   return c_api_guarded([&] {
     mxmoe::compute_padded_offsets(offsets, padded_offsets, num_groups, align,
                                   static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales, int64_t rows, int64_t cols,
+                                           void* image, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::dequantize_mxfp8_bf16(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(scales), rows,
+                                 cols, static_cast<__nv_bfloat16*>(image), static_cast<cudaStream_t>(stream));
   });
 }

@@ -14,23 +14,29 @@ extern "C" {
 // Same message as mxmoe_last_error(); kept under this name for bench/bench_gemm.py.
 const char* mxmoe_gemm_last_error() { return mxmoe::detail::c_api_last_error().c_str(); }
 
-// mode: 0 = fast, 1 = exact. out_dtype: 0 = bf16, 1 = fp32. num_sms: 0 = all. Y = X · Wᵀ.
+namespace {
+
+mxmoe::MxOperand operand(const void* data, const void* scales, const void* fast_data,
+                         const void* fast_scales, const void* image) {
+  return {static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(scales),
+          static_cast<const uint8_t*>(fast_data), static_cast<const uint8_t*>(fast_scales),
+          static_cast<const __nv_bfloat16*>(image)};
+}
+
+}  // namespace
+
+// mode: 0 = fast (reads fast_data, fast_scales), 1 = exact (reads image: BF16 [rows, K], see
+// mxmoe_dequantize_mxfp8_bf16). out_dtype: 0 = bf16, 1 = fp32. num_sms: 0 = all. Y = X · Wᵀ.
 int mxmoe_m_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
                                   const void* a_fast_data, const void* a_fast_scales,
-                                  int64_t m_total, const void* b_data, const void* b_scales,
-                                  const void* b_fast_data, const void* b_fast_scales,
-                                  int num_experts, int64_t n, int64_t k, const void* offsets,
-                                  void* y, int mode, int out_dtype, int num_sms, void* stream) {
+                                  const void* a_image, int64_t m_total, const void* b_data,
+                                  const void* b_scales, const void* b_fast_data,
+                                  const void* b_fast_scales, const void* b_image, int num_experts,
+                                  int64_t n, int64_t k, const void* offsets, void* y, int mode,
+                                  int out_dtype, int num_sms, void* stream) {
   return c_api_guarded([&] {
-    mxmoe::MxOperand a, b;
-    a.data = static_cast<const uint8_t*>(a_data);
-    a.scales = static_cast<const uint8_t*>(a_scales);
-    a.fast_data = static_cast<const uint8_t*>(a_fast_data);
-    a.fast_scales = static_cast<const uint8_t*>(a_fast_scales);
-    b.data = static_cast<const uint8_t*>(b_data);
-    b.scales = static_cast<const uint8_t*>(b_scales);
-    b.fast_data = static_cast<const uint8_t*>(b_fast_data);
-    b.fast_scales = static_cast<const uint8_t*>(b_fast_scales);
+    const mxmoe::MxOperand a = operand(a_data, a_scales, a_fast_data, a_fast_scales, a_image);
+    const mxmoe::MxOperand b = operand(b_data, b_scales, b_fast_data, b_fast_scales, b_image);
     mxmoe::GemmOptions opts;
     opts.mode = static_cast<mxmoe::GemmMode>(mode);
     opts.out_dtype = static_cast<mxmoe::GemmOutDtype>(out_dtype);
@@ -41,21 +47,18 @@ int mxmoe_m_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
   });
 }
 
-// k-grouped (wgrad): a = dYᵀ [N, M_total], b = Xᵀ [K, M_total] (column-wise MX), dw [E, N, K].
+// k-grouped (wgrad): a = dYᵀ [N, M_total], b = Xᵀ [K, M_total] (column-wise MX; exact mode: their
+// BF16 images), dw [E, N, K].
 int mxmoe_k_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
                                   const void* a_fast_data, const void* a_fast_scales,
-                                  const void* b_data, const void* b_scales,
+                                  const void* a_image, const void* b_data, const void* b_scales,
                                   const void* b_fast_data, const void* b_fast_scales,
-                                  int64_t m_total, int num_experts, int64_t n, int64_t k,
-                                  const void* offsets, void* dw, int mode, int out_dtype,
+                                  const void* b_image, int64_t m_total, int num_experts, int64_t n,
+                                  int64_t k, const void* offsets, void* dw, int mode, int out_dtype,
                                   int accumulate, int num_sms, void* stream) {
   return c_api_guarded([&] {
-    mxmoe::MxOperand a{static_cast<const uint8_t*>(a_data), static_cast<const uint8_t*>(a_scales),
-                       static_cast<const uint8_t*>(a_fast_data),
-                       static_cast<const uint8_t*>(a_fast_scales)};
-    mxmoe::MxOperand b{static_cast<const uint8_t*>(b_data), static_cast<const uint8_t*>(b_scales),
-                       static_cast<const uint8_t*>(b_fast_data),
-                       static_cast<const uint8_t*>(b_fast_scales)};
+    const mxmoe::MxOperand a = operand(a_data, a_scales, a_fast_data, a_fast_scales, a_image);
+    const mxmoe::MxOperand b = operand(b_data, b_scales, b_fast_data, b_fast_scales, b_image);
     mxmoe::GemmOptions opts;
     opts.mode = static_cast<mxmoe::GemmMode>(mode);
     opts.out_dtype = static_cast<mxmoe::GemmOutDtype>(out_dtype);

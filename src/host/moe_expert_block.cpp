@@ -1,10 +1,12 @@
 // The expert part of the MoE layer, shared by MoeLayer and EpMoeLayer (src/host/moe_expert_block.h).
 #include "host/moe_expert_block.h"
 
+#include <algorithm>
 #include <string>
 
 #include "host/check.h"
 #include "kernels/layer/moe_ops_launch.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/moe_ops.h"
 
 namespace mxmoe::detail {
@@ -80,6 +82,19 @@ void ExpertBlock::carve(Carver& c) {
   dgu_row = mx(c, 1, cap, 2 * I);
   dgu_col = mx(c, 1, 2 * I, cap);
   dxp = c.take_n<__nv_bfloat16>(size_t(cap * H));
+  if (mode == GemmMode::kExact) {
+    const int64_t a_max = cap * std::max(H, 2 * I), b_max = std::max(2 * E * I * H, cap * std::max(H, I));
+    img_a = c.take_n<__nv_bfloat16>(size_t(a_max));
+    img_b = c.take_n<__nv_bfloat16>(size_t(b_max));
+  }
+}
+
+MxOperand ExpertBlock::gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot,
+                                    cudaStream_t stream) const {
+  if (mode != GemmMode::kExact || o.image != nullptr) return o;
+  dequantize_mxfp8_bf16(o.data, o.scales, rows, cols, slot, stream);
+  o.image = slot;
+  return o;
 }
 
 void ExpertBlock::quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16* w2, cudaStream_t stream) {
@@ -100,7 +115,9 @@ void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, co
   go.mode = mode;
   go.stream = stream;
   // GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ
-  m_grouped_mxfp8_gemm_nt(x_row.operand(), cap, w1r_op, experts, 2 * I, H, padded_offsets, gu, go);
+  m_grouped_mxfp8_gemm_nt(gemm_operand(x_row.operand(), cap, H, img_a, stream), cap,
+                          gemm_operand(w1r_op, experts * 2 * I, H, img_b, stream), experts, 2 * I, H, padded_offsets,
+                          gu, go);
   mark("GEMM1 (gate/up)");
   // SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
   moe_swiglu(gu, cap, I, rows_used, hact, stream);
@@ -109,7 +126,8 @@ void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, co
                          stream);
   mark("SwiGLU + quantize");
   // GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
-  m_grouped_mxfp8_gemm_nt(h_row.operand(), cap, w2r_op, experts, H, I, padded_offsets, y, go);
+  m_grouped_mxfp8_gemm_nt(gemm_operand(h_row.operand(), cap, I, img_a, stream), cap,
+                          gemm_operand(w2r_op, experts * H, I, img_b, stream), experts, H, I, padded_offsets, y, go);
   mark("GEMM2 (down)");
 }
 
@@ -123,8 +141,11 @@ void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2
   GemmOptions go32 = go;
   go32.out_dtype = GemmOutDtype::kFP32;
   // dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  dW2[e] = Σ dYᵀ · Hact
-  m_grouped_mxfp8_gemm_nt(dy_row.operand(), cap, w2c_op, experts, I, H, padded_offsets, dh, go);
-  k_grouped_mxfp8_gemm_nt(dy_col.operand(), h_col.operand(), cap, experts, H, I, padded_offsets, dw2, go32);
+  m_grouped_mxfp8_gemm_nt(gemm_operand(dy_row.operand(), cap, H, img_a, stream), cap,
+                          gemm_operand(w2c_op, experts * I, H, img_b, stream), experts, I, H, padded_offsets, dh, go);
+  k_grouped_mxfp8_gemm_nt(gemm_operand(dy_col.operand(), H, cap, img_a, stream),
+                          gemm_operand(h_col.operand(), I, cap, img_b, stream), cap, experts, H, I, padded_offsets, dw2,
+                          go32);
   mark("bwd: W2 dgrad + wgrad GEMMs");
   // SwiGLU backward, quantize dGU both ways
   moe_swiglu_backward(gu, dh, cap, I, rows_used, dgu, stream);
@@ -133,8 +154,12 @@ void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2
                          stream);
   mark("bwd: SwiGLU backward + quantize");
   // dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  dW1[e] = Σ dGUᵀ · Xp
-  m_grouped_mxfp8_gemm_nt(dgu_row.operand(), cap, w1c_op, experts, H, 2 * I, padded_offsets, dxp, go);
-  k_grouped_mxfp8_gemm_nt(dgu_col.operand(), x_col.operand(), cap, experts, 2 * I, H, padded_offsets, dw1, go32);
+  m_grouped_mxfp8_gemm_nt(gemm_operand(dgu_row.operand(), cap, 2 * I, img_a, stream), cap,
+                          gemm_operand(w1c_op, experts * H, 2 * I, img_b, stream), experts, H, 2 * I, padded_offsets,
+                          dxp, go);
+  k_grouped_mxfp8_gemm_nt(gemm_operand(dgu_col.operand(), 2 * I, cap, img_a, stream),
+                          gemm_operand(x_col.operand(), H, cap, img_b, stream), cap, experts, 2 * I, H, padded_offsets,
+                          dw1, go32);
   mark("bwd: W1 dgrad + wgrad GEMMs");
 }
 

@@ -88,6 +88,17 @@ struct ExpertBlock {
   __nv_bfloat16 *gu = nullptr, *hact = nullptr, *y = nullptr, *dh = nullptr, *dgu = nullptr, *dxp = nullptr;
   float* row_w = nullptr;  // [cap]: routing weight of each padded row (dY = bf16(row_w · dout))
   MxOperand w1r_op, w1c_op, w2r_op, w2c_op;  // weight operands of the last forward
+  // Exact mode: one scratch region for the BF16 images of the GEMM running now (A and B slots),
+  // rewritten before every GEMM; stream order keeps the next GEMM's images from overwriting the
+  // previous GEMM's operands while it runs. Null in fast mode. Sizes (elements): A holds X, dY
+  // [cap, H] (or their transposes) or dGU [cap, 2I]; B holds W1 (2·E·I·H, either direction), W2
+  // (E·H·I), or the wgrad operands Hact, X [I | H, cap].
+  __nv_bfloat16 *img_a = nullptr, *img_b = nullptr;
+
+  // The operand as the GEMM mode reads it: fast mode as it is; exact mode with its BF16 image,
+  // made into `slot` from data/scales ([rows, cols]) unless the operand carries one (a
+  // pre-quantized weight may: MxWeights).
+  MxOperand gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot, cudaStream_t stream) const;
 
   // An MX copy of [batch, rows, cols] in the one form the GEMM mode reads (fast: the rebased 1x128
   // form; exact: plain MX). The quantizers write only the pair that is given.

@@ -111,9 +111,14 @@ void check_forward_inputs(const char* fn, const MoeLayerConfig& c, const __nv_bf
   detail::check_device_ptrs(fn, {{"x", x}, {"wr", wr}, {"out", out}});
 }
 
-// A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned.
+// A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned; in exact
+// mode a BF16 image (then used as it is) instead of data + scales will do.
 void check_weight_operand(const char* fn, const std::string& name, const MxOperand& o, GemmMode mode) {
   const bool fast = mode == GemmMode::kFast;
+  if (!fast && o.image != nullptr) {
+    detail::check_aligned(fn, (name + ".image").c_str(), o.image, 16);
+    return;
+  }
   const std::string d = name + (fast ? ".fast_data" : ".data"), sc = name + (fast ? ".fast_scales" : ".scales");
   const void* data = fast ? o.fast_data : o.data;
   const void* scales = fast ? o.fast_scales : o.scales;

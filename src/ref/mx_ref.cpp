@@ -69,6 +69,26 @@ double e8m0_to_double(uint8_t byte) {
   return std::ldexp(1.0, int(byte) - 127);
 }
 
+uint16_t bf16_from_double(double v) {
+  if (std::isnan(v)) return kBF16Nan;
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0x0000;
+  const double a = std::fabs(v);
+  if (a < std::ldexp(1.0, -126)) {
+    // Subnormal range: quantum 2^-133; n == 128 rounds up into the smallest normal, bits 0x0080.
+    return sign | uint16_t(rne(std::ldexp(a, 133)));
+  }
+  if (a >= std::ldexp(1.0, 128)) return sign | 0x7F80;  // also ±Inf
+  int e2;
+  std::frexp(a, &e2);  // a = f · 2^e2, f in [0.5, 1)
+  int e = e2 - 1;      // a in [2^e, 2^(e+1)), e in [-126, 127]
+  double m = rne((std::ldexp(a, -e) - 1.0) * 128.0);  // 7 mantissa bits
+  if (m == 128.0) {
+    m = 0.0;
+    ++e;  // e = 128: rounded past the largest finite value → Inf (bits 0x7F80)
+  }
+  return sign | uint16_t(((e + 127) << 7) | int(m));
+}
+
 int scale_exponent(double amax, ScaleMode mode) {
   int e;
   if (amax == 0.0) {
@@ -173,6 +193,13 @@ std::vector<double> dequantize(const FastMatrix& m) {
     for (int64_t c = 0; c < m.cols; ++c)
       out[size_t(r * m.cols + c)] = e4m3_to_double(m.data[size_t(r * m.cols + c)]) *
                                     e8m0_to_double(m.scales[size_t((c / kFastChunk) * m.rows + r)]);
+  return out;
+}
+
+std::vector<uint16_t> dequantize_bf16(const MxMatrix& m) {
+  const std::vector<double> v = dequantize(m);
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_from_double(v[i]);
   return out;
 }
 

@@ -15,6 +15,10 @@ uint16_t float_to_bf16(float v);  // round to nearest even (NaN stays NaN); for 
 double e4m3_to_double(uint8_t code);          // NaN for 0x7F / 0xFF
 uint8_t e4m3_from_double(double v);           // RNE, satfinite (±448), sign of zero kept, NaN → 0x7F
 double e8m0_to_double(uint8_t byte);          // 2^(byte-127); NaN for 0xFF
+// IEEE round to nearest even into BF16, from the format's definition: 8 significant bits, exponent
+// range [-126, 127], subnormals down to 2^-133, ±Inf beyond the largest finite value, sign of zero
+// kept, NaN → kBF16Nan (dequantize.h).
+uint16_t bf16_from_double(double v);
 int scale_exponent(double amax, ScaleMode mode);  // amax finite, >= 0; result in [-127, 127]
 
 // One block of n <= 32 values (n == 32 in MX tensors). Writes n codes and returns the scale byte.
@@ -38,5 +42,7 @@ FastMatrix rebase_fast(const MxMatrix& m);
 
 std::vector<double> dequantize(const MxMatrix& m);
 std::vector<double> dequantize(const FastMatrix& m);
+// The BF16 image of an MX tensor (dequantize.h): bf16_from_double of each dequantized value.
+std::vector<uint16_t> dequantize_bf16(const MxMatrix& m);
 
 }  // namespace mxmoe::ref

@@ -88,9 +88,11 @@ alignas(16) uint8_t g_buf[64];
 const uint8_t* P16 = g_buf;
 const uint8_t* P_MISALIGNED = g_buf + 1;
 const int32_t* OFFS = reinterpret_cast<const int32_t*>(g_buf);
+const __nv_bfloat16* IMG16 = reinterpret_cast<const __nv_bfloat16*>(g_buf);
+const __nv_bfloat16* IMG_MISALIGNED = reinterpret_cast<const __nv_bfloat16*>(g_buf + 2);
 
 struct Args {
-  MxOperand a{P16, P16, P16, P16}, b{P16, P16, P16, P16};
+  MxOperand a{P16, P16, P16, P16, IMG16}, b{P16, P16, P16, P16, IMG16};
   int64_t m_total = 256, n = 128, k = 256;
   int E = 4;
   const int32_t* offsets = OFFS;
@@ -133,24 +135,25 @@ TEST(GemmArgs, EachBadArgumentIsNamed) {
   { Args x; x.b.fast_scales = nullptr; expect_throw_naming(x, "b.fast_scales"); }
   { Args x; x.a.fast_data = P_MISALIGNED; expect_throw_naming(x, "a.fast_data"); }
   { Args x; x.b.fast_scales = P_MISALIGNED; expect_throw_naming(x, "b.fast_scales"); }
-  // Exact mode needs the MX form: operands carrying only the fast form are a mismatch.
-  {
-    Args x;
-    x.o.mode = GemmMode::kExact;
-    x.a.data = nullptr;
-    x.a.scales = nullptr;
-    expect_throw_naming(x, "a.data");
-  }
-  { Args x; x.o.mode = GemmMode::kExact; x.a.scales = nullptr; expect_throw_naming(x, "a.scales"); }
-  { Args x; x.o.mode = GemmMode::kExact; x.b.data = nullptr; expect_throw_naming(x, "b.data"); }
-  { Args x; x.o.mode = GemmMode::kExact; x.b.scales = nullptr; expect_throw_naming(x, "b.scales"); }
-  { Args x; x.o.mode = GemmMode::kExact; x.b.data = P_MISALIGNED; expect_throw_naming(x, "b.data"); }
-  // Exact mode does not need the fast form.
+  // Exact mode reads the BF16 images: operands carrying only the MX or the fast form are a mismatch.
+  { Args x; x.o.mode = GemmMode::kExact; x.a.image = nullptr; expect_throw_naming(x, "a.image"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.b.image = nullptr; expect_throw_naming(x, "b.image"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.a.image = IMG_MISALIGNED; expect_throw_naming(x, "a.image"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.b.image = IMG_MISALIGNED; expect_throw_naming(x, "b.image"); }
+  // Exact mode reads neither the fast form nor data/scales; fast mode does not read the image.
   {
     Args x;
     x.o.mode = GemmMode::kExact;
     x.a.fast_data = x.a.fast_scales = x.b.fast_data = x.b.fast_scales = nullptr;
+    x.a.data = x.a.scales = x.b.data = x.b.scales = nullptr;
     x.y = nullptr;  // still fails, but on 'y', i.e. the operands passed
+    expect_throw_naming(x, "y");
+  }
+  {
+    Args x;
+    x.a.image = x.b.image = nullptr;
+    x.a.data = x.a.scales = x.b.data = x.b.scales = nullptr;
+    x.y = nullptr;
     expect_throw_naming(x, "y");
   }
 }
@@ -211,7 +214,15 @@ TEST(GemmArgs, KGroupedEachBadArgumentIsNamed) {
   { Args x; x.o.mode = static_cast<GemmMode>(3); expect_k_throw_naming(x, "opts.mode"); }
   { Args x; x.a.fast_scales = nullptr; expect_k_throw_naming(x, "a.fast_scales"); }
   { Args x; x.b.fast_data = P_MISALIGNED; expect_k_throw_naming(x, "b.fast_data"); }
-  { Args x; x.o.mode = GemmMode::kExact; x.b.scales = nullptr; expect_k_throw_naming(x, "b.scales"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.b.image = nullptr; expect_k_throw_naming(x, "b.image"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.a.image = IMG_MISALIGNED; expect_k_throw_naming(x, "a.image"); }
+  // Exact mode's TMA coordinates are bytes of the BF16 image: 2 per token, so m_total <= 2^30.
+  {
+    Args x;
+    x.o.mode = GemmMode::kExact;
+    x.m_total = (int64_t(1) << 30) + 128;
+    expect_k_throw_naming(x, "m_total");
+  }
 }
 
 }  // namespace

@@ -256,3 +256,84 @@ TEST(Matrix, ColwiseIsRowwiseOfTranspose) {
   EXPECT_EQ(a.data, b.data);
   EXPECT_EQ(a.scales, b.scales);
 }
+
+// ---- BF16 images (dequantize.h) --------------------------------------------------------------
+
+namespace {
+
+// Independent BF16 decode from the bit fields: sign, 8 exponent bits, 7 mantissa bits.
+double bf16_decode_independent(uint16_t bits) {
+  const int s = bits >> 15, e = (bits >> 7) & 0xFF, m = bits & 0x7F;
+  if (e == 0xFF) return m ? NAN : (s ? -INFINITY : INFINITY);
+  const double v = e == 0 ? std::ldexp(double(m), -133) : std::ldexp(1.0 + m / 128.0, e - 127);
+  return s ? -v : v;
+}
+
+}  // namespace
+
+TEST(BF16Image, RoundsEveryPatternAndEveryMidpoint) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const double v = bf16_decode_independent(uint16_t(b));
+    if (std::isnan(v)) {
+      EXPECT_EQ(bf16_from_double(v), kBF16Nan) << "pattern " << b;
+      continue;
+    }
+    ASSERT_EQ(bf16_from_double(v), uint16_t(b)) << "pattern " << b << " does not round-trip";
+    // Midpoint to the next larger magnitude: ties go to the even pattern; just above it, up.
+    const uint16_t next = uint16_t(b + 1);
+    if ((b & 0x7FFF) >= 0x7F80 || (next & 0x7FFF) >= 0x7F80) continue;
+    const double w = bf16_decode_independent(next), mid = 0.5 * (v + w);
+    const uint16_t even = (b & 1) ? next : uint16_t(b);
+    EXPECT_EQ(bf16_from_double(mid), even) << "tie between patterns " << b << " and " << int(next);
+    EXPECT_EQ(bf16_from_double(std::nextafter(mid, w)), next) << "above the midpoint of " << b;
+    EXPECT_EQ(bf16_from_double(std::nextafter(mid, v)), uint16_t(b)) << "below the midpoint of " << b;
+  }
+  // Named edges: half the smallest subnormal ties to +0, 1.5 of it to 2·2^-133, the midpoint
+  // between the largest finite value and 2^128 ties (to even) to Inf, -0 keeps its sign.
+  EXPECT_EQ(bf16_from_double(std::ldexp(1.0, -134)), 0x0000);
+  EXPECT_EQ(bf16_from_double(std::ldexp(3.0, -134)), 0x0002);
+  EXPECT_EQ(bf16_from_double(std::ldexp(2.0 - 1.0 / 256, 127)), 0x7F80);
+  EXPECT_EQ(bf16_from_double(-std::ldexp(2.0 - 1.0 / 128, 127)), 0xFF7F);
+  EXPECT_EQ(bf16_from_double(-0.0), 0x8000);
+}
+
+// The exact scale range of dequantize.h: for bytes [3, 246] every E4M3 code's image decodes to its
+// dequantized value; byte 2 rounds some code, byte 247 overflows some code to Inf; NaN in, kBF16Nan out.
+TEST(BF16Image, ExactScaleRangeAndNan) {
+  EXPECT_EQ(kBF16ExactScaleMin, 3);
+  EXPECT_EQ(kBF16ExactScaleMax, 246);
+  for (int s = 0; s < 256; ++s) {
+    MxMatrix m;  // one row: the 256 codes in 8 blocks, every block with scale byte s
+    m.rows = 1;
+    m.cols = 256;
+    m.data.resize(256);
+    for (int c = 0; c < 256; ++c) m.data[size_t(c)] = uint8_t(c);
+    m.scales.assign(8, uint8_t(s));
+    const std::vector<uint16_t> img = dequantize_bf16(m);
+    const std::vector<double> deq = dequantize(m);
+    int inexact = 0, inf = 0;
+    for (int c = 0; c < 256; ++c) {
+      const double got = bf16_decode_independent(img[size_t(c)]);
+      if (std::isnan(deq[size_t(c)])) {
+        EXPECT_EQ(img[size_t(c)], kBF16Nan) << "code " << c << " scale " << s;
+        continue;
+      }
+      if (std::isinf(got)) ++inf;
+      else if (got != deq[size_t(c)] || std::signbit(got) != std::signbit(deq[size_t(c)])) ++inexact;
+    }
+    const bool in_range = s >= kBF16ExactScaleMin && s <= kBF16ExactScaleMax;
+    if (in_range) {
+      EXPECT_EQ(inexact + inf, 0) << "scale byte " << s << " is in the exact range";
+    } else if (s < kBF16ExactScaleMin) {
+      EXPECT_EQ(inf, 0) << "no overflow at small scales (byte " << s << ")";
+      if (s == kBF16ExactScaleMin - 1) {
+        EXPECT_GT(inexact, 0) << "byte 2 should round some code";
+      }
+    } else if (s != kE8M0Nan) {
+      EXPECT_EQ(inexact, 0) << "large scales only overflow (byte " << s << ")";
+      if (s == kBF16ExactScaleMax + 1) {
+        EXPECT_GT(inf, 0) << "byte 247 should overflow some code";
+      }
+    }
+  }
+}

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/arg_test_util.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/quantize.h"
 
 using namespace mxmoe;
@@ -107,4 +108,21 @@ TEST(QuantizeArgs, MessageNamesFunctionArgumentAndValue) {
     EXPECT_STREQ(e.what(), "mxmoe::quantize_mxfp8: argument 'cols' = 100: must be a positive multiple of 32 "
                            "(MX blocks run along it)");
   }
+}
+
+TEST(QuantizeArgs, DequantizeRejectsBadArguments) {
+  const uint8_t* d = fake<const uint8_t>(0x20000);
+  const uint8_t* s = fake<const uint8_t>(0x30001);  // scales need no alignment
+  __nv_bfloat16* img = fake<__nv_bfloat16>(0x40000);
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, 128, 100, img); }, "cols");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, 128, 0, img); }, "cols");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, -1, 128, img); }, "rows");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, int64_t(1) << 40, int64_t(1) << 30, img); }, "rows");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(nullptr, s, 128, 128, img); }, "data");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(fake<const uint8_t>(0x20008), s, 128, 128, img); }, "data");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, nullptr, 128, 128, img); }, "scales");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, 128, 128, nullptr); }, "image");
+  expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, 128, 128, fake<__nv_bfloat16>(0x40002)); }, "image");
+  // rows == 0 is an empty tensor: checked, then nothing to do (no CUDA call, so no GPU needed).
+  EXPECT_NO_THROW(dequantize_mxfp8_bf16(nullptr, nullptr, 0, 128, nullptr));
 }

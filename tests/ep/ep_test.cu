@@ -30,6 +30,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "mxmoe/dequantize.h"
 #include "mxmoe/ep.h"
 #include "mxmoe/gemm.h"
 #include "mxmoe/moe_plan.h"
@@ -275,18 +276,23 @@ struct Plan {
   mxmoe::MoePlan view() const { return {counts.p, offsets.p, padded.p, row_of.p, row_index.p}; }
 };
 
+// Exact mode reads BF16 images: made here from the MX operands (rows past the plan's used rows are
+// dequantized too; the GEMM never reads them).
 void gemm_expert_out(const uint8_t* a_data, const uint8_t* a_scales, int64_t cap,
                                       const uint8_t* w_data, const uint8_t* w_scales, int experts, int H,
                                       const int32_t* offsets, Dev<__nv_bfloat16>& y, cudaStream_t st) {
+  Dev<__nv_bfloat16> a_img(size_t(cap) * H), w_img(size_t(experts) * H * H);
+  CK(cudaDeviceSynchronize());  // Dev's poison memset (legacy stream) is done before st writes
+  mxmoe::dequantize_mxfp8_bf16(a_data, a_scales, cap, H, a_img.p, st);
+  mxmoe::dequantize_mxfp8_bf16(w_data, w_scales, int64_t(experts) * H, H, w_img.p, st);
   mxmoe::MxOperand a, b;
-  a.data = a_data;
-  a.scales = a_scales;
-  b.data = w_data;
-  b.scales = w_scales;
+  a.image = a_img.p;
+  b.image = w_img.p;
   mxmoe::GemmOptions opt;
   opt.mode = mxmoe::GemmMode::kExact;
   opt.stream = st;
   mxmoe::m_grouped_mxfp8_gemm_nt(a, cap, b, experts, H, H, offsets, y.p, opt);
+  CK(cudaStreamSynchronize(st));  // the images are freed on return
 }
 
 bool run_gemm_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed) {

@@ -1,21 +1,33 @@
-// m-grouped MXFP8 GEMM (include/mxmoe/gemm.h) on the GPU against the FP64 CPU reference.
-// Operands are quantized on the CPU (ref::quantize_rows / rebase_fast) and uploaded, so these
-// tests do not depend on the GPU quantizer. Y is poisoned (0xFF bytes = NaN) before each launch:
+// m-grouped and k-grouped MXFP8 GEMMs (include/mxmoe/gemm.h) on the GPU against the FP64 CPU
+// reference. Operands are quantized on the CPU (ref::quantize_rows / rebase_fast) and uploaded;
+// exact mode's BF16 images are made on the GPU by dequantize_mxfp8_bf16 (bit-exact against the
+// CPU reference in test_dequantize_gpu.cpp). Y is poisoned (0xFF bytes = NaN) before each launch:
 // rows inside the segments must all be written, rows at or beyond offsets[E] must stay poisoned,
 // pad rows must be exact zeros, reruns must be bitwise identical.
 //
-// Element-wise tolerance (derivation). Let p_i = deq(a_i)·deq(b_i) (exact in FP64 and on the
-// tensor core: E4M3×E4M3 products have 8 significant bits; the power-of-two scales are exact).
+// Element-wise tolerances (derivations). Let p_i be the products of the operands' values: the
+// fast form's deq values (fast), the BF16 images (exact; equal to the MX deq values whenever every
+// scale byte is in [3, 246], dequantize.h). Both are exact products (E4M3×E4M3: 8 significant
+// bits; BF16×BF16: 16 bits, within FP32's 24, in FP32's exponent range for these data).
+//  Fast mode:
 //  * Tensor-core sums. Model of Hopper's FP8 wgmma (DeepSeek-V3 report §3.3.2: "around 14 bits"
 //    kept; we assume F = 13): one m64nNk32 instruction aligns its 32 products and the incoming
 //    accumulator to the largest exponent among them and truncates each to F bits below it, so its
-//    error is at most 33·2^-F·max(|acc_in|, max_i |p_i|). Exact mode starts every 32-block from a
-//    zero accumulator (acc_in = 0); fast mode chains the four k32 steps of a 128-chunk (acc_in =
-//    the chunk's partial sum). The reference evaluates this sum of per-instruction bounds.
-//  * FP32 promotion: tot = fma(acc, s, tot) once per block (exact) or chunk (fast): each rounding
-//    is at most 2^-24·|tot| <= 2^-24·S with S = Σ|p_i|, so (K/P + 1)·2^-24·S in all (P = 32 or 128).
+//    error is at most 33·2^-F·max(|acc_in|, max_i |p_i|). The four k32 steps of a 128-chunk chain
+//    (acc_in = the chunk's partial sum); the reference evaluates this sum of per-instruction bounds.
+//  * FP32 promotion: tot = fma(acc, s, tot) once per chunk: each rounding is at most 2^-24·|tot|
+//    <= 2^-24·S with S = Σ|p_i|, so (K/128 + 1)·2^-24·S in all.
+//  Exact mode (FP32 accumulation only): one FP32 accumulator over all of K; each k16 wgmma step
+//    computes acc + Σ_{16} p_i. Whatever the tensor core's order and rounding inside a step, as
+//    long as it keeps FP32's 24 significant bits: sequential adds with round-to-nearest or
+//    truncation err by at most Σ_j 2^-23·|s_j| over the 16 partial sums s_j, <= 2^-23·(16·|acc_in|
+//    + 136·m) with m = max_i |p_i|; a block addition that aligns the 17 addends to the largest and
+//    keeps 24 bits errs by at most 17·2^-23·max(|acc_in|, m), plus 2^-23·17·max for its rounding.
+//    So one step errs by at most 152·2^-23·max(|acc_in|, m); the reference sums this over the K/16
+//    steps with acc_in = the exact partial sum (first order). No promotion, no other rounding.
 //  * Output: BF16 rounds once more, 2^-8 relative (unit roundoff of its 8-bit significand); FP32 0.
-//  tol = tc + (K/P + 1)·2^-24·S, then (|y_ref| + tol)·2^-8 added for BF16.
+//  tol = (sum of the step bounds) [+ (K/128 + 1)·2^-24·S for fast], then (|y_ref| + tol)·2^-8
+//  added for BF16.
 // Accuracy (brief): fast mode's error against the FP64 product of the unquantized BF16 inputs is
 // within 1.1× of exact mode's on Gaussian, heavy-tailed and outlier-channel data; fast-vs-exact
 // deviation (relative Frobenius, max ulps) is printed.
@@ -29,7 +41,10 @@
 //   MXMOE_GEMM_TILE=192 ./build/mxmoe_gpu_tests --gtest_filter='GemmGpu.*'
 // run every case below on that path (exact mode ignores both). ClusterMulticastBitwiseMatchesDefault
 // (only with MXMOE_GEMM_MULTICAST=1) and WideTileBitwiseMatchesDefault (always) compare a path with
-// the default one byte for byte.
+// the default one byte for byte. Exact mode has two tile widths, 128 × 256 (default) and 128 × 128
+// (MXMOE_GEMM_EXACT_TILE=128): `MXMOE_GEMM_EXACT_TILE=128 ./build/mxmoe_gpu_tests
+// --gtest_filter='GemmGpu.*'` runs every case on the narrow one; ExactTileWidthsBitwiseEqual
+// (always) compares the two byte for byte.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,6 +61,7 @@
 #include <cuda_runtime.h>
 
 #include "common/gpu_test_util.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/gemm.h"
 #include "ref/gemm_ref.h"
 #include "ref/mx_ref.h"
@@ -62,18 +78,34 @@ namespace {
       GTEST_SKIP() << "no CUDA GPU: the GEMM tests run on the GPU machine"; \
   } while (0)
 
-constexpr double kTcFracBits = 13;  // F in the derivation above
+constexpr double kTcFracBits = 13;  // F in the fast-mode derivation above
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The two quantized operands (each in both forms) and the expert offsets, on the device.
+// Per-instruction error model of a mode (derivations at the top): `group` products per wgmma
+// k-step, each step bounded by per_step·max(|acc_in|, max |p|); a fresh accumulator every `period`
+// of K (0: one accumulator over all of K), promoted into FP32 with one rounding each (`promoted`).
+struct AccumModel {
+  int group;
+  double per_step;
+  int period;
+  bool promoted;
+};
+const AccumModel kFastModel{32, 33.0 * std::ldexp(1.0, -int(kTcFracBits)), 128, true};
+const AccumModel kExactModel{16, 152.0 * std::ldexp(1.0, -23), 0, false};
+
+__nv_bfloat16* bf16_ptr(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+// The two quantized operands (each in every form: MX, fast, and exact mode's BF16 image made on
+// the GPU by dequantize_mxfp8_bf16) and the expert offsets, on the device.
 struct DeviceOperands {
   std::unique_ptr<DevBuf<uint8_t>> a_data, a_scales, a_fdata, a_fscales, b_data, b_scales,
       b_fdata, b_fscales;
+  std::unique_ptr<DevBuf<uint16_t>> a_image, b_image;
   std::unique_ptr<DevBuf<int32_t>> d_offsets;
 
-  MxOperand a_op() const { return {a_data->p, a_scales->p, a_fdata->p, a_fscales->p}; }
-  MxOperand b_op() const { return {b_data->p, b_scales->p, b_fdata->p, b_fscales->p}; }
+  MxOperand a_op() const { return {a_data->p, a_scales->p, a_fdata->p, a_fscales->p, bf16_ptr(a_image->p)}; }
+  MxOperand b_op() const { return {b_data->p, b_scales->p, b_fdata->p, b_fscales->p, bf16_ptr(b_image->p)}; }
 
   // b_fast_scales: B's fast scales in the layout the GEMM reads (may differ from fb.scales).
   void upload(const ref::MxMatrix& qa, const ref::FastMatrix& fa, const ref::MxMatrix& qb,
@@ -93,8 +125,25 @@ struct DeviceOperands {
     up(b_fscales, b_fast_scales);
     d_offsets = std::make_unique<DevBuf<int32_t>>(offsets.size());
     d_offsets->upload(offsets);
+    make_image(a_image, *a_data, *a_scales, qa);
+    make_image(b_image, *b_data, *b_scales, qb);
+  }
+
+  static void make_image(std::unique_ptr<DevBuf<uint16_t>>& img, const DevBuf<uint8_t>& data,
+                         const DevBuf<uint8_t>& scales, const ref::MxMatrix& q) {
+    img = std::make_unique<DevBuf<uint16_t>>(q.data.size());
+    dequantize_mxfp8_bf16(data.p, scales.p, q.rows, q.cols, bf16_ptr(img->p));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   }
 };
+
+// The values exact mode multiplies: the BF16 image of an MX operand, as doubles.
+std::vector<double> image_values(const ref::MxMatrix& q) {
+  const std::vector<uint16_t> img = ref::dequantize_bf16(q);
+  std::vector<double> v(img.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = ref::bf16_to_float(img[i]);
+  return v;
+}
 
 // One m-grouped problem, quantized on the host, uploaded in both forms.
 struct Problem : DeviceOperands {
@@ -106,6 +155,8 @@ struct Problem : DeviceOperands {
   ref::MxMatrix qa, qb;           // qb: [E·N, K]
   ref::FastMatrix fa, fb;         // on the device, fb.scales rearranged to [E, ceil(K/128), N]
 };
+
+void upload_problem(Problem& P);
 
 void build(Problem& P, int E, int64_t n, int64_t k, const std::vector<int>& counts, Dist dist,
            std::mt19937& rng, int64_t extra_rows = 256) {
@@ -128,43 +179,49 @@ void build(Problem& P, int E, int64_t n, int64_t k, const std::vector<int>& coun
 
   P.qa = ref::quantize_rows(P.a_bf16.data(), P.m_total, k, ScaleMode::kRceil);
   P.qb = ref::quantize_rows(P.b_bf16.data(), int64_t(E) * n, k, ScaleMode::kRceil);
+  upload_problem(P);
+}
+
+// Derives the fast forms from P.qa, P.qb and uploads every form (again, after a test edits them).
+void upload_problem(Problem& P) {
+  const int E = P.E;
+  const int64_t n = P.n;
   P.fa = ref::rebase_fast(P.qa);
   P.fb = ref::rebase_fast(P.qb);
   // B's fast scales: [ceil(K/128), E·N] -> [E, ceil(K/128), N] (per expert, chunk-major).
-  const int64_t kc = cdiv(k, 128);
+  const int64_t kc = cdiv(P.k, 128);
   std::vector<uint8_t> fbs(P.fb.scales.size());
   for (int e = 0; e < E; ++e)
     for (int64_t c = 0; c < kc; ++c)
       for (int64_t j = 0; j < n; ++j)
         fbs[size_t((e * kc + c) * n + j)] = P.fb.scales[size_t(c * E * n + e * n + j)];
-
   P.upload(P.qa, P.fa, P.qb, P.fb, fbs, P.offsets);
 }
 
-// One output element: s = Σ_i x[i]·y[i] in FP64 and the bound of the derivation at the top for a
-// kernel that promotes every `period` (32: exact, fresh accumulator per block; 128: fast, four
-// chained k32 instructions per chunk). Chunks start at i = 0 (callers pass 128-aligned starts).
-void dot_with_bound(const double* x, const double* y, int64_t len, int period, double& s,
+// One output element: s = Σ_i x[i]·y[i] in FP64 and the bound of the derivation at the top for
+// the mode's model m. Steps and chunks start at i = 0 (callers pass 128-aligned starts; len is a
+// multiple of 32, and of 16 for exact mode's steps).
+void dot_with_bound(const double* x, const double* y, int64_t len, const AccumModel& m, double& s,
                     double& bound) {
-  const double tc = 33.0 * std::ldexp(1.0, -int(kTcFracBits));
+  const int64_t period = m.period > 0 ? m.period : std::max<int64_t>(len, 1);
   double sabs = 0, btc = 0;
   s = 0;
   for (int64_t c0 = 0; c0 < len; c0 += period) {
     double partial = 0;
-    for (int64_t g0 = c0; g0 < std::min(len, c0 + period); g0 += 32) {
+    for (int64_t g0 = c0; g0 < std::min(len, c0 + period); g0 += m.group) {
       double mx = 0, sg = 0;
-      for (int64_t i = g0; i < g0 + 32; ++i) {
+      for (int64_t i = g0; i < g0 + m.group; ++i) {
         const double p = x[i] * y[i];
         sg += p;
         sabs += std::fabs(p);
         mx = std::max(mx, std::fabs(p));
       }
-      btc += tc * std::max(std::fabs(partial), mx);
+      btc += m.per_step * std::max(std::fabs(partial), mx);
       partial += sg;
     }
     s += partial;
   }
-  bound = btc + double(len / period + 1) * std::ldexp(1.0, -24) * sabs;
+  bound = btc + (m.promoted ? double(len / period + 1) * std::ldexp(1.0, -24) * sabs : 0.0);
 }
 
 template <class F>
@@ -179,7 +236,7 @@ void parallel_rows(int64_t rows, F&& f) {
 
 // FP64 reference of the m-grouped GEMM on dequantized operands plus per-element bounds.
 void reference_with_bound(const std::vector<double>& da, const std::vector<double>& db,
-                          const Problem& P, int period, std::vector<double>& y,
+                          const Problem& P, const AccumModel& model, std::vector<double>& y,
                           std::vector<double>& bound) {
   const int64_t n = P.n, k = P.k;
   y.assign(size_t(P.m_total * n), 0.0);
@@ -192,7 +249,7 @@ void reference_with_bound(const std::vector<double>& da, const std::vector<doubl
       const int e = expert[size_t(r)];
       if (e < 0) continue;
       for (int64_t j = 0; j < n; ++j)
-        dot_with_bound(&da[size_t(r * k)], &db[size_t((e * n + j) * k)], k, period,
+        dot_with_bound(&da[size_t(r * k)], &db[size_t((e * n + j) * k)], k, model,
                        y[size_t(r * n + j)], bound[size_t(r * n + j)]);
     }
   });
@@ -287,12 +344,14 @@ struct Ref {
 
 Ref make_ref(const Problem& P) {
   Ref R;
-  reference_with_bound(ref::dequantize(P.qa), ref::dequantize(P.qb), P, 32, R.y_exact, R.b_exact);
-  reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, 128, R.y_fast, R.b_fast);
+  reference_with_bound(image_values(P.qa), image_values(P.qb), P, kExactModel, R.y_exact, R.b_exact);
+  reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, kFastModel, R.y_fast, R.b_fast);
   return R;
 }
 
-// Every mode × output dtype against the reference, plus a bitwise rerun of each.
+// Every mode × output dtype against the reference, plus a bitwise rerun of each and an
+// accumulating call on top of the first result (out += result: exactly 2x in the segments' rows,
+// one rounding of a doubled value being exact; rows past offsets[E] stay poisoned).
 void check_all(const Problem& P, const std::string& name) {
   const Ref R = make_ref(P);
   for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
@@ -304,6 +363,14 @@ void check_all(const Problem& P, const std::string& name) {
       else check_output(P, got, R.y_exact, R.b_exact, out, what);
       run(P, mode, out, &raw2);
       EXPECT_TRUE(raw1 == raw2) << what << ": rerun is not bitwise identical";
+      const auto twice = run(P, mode, out, nullptr, 0, &raw1);
+      int64_t bad_acc = 0, first = -1;
+      for (int64_t i = 0; i < P.offsets[P.E] * P.n; ++i)
+        if (!(twice[size_t(i)] == 2.0 * got[size_t(i)]) && bad_acc++ == 0) first = i;
+      for (int64_t i = P.offsets[P.E] * P.n; i < P.m_total * P.n; ++i)
+        if (!std::isnan(twice[size_t(i)]) && bad_acc++ == 0) first = i;
+      EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x (rows past offsets[E]: "
+                            << "untouched); first at row " << first / std::max<int64_t>(P.n, 1);
     }
   }
 }
@@ -470,7 +537,7 @@ void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& c
 }
 
 void k_reference_with_bound(const std::vector<double>& da, const std::vector<double>& db,
-                            const KProblem& P, int period, std::vector<double>& y,
+                            const KProblem& P, const AccumModel& model, std::vector<double>& y,
                             std::vector<double>& bound) {
   y.assign(size_t(P.E * P.n * P.k), 0.0);
   bound.assign(y.size(), 0.0);
@@ -481,7 +548,7 @@ void k_reference_with_bound(const std::vector<double>& da, const std::vector<dou
           const int64_t t0 = P.offsets[e], len = P.offsets[e + 1] - t0;
           const size_t o = size_t((e * P.n + j) * P.k + i);
           dot_with_bound(&da[size_t(j * P.m_total + t0)], &db[size_t(i * P.m_total + t0)], len,
-                         period, y[o], bound[o]);
+                         model, y[o], bound[o]);
         }
   });
 }
@@ -510,8 +577,8 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
 
 void check_k_all(const KProblem& P, const std::string& name) {
   std::vector<double> y_exact, b_exact, y_fast, b_fast;
-  k_reference_with_bound(ref::dequantize(P.qa), ref::dequantize(P.qb), P, 32, y_exact, b_exact);
-  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, 128, y_fast, b_fast);
+  k_reference_with_bound(image_values(P.qa), image_values(P.qb), P, kExactModel, y_exact, b_exact);
+  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, kFastModel, y_fast, b_fast);
   for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
     for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
       const std::string what = name + " wgrad " + mode_name(mode) + " " + out_name(out);
@@ -584,23 +651,33 @@ bool multicast_requested() {
   return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
-// Sets MXMOE_GEMM_TILE, MXMOE_GEMM_MULTICAST and MXMOE_GEMM_PRELOAD for one scope and restores
-// what was there.
+// A kernel path as the environment selects it (read by the host dispatcher on every call).
+struct PathEnv {
+  int tile = 128;          // MXMOE_GEMM_TILE (fast mode)
+  bool multicast = false;  // MXMOE_GEMM_MULTICAST (fast mode, 128 wide)
+  bool preload = false;    // MXMOE_GEMM_PRELOAD (fast mode, 128 wide)
+  int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
+};
+const PathEnv kDefaultPath{};
+
+// Sets the variables of a PathEnv for one scope and restores what was there.
 class ScopedKernelPath {
  public:
-  ScopedKernelPath(int tile, bool multicast, bool preload = false) {
-    set("MXMOE_GEMM_TILE", std::to_string(tile), 0);
-    set("MXMOE_GEMM_MULTICAST", multicast ? "1" : "0", 1);
-    set("MXMOE_GEMM_PRELOAD", preload ? "1" : "0", 2);
+  explicit ScopedKernelPath(const PathEnv& e) {
+    set("MXMOE_GEMM_TILE", std::to_string(e.tile), 0);
+    set("MXMOE_GEMM_MULTICAST", e.multicast ? "1" : "0", 1);
+    set("MXMOE_GEMM_PRELOAD", e.preload ? "1" : "0", 2);
+    set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 3);
   }
   ~ScopedKernelPath() {
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < kVars; ++i) {
       if (had_[i]) setenv(names_[i], old_[i].c_str(), 1);
       else unsetenv(names_[i]);
     }
   }
 
  private:
+  static constexpr int kVars = 4;
   void set(const char* name, const std::string& value, int i) {
     const char* v = std::getenv(name);
     names_[i] = name;
@@ -608,37 +685,37 @@ class ScopedKernelPath {
     if (had_[i]) old_[i] = v;
     setenv(name, value.c_str(), 1);
   }
-  const char* names_[3] = {nullptr, nullptr, nullptr};
-  bool had_[3] = {false, false, false};
-  std::string old_[3];
+  const char* names_[kVars] = {};
+  bool had_[kVars] = {};
+  std::string old_[kVars];
 };
 
 struct PathCase { int E; int64_t n, k; std::vector<int> counts; };
 
-// One problem, fast mode, on the default path (128 wide, no multicast) and on (tile, multicast),
-// byte for byte: BF16 and FP32 out, every persistent grid in `grids`; with `accumulate` also a
-// second call of each path adding into the same default-path result.
-// run_fast(out, num_sms, init or nullptr, &raw) runs the GEMM once (accumulating when init).
-template <class RunFast>
-void expect_same_bytes(const std::string& what, int tile, bool multicast, bool preload,
-                       const std::vector<int>& grids, bool accumulate, RunFast&& run_fast) {
+// One problem on the default path and on `alt`, byte for byte: BF16 and FP32 out, every persistent
+// grid in `grids`; with `accumulate` also a second call of each path adding into the same
+// default-path result.
+// run_one(out, num_sms, init or nullptr, &raw) runs the GEMM once (accumulating when init).
+template <class RunOne>
+void expect_same_bytes(const std::string& what, const PathEnv& alt, const std::vector<int>& grids,
+                       bool accumulate, RunOne&& run_one) {
   for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
     for (int sms : grids) {
       for (int acc = 0; acc <= int(accumulate); ++acc) {
         std::vector<uint8_t> base, want, got;
         const std::vector<uint8_t>* init = nullptr;
         if (acc) {
-          ScopedKernelPath env(128, false);
-          run_fast(out, 0, nullptr, &base);
+          ScopedKernelPath env(kDefaultPath);
+          run_one(out, 0, nullptr, &base);
           init = &base;
         }
         {
-          ScopedKernelPath env(128, false);
-          run_fast(out, 0, init, &want);
+          ScopedKernelPath env(kDefaultPath);
+          run_one(out, 0, init, &want);
         }
         {
-          ScopedKernelPath env(tile, multicast, preload);
-          run_fast(out, sms, init, &got);
+          ScopedKernelPath env(alt);
+          run_one(out, sms, init, &got);
         }
         size_t first = 0;
         while (first < want.size() && first < got.size() && want[first] == got[first]) ++first;
@@ -650,11 +727,10 @@ void expect_same_bytes(const std::string& what, int tile, bool multicast, bool p
   }
 }
 
-// expect_same_bytes over m-grouped problems `mcases` and k-grouped problems `kcases`.
-void expect_path_matches_default(const char* name, int tile, bool multicast,
-                                 const std::vector<PathCase>& mcases,
+// expect_same_bytes over m-grouped problems `mcases` and k-grouped problems `kcases` in `mode`.
+void expect_path_matches_default(const char* name, const PathEnv& alt, const std::vector<PathCase>& mcases,
                                  const std::vector<PathCase>& kcases, const std::vector<int>& grids,
-                                 bool accumulate, std::mt19937& rng, bool preload = false) {
+                                 bool accumulate, std::mt19937& rng, GemmMode mode = GemmMode::kFast) {
   const auto label = [&](const char* grouping, const PathCase& c) {
     return std::string(name) + ": " + grouping + " E=" + std::to_string(c.E) +
            " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
@@ -662,17 +738,17 @@ void expect_path_matches_default(const char* name, int tile, bool multicast,
   for (const PathCase& c : mcases) {
     Problem P;
     build(P, c.E, c.n, c.k, c.counts, Dist::kGaussian, rng);
-    expect_same_bytes(label("m-grouped", c), tile, multicast, preload, grids, accumulate,
+    expect_same_bytes(label("m-grouped", c), alt, grids, accumulate,
                       [&](GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
-                          std::vector<uint8_t>* raw) { run(P, GemmMode::kFast, out, raw, sms, init); });
+                          std::vector<uint8_t>* raw) { run(P, mode, out, raw, sms, init); });
   }
   for (const PathCase& c : kcases) {
     KProblem P;
     build_k(P, c.E, c.n, c.k, c.counts, Dist::kHeavyTailed, rng);
-    expect_same_bytes(label("k-grouped", c), tile, multicast, preload, grids, accumulate,
+    expect_same_bytes(label("k-grouped", c), alt, grids, accumulate,
                       [&](GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
                           std::vector<uint8_t>* raw) {
-                        run_k(P, GemmMode::kFast, out, init != nullptr, init, raw, sms);
+                        run_k(P, mode, out, init != nullptr, init, raw, sms);
                       });
   }
 }
@@ -695,32 +771,44 @@ TEST_F(GemmGpu, ClusterMulticastBitwiseMatchesDefault) {
       {6, 256, 384, {0, 300, 128, 0, 1, 520}},  // 3 k-tiles: a phantom partner; empty experts
       {3, 160, 96, {0, 700, 0}},                // 1 k-tile, N tail
   };
-  expect_path_matches_default("multicast", 128, true, mcases, kcases, {0, 3}, false, rng_);
+  expect_path_matches_default("multicast", PathEnv{128, true}, mcases, kcases, {0, 3}, false, rng_);
 }
 
-// Wide tiles (128 × 192, one accumulator per math warpgroup; MXMOE_GEMM_TILE=192). Runs on every
-// GPU run (it selects the path itself). N = 2880 is 15 whole 192-tiles (22.5 of 128), N = 4096 and
-// 512 end in a partial one whose B box reads the next expert's rows, N = 160 and 32 are one
-// partial tile; K = 2880 and 96 end in a K tail; ragged and empty experts; num_sms 1 and 7 make
-// each CTA walk many tiles (stage ring phases across tiles).
-TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
-  REQUIRE_GPU();
-  TRACE_SEED();
-  const std::vector<PathCase> mcases = {
+// The problems on which a tile width is compared with the default one byte for byte: N = 2880 is
+// 15 whole 192-tiles (22.5 of 128, 11.25 of 256), N = 4096 and 512 end in a partial 192-tile whose
+// B box reads the next expert's rows, N = 160 and 32 are one partial tile; K = 2880 and 96 end in
+// a K tail; ragged and empty experts (E up to 384); k-grouped K = 2880 and 992 (whole and partial
+// k-tiles).
+struct PathCases {
+  std::vector<PathCase> m, k;
+};
+PathCases tile_width_cases(std::mt19937& rng) {
+  PathCases c;
+  c.m = {
       {4, 2880, 2880, {100, 0, 250, 40}},
       {3, 160, 96, {130, 0, 257}},
-      {5, 32, 32, random_counts(rng_, 5, 0, 200)},
+      {5, 32, 32, random_counts(rng, 5, 0, 200)},
       {2, 4096, 640, {300, 0}},
-      {384, 128, 256, random_counts(rng_, 384, 0, 40)},
-      {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
+      {384, 128, 256, random_counts(rng, 384, 0, 40)},
+      {8, 512, 1024, random_counts(rng, 8, 0, 900)},
   };
-  const std::vector<PathCase> kcases = {
+  c.k = {
       {6, 256, 384, {0, 300, 128, 0, 1, 520}},  // K = 2 × 192; empty experts
       {3, 160, 96, {0, 700, 0}},                // one partial k-tile, N tail
       {3, 2880, 2880, {260, 0, 130}},           // 15 k-tiles of 192
-      {4, 128, 992, random_counts(rng_, 4, 0, 400)},  // 5 k-tiles and a partial sixth
+      {4, 128, 992, random_counts(rng, 4, 0, 400)},  // 5 k-tiles and a partial sixth
   };
-  expect_path_matches_default("wide tile", 192, false, mcases, kcases, {0, 1, 7}, true, rng_);
+  return c;
+}
+
+// Wide tiles (128 × 192, one accumulator per math warpgroup; MXMOE_GEMM_TILE=192). Runs on every
+// GPU run (it selects the path itself); num_sms 1 and 7 make each CTA walk many tiles (stage ring
+// phases across tiles).
+TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const PathCases c = tile_width_cases(rng_);
+  expect_path_matches_default("wide tile", PathEnv{192}, c.m, c.k, {0, 1, 7}, true, rng_);
 }
 
 // Scale preload in the 128-wide ping-pong schedule (MXMOE_GEMM_PRELOAD=1; compiled, off by default
@@ -742,7 +830,93 @@ TEST_F(GemmGpu, ScalePreloadBitwiseMatchesDefault) {
       {3, 160, 96, {0, 700, 0}},
       {4, 128, 992, random_counts(rng_, 4, 0, 400)},
   };
-  expect_path_matches_default("scale preload", 128, false, mcases, kcases, {0, 1, 7}, true, rng_, true);
+  expect_path_matches_default("scale preload", PathEnv{128, false, true}, mcases, kcases, {0, 1, 7}, true,
+                              rng_);
+}
+
+// ---- exact mode: tile widths and the image's scale range ------------------------------------------
+
+// Exact mode's two tile widths (MXMOE_GEMM_EXACT_TILE = 256, the default, and 128) give the same
+// bytes: every output element is one thread's FP32 accumulator fed the same k16 steps in the same
+// order (chunks of 64 along K, four k16 steps each); only the instruction's N differs
+// (m64n256k16 vs m64n128k16). A mismatch here with the tolerance tests passing would mean the
+// tensor core's sum inside a k16 step depends on the instruction's N. The problems of
+// tile_width_cases (N = 2880 is 11.25 tiles of 256; partial tiles read the next expert's B rows);
+// num_sms 1 and 7 carry the 4-stage ring across many tiles; BF16/FP32, plain and accumulating.
+TEST_F(GemmGpu, ExactTileWidthsBitwiseEqual) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const PathCases c = tile_width_cases(rng_);
+  PathEnv narrow;
+  narrow.exact_tile = 128;
+  expect_path_matches_default("exact 128-wide vs 256-wide", narrow, c.m, c.k, {0, 1, 7}, true, rng_,
+                              GemmMode::kExact);
+}
+
+// What exact mode computes when a block's scale is outside the image's exact range (dequantize.h):
+// it multiplies the BF16 image, i.e. deq rounded to BF16 (below the range) or ±Inf (above), so
+// the result is the FP32 sum of the image products — the GEMM's contract holds for the image,
+// and for the MX values exactly when every scale byte is in [3, 246]. Row groups (m-grouped,
+// expert 1's B scaled by 2^100 so that products of tiny A values stay normal FP32 numbers):
+//  * rows 256..263: random finite codes, scale bytes 3..10 (inside the range; most images are
+//    BF16 subnormals). Checked against the image (= deq) reference. A failure here alone means
+//    the tensor core flushes subnormal BF16 inputs (then the exact range must exclude them).
+//  * rows 264..271: random finite codes, scale bytes 0..2 (below the range): images rounded (the
+//    test asserts some differ from deq); checked against the image reference.
+//  * row 0: one block with scale byte 247 (2^120) whose first code is 448: image +Inf, so the
+//    whole output row is non-finite (±Inf or NaN). Row 1: one block with scale 0xFF (NaN): the
+//    output row is NaN.
+// All other rows are ordinary Gaussian data checked as usual.
+TEST_F(GemmGpu, ExactImageScaleRange) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  Problem P;
+  build(P, 2, 256, 512, {256, 256}, Dist::kGaussian, rng_, 128);
+  const int64_t nb = P.k / 32;
+  for (int64_t r = P.n; r < 2 * P.n; ++r)  // expert 1's B: scales · 2^100
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t& sc = P.qb.scales[size_t(r * nb + b)];
+      ASSERT_LE(int(sc) + 100, int(kBF16ExactScaleMax)) << "B scale out of range for this test";
+      sc = uint8_t(sc + 100);
+    }
+  std::uniform_int_distribution<int> code(0, 0x7E), sign(0, 1), in_range(3, 10), below(0, 2);
+  for (int64_t r = 256; r < 272; ++r) {
+    for (int64_t i = 0; i < P.k; ++i) P.qa.data[size_t(r * P.k + i)] = uint8_t(code(rng_) | (sign(rng_) << 7));
+    for (int64_t b = 0; b < nb; ++b) P.qa.scales[size_t(r * nb + b)] = uint8_t(r < 264 ? in_range(rng_) : below(rng_));
+  }
+  P.qa.scales[size_t(0 * nb + 3)] = 247;
+  P.qa.data[size_t(0 * P.k + 3 * 32)] = 0x7E;  // 448 · 2^120 = 1.75 · 2^128: BF16 overflow
+  P.qa.scales[size_t(1 * nb + 5)] = kE8M0Nan;
+  upload_problem(P);
+  {  // the below-range rows do exercise rounding
+    const std::vector<double> img = image_values(P.qa), deq = ref::dequantize(P.qa);
+    int64_t rounded = 0;
+    for (int64_t i = 264 * P.k; i < 272 * P.k; ++i) rounded += img[size_t(i)] != deq[size_t(i)];
+    ASSERT_GT(rounded, 0) << "no below-range image element differs from its MX value";
+  }
+  const Ref R = make_ref(P);
+  for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+    const auto got = run(P, GemmMode::kExact, out);
+    const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -8) : 0.0;
+    for (int64_t r = 0; r < P.offsets[P.E]; ++r) {
+      const char* group = r == 0 ? "image +Inf row" : r == 1 ? "NaN-scale row"
+                        : (r >= 256 && r < 264) ? "in-range tiny scales (BF16 subnormal images)"
+                        : (r >= 264 && r < 272) ? "below-range scales (rounded images)" : "ordinary row";
+      int64_t bad = 0;
+      std::ostringstream first;
+      for (int64_t j = 0; j < P.n; ++j) {
+        const size_t i = size_t(r * P.n + j);
+        bool ok;
+        if (r == 0) ok = !std::isfinite(got[i]);
+        else if (r == 1) ok = std::isnan(got[i]);
+        else ok = std::fabs(got[i] - R.y_exact[i]) <= R.b_exact[i] + out_rel * (std::fabs(R.y_exact[i]) + R.b_exact[i]);
+        if (!ok && bad++ == 0)
+          first << "col " << j << ": got " << got[i] << ", want " << R.y_exact[i] << " (bound " << R.b_exact[i] << ")";
+      }
+      EXPECT_EQ(bad, 0) << out_name(out) << " row " << r << " (" << group << "): " << bad << " bad; first at "
+                        << first.str();
+    }
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/gpu_test_util.h"
+#include "mxmoe/dequantize.h"
 #include "mxmoe/moe_layer.h"
 #include "mxmoe/quantize.h"
 #include "ref/decode_ref.h"
@@ -421,14 +422,26 @@ TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
     w1.upload(rand_bf16(w1.n, 0.06, rng));
     w2.upload(rand_bf16(w2.n, 0.1, rng));
     // Quantize both weights both ways (with fast forms) into caller-owned buffers.
+    // (Exact mode: also their BF16 images, which the layer then uses instead of making its own.)
     struct Q {
+      int64_t E_, N_, K_;
       DevBuf<uint8_t> rd, rs, rfd, rfs, cd, cs, cfd, cfs;
-      Q(int64_t E_, int64_t N, int64_t K)
-          : rd{size_t(E_ * N * K)}, rs{size_t(E_ * N * K / 32)}, rfd{size_t(E_ * N * K)},
-            rfs{size_t(E_ * ((K + 127) / 128) * N)}, cd{size_t(E_ * N * K)}, cs{size_t(E_ * N * K / 32)},
-            cfd{size_t(E_ * N * K)}, cfs{size_t(E_ * ((N + 127) / 128) * K)} {}
+      DevBuf<uint16_t> ri, ci;
+      Q(int64_t E, int64_t N, int64_t K)
+          : E_(E), N_(N), K_(K), rd{size_t(E * N * K)}, rs{size_t(E * N * K / 32)}, rfd{size_t(E * N * K)},
+            rfs{size_t(E * ((K + 127) / 128) * N)}, cd{size_t(E * N * K)}, cs{size_t(E * N * K / 32)},
+            cfd{size_t(E * N * K)}, cfs{size_t(E * ((N + 127) / 128) * K)}, ri{size_t(E * N * K)},
+            ci{size_t(E * N * K)} {}
       MxWeights weights() const {
         return MxWeights{MxOperand{rd.p, rs.p, rfd.p, rfs.p}, MxOperand{cd.p, cs.p, cfd.p, cfs.p}};
+      }
+      MxWeights images_only() {
+        dequantize_mxfp8_bf16(rd.p, rs.p, E_ * N_, K_, reinterpret_cast<__nv_bfloat16*>(ri.p));
+        dequantize_mxfp8_bf16(cd.p, cs.p, E_ * K_, N_, reinterpret_cast<__nv_bfloat16*>(ci.p));
+        MxWeights w;
+        w.rowwise.image = reinterpret_cast<const __nv_bfloat16*>(ri.p);
+        w.colwise.image = reinterpret_cast<const __nv_bfloat16*>(ci.p);
+        return w;
       }
     };
     Q q1(E, 2 * I, H), q2(E, H, I);
@@ -445,6 +458,15 @@ TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
     EXPECT_EQ(dx_a.download(), dx_b.download());
     EXPECT_EQ(dw1_a.download(), dw1_b.download());
     EXPECT_EQ(dw2_a.download(), dw2_b.download());
+    if (mode == GemmMode::kExact) {  // caller-made images only (no MX data): the same bits again
+      layer.forward(c(x), T, c(wr), q1.images_only(), q2.images_only(), m(out_b));
+      layer.backward(c(out_a), c(x), c(wr), m(dx_b), dwr.p, dw1_b.p, dw2_b.p);
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(out_a.download(), out_b.download()) << "exact mode with caller-made weight images";
+      EXPECT_EQ(dx_a.download(), dx_b.download()) << "exact mode with caller-made weight images";
+      EXPECT_EQ(dw1_a.download(), dw1_b.download()) << "exact mode with caller-made weight images";
+      EXPECT_EQ(dw2_a.download(), dw2_b.download()) << "exact mode with caller-made weight images";
+    }
     // A missing operand of the mode is rejected by name, before any launch.
     MxWeights bad = q1.weights();
     (mode == GemmMode::kFast ? bad.colwise.fast_scales : bad.colwise.scales) = nullptr;

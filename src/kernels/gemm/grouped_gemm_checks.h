@@ -10,7 +10,7 @@
 namespace mxmoe::detail {
 
 // The pointers a mode reads: fast = fast_data (16-byte aligned, TMA) + fast_scales (16-byte
-// aligned, TMA); exact = data (16-byte aligned, TMA) + scales (byte loads, any alignment).
+// aligned, TMA); exact = image (BF16, 16-byte aligned, TMA).
 inline void check_grouped_operand(const char* fn, const char* name, const MxOperand& x,
                                   GemmMode mode) {
   const std::string s(name);
@@ -20,9 +20,11 @@ inline void check_grouped_operand(const char* fn, const char* name, const MxOper
     check_aligned(fn, (s + ".fast_data").c_str(), x.fast_data, 16);
     check_aligned(fn, (s + ".fast_scales").c_str(), x.fast_scales, 16);
   } else {
-    check_not_null(fn, (s + ".data").c_str(), x.data);
-    check_not_null(fn, (s + ".scales").c_str(), x.scales);
-    check_aligned(fn, (s + ".data").c_str(), x.data, 16);
+    if (x.image == nullptr)
+      throw_arg(fn, (s + ".image").c_str(), "null",
+                "exact mode reads the operand's BF16 image: make it with dequantize_mxfp8_bf16 "
+                "(dequantize.h) from data and scales");
+    check_aligned(fn, (s + ".image").c_str(), x.image, 16);
   }
 }
 

@@ -4,25 +4,30 @@
 //   m-grouped (forward, dgrad):  Y[r, n] = Σ_k deq(A)[r, k] · deq(B[e])[n, k],  offsets[e] <= r < offsets[e+1]
 //   k-grouped (wgrad):           dW[e][n, k] = Σ_{t = offsets[e]}^{offsets[e+1]-1} deq(dYᵀ)[n, t] · deq(Xᵀ)[k, t]
 //
-// Both are "NT": A [rows_a, kdim] and B [rows_b, kdim] K-major E4M3 (kdim contiguous), read through
-// 2-D TMA maps built on the host without reading offsets:
-//   m-grouped: A = X [M_total, K] (box [128, 128]), B = W [E·N, K] (box [kBlockN, 128]), kdim = K.
+// and two operand forms (the mode): fast = E4M3 in the rebased 1×128 form + per-row chunk scales;
+// exact = the BF16 images of the MX operands (deq rounded to BF16, exact for scale bytes 3..246:
+// dequantize.h).
+// Both are "NT": A [rows_a, kdim] and B [rows_b, kdim] K-major (kdim contiguous; E4M3, or BF16 in
+// exact mode), read through 2-D TMA maps built on the host without reading offsets:
+//   m-grouped: A = X [M_total, K] (box [128, 128 B]), B = W [E·N, K] (box [kBlockN, 128 B]), kdim = K.
 //              A tile never crosses experts (segments are 128-aligned); the last N-tile's B box may
 //              reach into expert e+1's rows, which only feed output columns >= N (never stored).
 //   k-grouped: A = dYᵀ [N, M_total], B = Xᵀ [K, M_total], kdim = M_total (tokens); a tile sums the
-//              128-token chunks of its expert's segment.
+//              chunks (128 tokens fast, 64 exact) of its expert's segment.
 //   All boxes: 128 bytes along kdim, 128B swizzle; out-of-bounds elements are zero-filled.
 // Scales (E8M0):
 //   fast:  chunk-major [kdim/128 chunks, rows] — one byte per (row, 128-chunk); TMA boxes [1, 128].
 //          m-grouped: A [ceil(K/128), M_total], B [E·ceil(K/128), N]; k-grouped: [M_total/128, N|K].
-//   exact: MX [rows, kdim/32], gathered by the producer warpgroup with plain loads (rows of kdim/32
-//          bytes are not 16-byte multiples, so TMA cannot read them) into FP32 [4, rows] per stage.
+//   exact: none — exact mode reads BF16 images (A, B as [rows, kdim] BF16, made by
+//          dequantize_mxfp8_bf16), through byte-typed maps of 2·kdim bytes per row (box [·, 128 B]
+//          = 64 elements, same 128B swizzle as the FP8 boxes).
 //   offsets: int32 [E+1] device, copied to shared memory once per CTA.
 // Output: BF16 or FP32, row-major (m-grouped Y [M_total, N]; k-grouped dW [E, N, K]); 4/8-byte
 // stores straight from the accumulator fragment, masked to the valid rows and columns; optional
 // accumulate (read, add in FP32, write — each element owned by one thread, no atomics).
 //
-// Tiles: 128 (A rows) × kBlockN (B rows); the reduced dimension in 128-chunks. Per chunk:
+// Tiles: 128 (A rows) × kBlockN (B rows); the reduced dimension in chunks of 128 bytes per row
+// (one stage: 128 E4M3 or 64 BF16). Per chunk:
 //   fast:  4 × wgmma m64n128k32 into a fresh FP32 accumulator, then tot += acc · sa[row] · sb[col]
 //          (DeepSeek 1×128 promotion with per-row scales on both operands). In a K-tail chunk the
 //          zero-filled k-steps are issued anyway (they add exact zeros). Two schedules
@@ -33,28 +38,29 @@
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
 //          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
 //            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
-//   exact: per 32-block 1 × wgmma m64n128k32 into a fresh accumulator, then the same promotion
-//          with the block scales (4× the promotion work). Two accumulators in ping-pong: block
-//          b+1's wgmma runs while block b is promoted. Tail blocks are issued on zero fill too.
+//   exact: 4 × wgmma m64nNk16.f32.bf16.bf16 (N = kBlockN: 256 by default, or 128) accumulating
+//          straight into one FP32 accumulator that spans the whole reduction (math_exact): no
+//          promotion, no scales. Chunk c+1 is issued while chunk c may still run (wait_group 1).
+//          Tail chunks run on TMA's zero fill too.
 //
 // Warp roles (384 threads, 1 CTA/SM):
-//   warpgroup 0: producer, setmaxnreg 40 (uses 35). Thread 0 issues TMA; in exact mode all 128
-//                threads also gather the stage's block scales and arrive on the full barrier;
-//                in pipelined fast mode warp 1 decodes each stage's scale bytes (uses 30).
+//   warpgroup 0: producer, setmaxnreg 40 (uses 35). Thread 0 issues TMA; in pipelined fast mode
+//                warp 1 decodes each stage's scale bytes (uses 30).
 //   warpgroups 1, 2: math, setmaxnreg 232. Each owns 64 rows: fast serial acc 64 + tot 64 + 32
 //                scale regs (ptxas: up to R207); fast pipelined 2 × acc 64 + tot 64 (up to R229);
-//                exact 2 × acc 64 + tot 64 (up to R223); fast wide acc 96 + tot 96 (up to
-//                R225). No spills.
-// Pipeline: kNumStages × [A 16 KB | B kBlockN·128 B | scales (| decoded scales)]; full barrier = TMA
-// tx (+128 gatherer arrivals in exact mode), empty barrier = one arrival per math warp, ready
-// barrier (pipelined fast only) = 32 decoder-lane arrivals.
+//                fast wide acc 96 + tot 96 (up to R225); exact acc 128 (256 wide: up to R151) or
+//                acc 64 (128 wide: up to R101). No spills.
+// Pipeline: kNumStages × [A 16 KB | B kBlockN·128 B | fast scales (| decoded scales)]; full barrier
+// = TMA tx, empty barrier = one arrival per math warp, ready barrier (pipelined fast only) = 32
+// decoder-lane arrivals.
 // Optional 2-CTA multicast (fast mode, kMulticast; off by default): clusters of two CTAs on tiles
 // that share A, each loading half of A for both; the empty barriers then span the cluster. See
 // "2-CTA multicast" above the kernel for the barrier invariants.
 //
-// Roofline: FLOPs = 2·M·N·K; fewest bytes = M·K + E·N·K (+1/128 or 1/32 for scales) + output.
-// Every model shape in docs/notes/gemm.md is compute-bound (>= 395 FLOP/byte). Ceilings: FP8
-// dense ~1250 TFLOP/s (fast); exact mode does 4× the promotion FMAs (~BF16 rate expected).
+// Roofline: FLOPs = 2·M·N·K; fewest bytes = M·K + E·N·K (+1/128 for fast scales; ×2 for exact
+// mode's BF16 images) + output. Every model shape in docs/notes/gemm.md is compute-bound (>= 395
+// FLOP/byte in FP8, half that in BF16). Ceilings: FP8 dense ~1250 TFLOP/s (fast); BF16 dense ~670
+// (exact; docs/notes/gemm.md, "Exact mode on a BF16 image").
 // Per SM and 128-chunk of a 128×128 tile the tensor core needs 512 cycles at peak; each of the
 // 4 schedulers must issue the instructions of 2 math warps in that time: serial 2 × 287 (issue-
 // bound), pipelined 2 × 199 (docs/notes/gemm.md, "Fast mode schedule").
@@ -72,6 +78,8 @@
 
 #include "host/check.h"
 #include "host/kernel_attr.h"
+#include "kernels/gemm/tensor_map.h"
+#include "mxmoe/gemm.h"
 
 #include "device/barrier_cluster.cuh"
 #include "device/cp_async_bulk_tensor.cuh"
@@ -87,9 +95,16 @@
 namespace mxmoe::gemm_sm90 {
 
 constexpr int kBlockM = 128;
-constexpr int kBlockK = 128;        // one fast-mode scale chunk
-constexpr int kMxK = 32;            // one MX block, one wgmma k-step
-constexpr int kKSteps = kBlockK / kMxK;
+constexpr int kBlockK = 128;        // bytes of a stage row along the reduced dimension (TMA box, 128B swizzle)
+constexpr int kMxK = 32;            // one MX block, one FP8 wgmma k-step
+constexpr int kKSteps = kBlockK / kMxK;  // wgmma k-steps per stage row (FP8 k32 or BF16 k16: 32 bytes each)
+constexpr int kExactChunkK = 64;    // exact mode: BF16 elements per stage row (128 bytes)
+
+// Elements of the reduced dimension per stage ("chunk"): one fast-mode scale chunk of 128 E4M3, or
+// 64 BF16 in exact mode — 128 bytes per row either way.
+template <bool kExact>
+constexpr int chunk_k() { return kExact ? kExactChunkK : kBlockK; }
+static_assert(kKSteps * 16 == kExactChunkK, "BF16: four k16 steps per 128-byte row");
 constexpr int kNumMathWarpgroups = 2;
 constexpr int kNumThreads = 128 * (1 + kNumMathWarpgroups);
 constexpr int kProducerRegs = 40;
@@ -105,8 +120,6 @@ static_assert(kBlockM == 64 * kNumMathWarpgroups, "each math warpgroup owns 64 r
 // tiles (the M and N of the output tile); "kdim" is the contiguous, reduced dimension.
 struct Params {
   const int32_t* offsets;   // [E+1] device: segment bounds (rows for m-grouped, tokens for k-grouped)
-  const uint8_t* a_scales;  // exact: E8M0 [A rows, kdim/32]
-  const uint8_t* b_scales;  // exact: E8M0 [B rows, kdim/32]
   void* y;                  // output
   int num_experts;
   int n, k;                 // m-grouped: N, K. k-grouped: N, K of dW[e] [N, K]
@@ -115,28 +128,28 @@ struct Params {
   bool accumulate;          // k-grouped: y += result (read, add, write; no atomics)
 };
 
-// One output tile as the roles see it: where its operands are, how many 128-chunks of the reduced
-// dimension it sums, where its result goes.
+// One output tile as the roles see it: where its operands are, how many chunks (stages of
+// chunk_k() elements) of the reduced dimension it sums, where its result goes.
 struct Tile {
-  int a_row, b_row;            // TMA row coordinates of the [128, 128] A and [kBlockN, 128] B boxes
+  int a_row, b_row;            // TMA row coordinates of the [128, 128 B] A and [kBlockN, 128 B] B boxes
   int k0;                      // element coordinate of chunk 0 along kdim
-  int num_chunks;              // 128-chunks to reduce (may be 0: the tile is all zeros)
+  int num_chunks;              // chunks to reduce (may be 0: the tile is all zeros)
   int sa_x, sa_y0, sb_x, sb_y0;  // fast scales: boxes at (x, y0 + chunk)
-  int a_rows_valid, b_rows_valid;  // rows of the tile that exist (exact-mode scale gather)
   int64_t out_offset;          // element offset of the tile's (0, 0) in y
   int out_ld;                  // row stride of y (elements)
   int out_rows_valid, out_cols_valid;
 };
 
+// kExact: the stage holds BF16 images (64 elements per 128-byte row) and no scales.
 // kPipelined (fast mode only): adds, per stage, the decoded fast scales (FP32, in the order the
 // math threads read them) and a "scales ready" barrier; see decode_fast_scales / math_fast_pipelined.
 template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false>
 struct SmemLayout {
-  static constexpr int kTileA = kBlockM * kBlockK;                        // [128, 128] fp8, 128B swizzle
-  static constexpr int kTileB = kBlockN * kBlockK;                        // [kBlockN, 128] fp8, 128B swizzle
-  static constexpr int kScaleA = kExact ? kKSteps * kBlockM * 4 : kBlockM;  // exact f32 [4, 128]; fast u8 [128]
-  // exact f32 [4, N]; fast u8 [N], its slot rounded up to 128 bytes (TMA destination alignment)
-  static constexpr int kScaleB = kExact ? kKSteps * kBlockN * 4 : (kBlockN + 127) / 128 * 128;
+  static constexpr int kTileA = kBlockM * kBlockK;  // [128, 128] fp8 or [128, 64] bf16, 128B swizzle
+  static constexpr int kTileB = kBlockN * kBlockK;  // [kBlockN, 128] fp8 or [kBlockN, 64] bf16, 128B swizzle
+  static constexpr int kScaleA = kExact ? 0 : kBlockM;  // fast u8 [128]
+  // fast u8 [N], its slot rounded up to 128 bytes (TMA destination alignment)
+  static constexpr int kScaleB = kExact ? 0 : (kBlockN + 127) / 128 * 128;
   static constexpr int kScaleAF = kPipelined ? kBlockM * 4 : 0;           // f32 [128], row pairs (r, r+8)
   static constexpr int kScaleBF = kPipelined ? kBlockN * 4 : 0;           // f32 [kBlockN], column quads
   static constexpr int kOffA = 0;
@@ -154,18 +167,12 @@ struct SmemLayout {
 
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "kBlockN: multiple of 64, TMA box <= 256");
   static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "swizzled tiles stay 1024-aligned");
-  static_assert(kExact || (kScaleA % 128 == 0 && kScaleB % 128 == 0), "TMA destinations 128-aligned");
+  static_assert(kScaleA % 128 == 0 && kScaleB % 128 == 0, "TMA destinations 128-aligned");
   static_assert(!kPipelined || !kExact, "the pipelined schedule is fast mode's");
   static_assert(kOffScaleAF % 16 == 0 && kOffScaleBF % 16 == 0, "decoded scales: 16-byte vector loads");
   static_assert(kOffBarriers % 8 == 0, "mbarriers 8-aligned");
   static_assert(kAlloc <= 232448, "227 KB of shared memory per CTA");
 };
-
-// 2^(byte-127) as FP32: byte 0 is 2^-127 (subnormal), 0xFF is NaN (mx_format.h).
-__device__ __forceinline__ float e8m0_to_float(uint32_t byte) {
-  const uint32_t bits = byte == 0 ? 0x00400000u : (byte == 0xFFu ? 0x7FC00000u : byte << 23);
-  return __uint_as_float(bits);
-}
 
 // Fast-mode decode on the math warps' critical path: 2^(byte-127) for bytes 1..254, with byte 0
 // read as 0 (not 2^-127: only all-zero blocks, pad rows and zero-filled tails have it, unless a
@@ -183,7 +190,8 @@ __device__ __forceinline__ float e8m0_to_float_fast(uint32_t byte_in_low_bits) {
 // even: an odd last n-tile gets a phantom partner (n0 >= N: B and its scales read zero fill or
 // the next expert's rows, every output column is >= N so nothing is stored) that still takes part
 // in every barrier. kPair = 1 is the plain schedule.
-template <int kBlockN, int kPair = 1>
+// kChunkK: elements of K per stage (chunk_k()).
+template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
 struct MGroupedScheduler {
   static_assert(kPair == 1 || kPair == 2, "pairs of n-tiles at most");
   const int32_t* s_off;
@@ -197,7 +205,7 @@ struct MGroupedScheduler {
     num_n_units = ((p_.n + kBlockN - 1) / kBlockN + kPair - 1) / kPair;  // n-tiles, or pairs of them
     // host checks m_tiles_cap · (num_n_units · kPair) < 2^31
     num_tiles = num_m_tiles * num_n_units * kPair;
-    num_kc = (p_.k + kBlockK - 1) / kBlockK;
+    num_kc = (p_.k + kChunkK - 1) / kChunkK;
   }
 
   // Largest e in [0, E) with off[e] <= row (skips empty experts).
@@ -232,8 +240,6 @@ struct MGroupedScheduler {
     x.sa_y0 = 0;
     x.sb_x = n0;
     x.sb_y0 = e * num_kc;
-    x.a_rows_valid = kBlockM;
-    x.b_rows_valid = p->n - n0;
     x.out_offset = int64_t(row0) * p->n + n0;
     x.out_ld = p->n;
     x.out_rows_valid = kBlockM;
@@ -244,12 +250,13 @@ struct MGroupedScheduler {
 
 // k-grouped schedule (wgrad): dW[e] [N, K] = Σ_{t in segment e} dYᵀ[:, t] · Xᵀ[:, t]ᵀ. A = dYᵀ
 // [N, M_total] and B = Xᵀ [K, M_total] are K-major along tokens; tiles (e, n-tile, k-tile), expert
-// by expert so that concurrent CTAs share one segment of both operands. Chunks of 128 tokens never
-// cross experts (segments are 128-aligned). An empty expert's tiles reduce nothing and store zeros.
+// by expert so that concurrent CTAs share one segment of both operands. Chunks of kChunkK tokens
+// (128 fast, 64 exact) never cross experts (segments are 128-aligned). An empty expert's tiles
+// reduce nothing and store zeros.
 // kPair = 2 (2-CTA cluster, A multicast): the k-tile count is rounded up to even, so linear tiles
 // 2u, 2u + 1 are k-tiles 2q, 2q + 1 of one (e, n-tile): the cluster shares A (dYᵀ rows) and the
 // segment, hence the chunk count. A phantom k-tile (k0 >= K) reads zero fill and stores nothing.
-template <int kBlockN, int kPair = 1>
+template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
 struct KGroupedScheduler {
   static_assert(kPair == 1 || kPair == 2, "pairs of k-tiles at most");
   const int32_t* s_off;
@@ -273,13 +280,11 @@ struct KGroupedScheduler {
     x.a_row = n0;
     x.b_row = k0;
     x.k0 = t0;
-    x.num_chunks = (t1 - t0) / kBlockK;
+    x.num_chunks = (t1 - t0) / kChunkK;
     x.sa_x = n0;
     x.sa_y0 = t0 / kBlockK;
     x.sb_x = k0;
     x.sb_y0 = t0 / kBlockK;
-    x.a_rows_valid = p->n - n0;
-    x.b_rows_valid = p->k - k0;
     x.out_offset = (int64_t(e) * p->n + n0) * p->k + k0;
     x.out_ld = p->k;
     x.out_rows_valid = p->n - n0;
@@ -287,41 +292,6 @@ struct KGroupedScheduler {
     return x;
   }
 };
-
-// Exact mode: one producer thread's share of the stage's 32-block scales, stored as FP32
-// [4, rows]. Rows past the tile's valid rows and blocks past kdim read as byte 0 (their data is
-// zero-filled by TMA or their output is never stored).
-template <int kBlockN>
-__device__ __forceinline__ void gather_block_scales(const Params& p, const Tile& x, int pt,
-                                                    int chunk, float* s_sa, float* s_sb) {
-  constexpr int kPerThreadB = (kBlockN + 127) / 128;
-  const int ld = p.kdim / kMxK;                        // scale bytes per row
-  const int kb0 = (x.k0 + chunk * kBlockK) / kMxK;     // first block of the chunk
-  const int nb = min(kKSteps, ld - kb0);
-  uint32_t va[kKSteps], vb[kPerThreadB][kKSteps];
-  const bool a_ok = pt < x.a_rows_valid;
-  const uint8_t* pa = p.a_scales + int64_t(x.a_row + pt) * ld + kb0;
-#pragma unroll
-  for (int b = 0; b < kKSteps; ++b) va[b] = (a_ok && b < nb) ? __ldg(pa + b) : 0u;
-#pragma unroll
-  for (int i = 0; i < kPerThreadB; ++i) {
-    const int nl = pt + 128 * i;
-    const bool ok = nl < kBlockN && nl < x.b_rows_valid;
-    const uint8_t* pb = p.b_scales + int64_t(x.b_row + nl) * ld + kb0;
-#pragma unroll
-    for (int b = 0; b < kKSteps; ++b) vb[i][b] = (ok && b < nb) ? __ldg(pb + b) : 0u;
-  }
-#pragma unroll
-  for (int b = 0; b < kKSteps; ++b) s_sa[b * kBlockM + pt] = e8m0_to_float(va[b]);
-#pragma unroll
-  for (int i = 0; i < kPerThreadB; ++i) {
-    const int nl = pt + 128 * i;
-    if (nl < kBlockN) {
-#pragma unroll
-      for (int b = 0; b < kKSteps; ++b) s_sb[b * kBlockN + nl] = e8m0_to_float(vb[i][b]);
-    }
-  }
-}
 
 // Position of one stage slot in the ring: stage index and the parity of its current phase.
 template <int kNumStages>
@@ -394,17 +364,19 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
 // CTA). empty[s] is then a cluster barrier (both CTAs' math warps arrive), waited with acquire at
 // cluster scope because the partner's consumers release the stage that this CTA's multicast
 // overwrites in the partner's shared memory.
+// kExact: A and B are BF16 images read through byte-typed maps (2 bytes per element), so the TMA
+// coordinate along kdim is in bytes; there are no scales to load.
 template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensorMap* tm_b,
                                          const CUtensorMap* tm_sa, const CUtensorMap* tm_sb,
-                                         const Params& p, uint8_t* smem, const Scheduler& sched,
-                                         uint64_t* full, uint64_t* empty, uint32_t rank) {
+                                         uint8_t* smem, const Scheduler& sched, uint64_t* full,
+                                         uint64_t* empty, uint32_t rank) {
   using L = SmemLayout<kBlockN, kNumStages, kExact>;
   constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a multicast pair loads
-  const int pt = threadIdx.x;  // 0..127
-  const bool lead = pt == 0;
-  if (!kExact && !lead) return;  // fast mode: one thread does everything
-  if (lead) {
+  constexpr int kChunkK = chunk_k<kExact>(), kElemBytes = kExact ? 2 : 1;
+  const bool lead = threadIdx.x == 0;
+  if (!lead) return;  // one thread does everything
+  if (lead) {  // (always true here; this shape keeps fast mode's SASS as measured)
     device::prefetch_tensormap(tm_a);
     device::prefetch_tensormap(tm_b);
     if (!kExact) {
@@ -421,9 +393,8 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
       uint8_t* sa = smem + L::kOffScaleA + s * L::kScaleA;
       uint8_t* sb = smem + L::kOffScaleB + s * L::kScaleB;
       if (lead) {
-        if (kExact) device::mbarrier_expect_tx(&full[s], L::kTxBytes);
-        else device::mbarrier_arrive_expect_tx(&full[s], L::kTxBytes);
-        const int kc = x.k0 + c * kBlockK;
+        device::mbarrier_arrive_expect_tx(&full[s], L::kTxBytes);
+        const int kc = (x.k0 + c * kChunkK) * kElemBytes;  // bytes along kdim
         if constexpr (kMulticast)  // [64, 128] half of A, 128B swizzle, into both CTAs
           device::cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
               smem + L::kOffA + s * L::kTileA + int(rank) * kHalfA * kBlockK, tm_a, &full[s], kc,
@@ -433,15 +404,10 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
                                                            &full[s], kc, x.a_row);
         device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffB + s * L::kTileB, tm_b,
                                                          &full[s], kc, x.b_row);
-        if (!kExact) {
+        if constexpr (!kExact) {
           device::cp_async_bulk_tensor_2d_global_to_shared(sa, tm_sa, &full[s], x.sa_x, x.sa_y0 + c);
           device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], x.sb_x, x.sb_y0 + c);
         }
-      }
-      if (kExact) {
-        gather_block_scales<kBlockN>(p, x, pt, c, reinterpret_cast<float*>(sa),
-                                     reinterpret_cast<float*>(sb));
-        device::mbarrier_arrive(&full[s]);  // release: the scale stores above
       }
       if (++s == kNumStages) { s = 0; phase ^= 1u; }
     }
@@ -516,11 +482,13 @@ __device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
   }
 }
 
-template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kMulticast, class Scheduler>
-__device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Scheduler& sched,
-                                     uint64_t* full, uint64_t* empty) {
+// Fast mode, serial schedule (kConfigFastPipelined = false): issue a chunk's four wgmmas, wait for
+// them, decode the scale bytes in every thread, promote.
+template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, class Scheduler>
+__device__ __forceinline__ void math_fast_serial(const Params& p, uint8_t* smem, const Scheduler& sched,
+                                                 uint64_t* full, uint64_t* empty) {
   static_assert(kBlockN == 128, "the wgmma wrapper is m64n128k32");
-  using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  using L = SmemLayout<kBlockN, kNumStages, false>;
   const int math_wg = threadIdx.x / 128 - 1;  // 0, 1
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int r_tile = math_wg * 64 + warp * 16 + lane / 4;  // fragment rows r_tile, r_tile + 8
@@ -529,7 +497,6 @@ __device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Sched
   int s = 0;
   uint32_t phase = 0;
   float acc[kBlockN / 2], tot[kBlockN / 2];
-  float acc2[kExact ? kBlockN / 2 : 1];  // exact mode's second accumulator (ping-pong)
   for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
     const Tile x = sched.tile(t);
 #pragma unroll
@@ -540,76 +507,110 @@ __device__ __forceinline__ void math(const Params& p, uint8_t* smem, const Sched
           device::smem_addr(smem + L::kOffA + s * L::kTileA + math_wg * 64 * kBlockK));
       const uint64_t desc_b =
           device::make_wgmma_desc_kmajor_sw128(device::smem_addr(smem + L::kOffB + s * L::kTileB));
-      if constexpr (!kExact) {
-        const uint8_t* sa = smem + L::kOffScaleA + s * L::kScaleA;  // [128] u8
-        const uint8_t* sb = smem + L::kOffScaleB + s * L::kScaleB;  // [kBlockN] u8
-        device::wgmma_fence_operand(acc);
-        device::wgmma_fence_sync_aligned();
-        // All four k-steps even in a tail chunk: TMA zero-filled both operands past kdim, so the
-        // extra steps add exact zeros, and an unconditional sequence keeps ptxas from fencing
-        // every wgmma. +2 in the descriptor's address field = 32 bytes along the swizzled row.
+      const uint8_t* sa = smem + L::kOffScaleA + s * L::kScaleA;  // [128] u8
+      const uint8_t* sb = smem + L::kOffScaleB + s * L::kScaleB;  // [kBlockN] u8
+      device::wgmma_fence_operand(acc);
+      device::wgmma_fence_sync_aligned();
+      // All four k-steps even in a tail chunk: TMA zero-filled both operands past kdim, so the
+      // extra steps add exact zeros, and an unconditional sequence keeps ptxas from fencing
+      // every wgmma. +2 in the descriptor's address field = 32 bytes along the swizzled row.
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks)
-          device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, desc_a + 2 * ks,
-                                                               desc_b + 2 * ks, ks > 0);
-        device::wgmma_commit_group_sync_aligned();
-        const float sa0 = e8m0_to_float_fast(sa[r_tile]), sa1 = e8m0_to_float_fast(sa[r_tile + 8]);
-        float2 sb_pairs[kBlockN / 8];
+      for (int ks = 0; ks < kKSteps; ++ks)
+        device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, desc_a + 2 * ks,
+                                                             desc_b + 2 * ks, ks > 0);
+      device::wgmma_commit_group_sync_aligned();
+      const float sa0 = e8m0_to_float_fast(sa[r_tile]), sa1 = e8m0_to_float_fast(sa[r_tile + 8]);
+      float2 sb_pairs[kBlockN / 8];
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-          const uint32_t v = *reinterpret_cast<const uint16_t*>(sb + 8 * j + c_frag);
-          sb_pairs[j] = make_float2(e8m0_to_float_fast(v), __uint_as_float((v & 0xFF00u) << 15));
-        }
-        device::wgmma_wait_group_sync_aligned<0>();
-        device::wgmma_fence_operand(acc);
-        // Stage s is no longer read (tiles by the finished wgmmas, scales already in registers;
-        // the arrive's release orders the loads above): hand it back before promoting.
-        __syncwarp();
-        if (lane == 0) arrive_empty<kMulticast>(&empty[s]);
-        promote<kBlockN>(tot, acc, sa0, sa1, sb_pairs);
-      } else {
-        // Exact: one k32 block per wgmma, two accumulators in ping-pong so that block b+1's
-        // wgmma runs while block b is promoted. All four blocks are issued even in a tail chunk:
-        // past kdim the data are TMA's zero fill and the gathered scales are byte 0, so those
-        // blocks add exact zeros (and no wgmma sits under a branch).
-        const float* sa = reinterpret_cast<const float*>(smem + L::kOffScaleA + s * L::kScaleA);
-        const float* sb = reinterpret_cast<const float*>(smem + L::kOffScaleB + s * L::kScaleB);
-        device::wgmma_fence_operand(acc);
-        device::wgmma_fence_sync_aligned();
-        device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, desc_a, desc_b, false);
-        device::wgmma_commit_group_sync_aligned();
-#pragma unroll
-        for (int b = 0; b < kKSteps; ++b) {
-          float(&cur)[kBlockN / 2] = (b % 2 == 0) ? acc : acc2;
-          float(&nxt)[kBlockN / 2] = (b % 2 == 0) ? acc2 : acc;
-          if (b + 1 < kKSteps) {
-            device::wgmma_fence_operand(nxt);
-            device::wgmma_fence_sync_aligned();
-            device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(nxt, desc_a + 2 * (b + 1),
-                                                                 desc_b + 2 * (b + 1), false);
-            device::wgmma_commit_group_sync_aligned();
-            device::wgmma_wait_group_sync_aligned<1>();  // block b done, b+1 in flight
-          } else {
-            device::wgmma_wait_group_sync_aligned<0>();
-          }
-          device::wgmma_fence_operand(cur);
-          const float sa0 = sa[b * kBlockM + r_tile], sa1 = sa[b * kBlockM + r_tile + 8];
-          const float* sb_row = sb + b * kBlockN + c_frag;  // pair j at sb_row[8j], [8j + 1]
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
-            const float2 v = *reinterpret_cast<const float2*>(sb_row + 8 * j);
-            tot[4 * j + 0] = fmaf(cur[4 * j + 0], sa0 * v.x, tot[4 * j + 0]);
-            tot[4 * j + 1] = fmaf(cur[4 * j + 1], sa0 * v.y, tot[4 * j + 1]);
-            tot[4 * j + 2] = fmaf(cur[4 * j + 2], sa1 * v.x, tot[4 * j + 2]);
-            tot[4 * j + 3] = fmaf(cur[4 * j + 3], sa1 * v.y, tot[4 * j + 3]);
-          }
-        }
-        __syncwarp();
-        if (lane == 0) arrive_empty<kMulticast>(&empty[s]);  // this warp is done with stage s
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const uint32_t v = *reinterpret_cast<const uint16_t*>(sb + 8 * j + c_frag);
+        sb_pairs[j] = make_float2(e8m0_to_float_fast(v), __uint_as_float((v & 0xFF00u) << 15));
       }
+      device::wgmma_wait_group_sync_aligned<0>();
+      device::wgmma_fence_operand(acc);
+      // Stage s is no longer read (tiles by the finished wgmmas, scales already in registers;
+      // the arrive's release orders the loads above): hand it back before promoting.
+      __syncwarp();
+      if (lane == 0) arrive_empty<kMulticast>(&empty[s]);
+      promote<kBlockN>(tot, acc, sa0, sa1, sb_pairs);
       if (++s == kNumStages) { s = 0; phase ^= 1u; }
     }
     store_tile<kBlockN, kOutF32>(p, x, tot, r_tile, c_frag);
+  }
+}
+
+// wgmma descriptors of stage s: this math warpgroup's 64 rows of A and the whole B tile, kept in
+// 32-bit halves: the address field (bits 0-13, address >> 4; shared memory is below 256 KB) never
+// carries into the upper half when stepped along K (+2 = 32 bytes), so the steps stay 32-bit adds.
+struct StageDescs {
+  uint32_t a_lo, b_lo;
+  uint64_t a_hi, b_hi;
+  __device__ __forceinline__ uint64_t a(int ks) const { return a_hi | (a_lo + 2 * ks); }
+  __device__ __forceinline__ uint64_t b(int ks) const { return b_hi | (b_lo + 2 * ks); }
+};
+
+template <class L>
+__device__ __forceinline__ StageDescs stage_descs(uint8_t* smem, int s, int math_wg) {
+  const uint64_t desc_a = device::make_wgmma_desc_kmajor_sw128(
+      device::smem_addr(smem + L::kOffA + s * L::kTileA + math_wg * 64 * kBlockK));
+  const uint64_t desc_b =
+      device::make_wgmma_desc_kmajor_sw128(device::smem_addr(smem + L::kOffB + s * L::kTileB));
+  return {uint32_t(desc_a), uint32_t(desc_b), desc_a & 0xFFFFFFFF00000000ull,
+          desc_b & 0xFFFFFFFF00000000ull};
+}
+
+// ---- exact mode: BF16 images, one FP32 accumulator over the whole reduction ------------------
+//
+// Each math warpgroup owns 64 rows of the tile: acc [kBlockN / 2] FP32 (64 for 128 wide, 128 for
+// 256 wide), zeroed per tile. Per stage (64 K elements, 128 bytes per row of A and B): four
+// wgmma.m64nNk16.f32.bf16.bf16, stepping both descriptors by 32 bytes (+2) along the swizzled
+// row as fast mode's k32 steps do, each accumulating into acc (scale-d = 1), then one commit.
+// There is no promotion: BF16 × BF16 products are exact in FP32 and the tensor core adds them
+// into the FP32 accumulator (error model: tests/gpu/test_gemm_gpu.cpp).
+// Pipelining: after committing chunk c, wait_group 1 retires chunk c-1 (chunk c stays queued on
+// the tensor core while this warp waits for the next stage) and hands its stage back. Each tile
+// drains with wait_group 0 before the epilogue reads acc; chunks past kdim are TMA zero fill
+// (exact zeros), so a K tail needs no branch.
+template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+__device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const Scheduler& sched,
+                                           uint64_t* full, uint64_t* empty) {
+  using L = SmemLayout<kBlockN, kNumStages, true>;
+  // Through a shuffle so that the compiler knows it is warp-uniform (descriptors in uniform regs).
+  const int math_wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128 - 1, 0);  // 0, 1
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int r_tile = math_wg * 64 + warp * 16 + lane / 4;  // fragment rows r_tile, r_tile + 8
+  const int c_frag = 2 * (lane % 4);                       // fragment columns 8j + c_frag (+1)
+
+  PipeState<kNumStages> at, held;  // held: the stage of the chunk whose wgmmas may still run
+  float acc[kBlockN / 2];
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const int n = sched.tile(t).num_chunks;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
+    for (int c = 0; c < n; ++c) {
+      device::mbarrier_wait_parity(&full[at.s], at.phase);  // acquire: the stage's tiles
+      const StageDescs d = stage_descs<L>(smem, at.s, math_wg);
+      device::wgmma_fence_operand(acc);
+      device::wgmma_fence_sync_aligned();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        device::wgmma_mma_async_m64nNk16_f32_bf16_bf16_ss<kBlockN>(acc, d.a(ks), d.b(ks), true);
+      device::wgmma_commit_group_sync_aligned();
+      device::wgmma_wait_group_sync_aligned<1>();  // chunk c-1 retired, chunk c in flight
+      if (c > 0) {  // chunk c-1's stage is no longer read
+        __syncwarp();
+        if (lane == 0) arrive_empty<false>(&empty[held.s]);
+      }
+      held = at;
+      at.advance();
+    }
+    device::wgmma_wait_group_sync_aligned<0>();
+    device::wgmma_fence_operand(acc);  // reads of acc stay below the wait
+    if (n > 0) {
+      __syncwarp();
+      if (lane == 0) arrive_empty<false>(&empty[held.s]);
+    }
+    store_tile<kBlockN, kOutF32>(p, sched.tile(t), acc, r_tile, c_frag);
   }
 }
 
@@ -639,8 +640,8 @@ __device__ __forceinline__ void issue_chunk(float (&acc)[kBlockN / 2], uint8_t* 
                                             PipeState<kNumStages>& at, int math_wg) {
   using L = SmemLayout<kBlockN, kNumStages, false, true>;
   device::mbarrier_wait_parity(&full[at.s], at.phase);
-  // Descriptors in 32-bit halves: the address field (bits 0-13, address >> 4; shared memory is
-  // below 256 KB) never carries into the upper half when stepped along K (+2 = 32 bytes).
+  // (The descriptors as in stage_descs, written out: composed from it, ptxas allocated this
+  // kernel's registers differently, and this fast path's SASS is the one measured.)
   const uint64_t desc_a = device::make_wgmma_desc_kmajor_sw128(
       device::smem_addr(smem + L::kOffA + at.s * L::kTileA + math_wg * 64 * kBlockK));
   const uint64_t desc_b =
@@ -917,9 +918,9 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 //     into a CTA are all consumed by that CTA's own math warps before they get there).
 
 // kKGrouped selects the schedule: false = m-grouped (forward/dgrad), true = k-grouped (wgrad).
-// kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined over the serial
-// fast path in math(); exact mode always runs math()'s ping-pong per 32. kMulticast (fast mode
-// only): launched as 2-CTA clusters sharing A, see above.
+// kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined (or, for wide
+// tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
+// BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
           bool kMulticast = false, bool kPreload = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
@@ -928,16 +929,16 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_sa,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
-  static_assert(!(kExact && kMulticast), "multicast is fast mode's (exact is promotion-bound)");
+  static_assert(!(kExact && kMulticast), "multicast is fast mode's");
   static_assert(!kPreload || (kPipelined && kBlockN == 128), "scale preload: the ping-pong schedule's");
-  static_assert(kBlockN == 128 || (kPipelined && !kMulticast),
-                "wide tiles (kBlockN 192): pipelined fast mode without multicast only");
+  static_assert(kBlockN == 128 || (kPipelined && !kMulticast) || kExact,
+                "wide tiles: pipelined fast mode without multicast (192) or exact mode (256)");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
   using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined>;
-  using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math() index with
+  using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math_*() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
                     L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
                 "the pipelined layout only appends to the serial one");
@@ -953,7 +954,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   for (int i = threadIdx.x; i <= p.num_experts; i += kNumThreads) s_off[i] = p.offsets[i];
   if (threadIdx.x == 0) {
     for (int i = 0; i < kNumStages; ++i) {
-      device::mbarrier_init(&full[i], kExact ? 128 : 1);    // exact: every producer thread arrives
+      device::mbarrier_init(&full[i], 1);  // the producer's arrive_expect_tx (+ TMA bytes)
       // one arrival per math warp (of both CTAs when multicasting: I3)
       device::mbarrier_init(&empty[i], 4 * kNumMathWarpgroups * kClusterSize);
       if (kPipelined) device::mbarrier_init(&ready[i], 32);      // every decoder lane arrives
@@ -970,8 +971,9 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   }
 
   constexpr int kPair = kMulticast ? 2 : 1;
-  using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN, kPair>,
-                                       MGroupedScheduler<kBlockN, kPair>>;
+  constexpr int kChunkK = chunk_k<kExact>();
+  using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN, kPair, kChunkK>,
+                                       MGroupedScheduler<kBlockN, kPair, kChunkK>>;
   // Wide tiles (kBlockN > 128): each role builds its scheduler after its setmaxnreg; built once
   // before it, ptxas spilled scheduler fields across the register reallocation (k-grouped and
   // m-grouped FP32 kernels). The 128-wide kernels keep the single construction (SASS unchanged).
@@ -983,8 +985,8 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     if (kPipelined && threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
       if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
     } else {
-      producer<kBlockN, kNumStages, kExact, kMulticast>(&tm_a, &tm_b, &tm_sa, &tm_sb, p, smem, sched,
-                                                        full, empty, rank);
+      producer<kBlockN, kNumStages, kExact, kMulticast>(&tm_a, &tm_b, &tm_sa, &tm_sb, smem, sched, full,
+                                                        empty, rank);
     }
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
@@ -994,8 +996,10 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                                                     ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
       math_fast_single<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
+    else if constexpr (kExact)  // BF16 images, no promotion
+      math_exact<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty);
     else
-      math<kBlockN, kNumStages, kExact, kOutF32, kMulticast>(p, smem, sched, full, empty);
+      math_fast_serial<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty);
   }
   if constexpr (kMulticast) {  // I6: no CTA leaves while its partner may still arrive on it
     device::barrier_cluster_arrive_release();
@@ -1005,13 +1009,13 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 
 // ---- host side --------------------------------------------------------------------------------
 
-// Configuration (one for now; both groupings, both modes):
+// Configuration (both groupings):
 //   kBlockN = 128: m64n128k32 wgmma per math warpgroup, 64 + 64 accumulator registers.
 //   kNumStages = 6: 6 × 32 KB operand tiles (+ scales, + 1 KB decoded scales when pipelined)
 //   fit 227 KB in both modes.
 //   kConfigFastPipelined: fast mode's schedule. true = ping-pong accumulators per math warpgroup
 //   + scales decoded once per stage by producer warp 1 (math_fast_pipelined); false = the
-//   original serial schedule (math(): issue, wait 0, decode scales in every thread, promote).
+//   original serial schedule (math_fast_serial: issue, wait 0, decode scales in every thread, promote).
 //   Both give bitwise identical results. Measured alternatives: docs/notes/gemm.md.
 //   kConfigClusterMulticast: fast mode as 2-CTA clusters sharing the A tile by TMA multicast
 //   (-25% L2->SM bytes per FLOP). Bitwise identical results (same tiles, same chunk order; GPU
@@ -1024,7 +1028,15 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 //   tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB. Measured in
 //   run 25: mixed for the forward (128 stays its default), faster for most wgrad shapes
 //   (k_grouped_fast_block_n). MXMOE_GEMM_TILE=192 (or 128) overrides it per call.
-//   Wide tiles never multicast (MXMOE_GEMM_MULTICAST is then ignored). Exact mode is 128 wide.
+//   Wide tiles never multicast (MXMOE_GEMM_MULTICAST is then ignored).
+//   kConfigExactBlockN: exact mode's tile width (BF16 images, math_exact). 256 = m64n256k16 per
+//   math warpgroup (acc 128 registers), 4 stages of 48 KB; 128 = m64n128k16, 6 stages of 32 KB.
+//   256 is the default by reasoning, not yet by measurement (docs/notes/gemm.md, "Exact mode on a
+//   BF16 image"): per 64-K stage the 128 x 256 tile moves 48 KB by TMA and 80 KB of wgmma operand
+//   reads for 1024 tensor cycles (125 B/clk of shared memory), the 128 x 128 tile 32 + 48 KB for
+//   512 (156 B/clk, above the ~128 B/clk the SM's shared memory delivers); cuBLAS/CUTLASS BF16 on
+//   Hopper use 128 x 256 for the same reason. MXMOE_GEMM_EXACT_TILE=128 (or 256) overrides it per
+//   call, to compare the two on the GPU.
 constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
@@ -1035,17 +1047,24 @@ constexpr int kConfigFastBlockN = 128;
 constexpr bool kConfigPreloadScales = false;
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
+constexpr int kConfigExactBlockN = 256;
+constexpr int kConfigExactWideBlockN = 256;
+constexpr int kConfigExactWideStages = 4;  // 4 × (16 + 32 KB) = 192 KB of 227 (5 would not fit)
 
-// Stages for a tile width (the widths the host launches).
+// Stages for a tile width (the widths the host launches: 192 is fast mode's, 256 exact mode's).
 template <int kBlockN>
 constexpr int stages_for() {
-  static_assert(kBlockN == kConfigBlockN || kBlockN == kConfigWideBlockN, "instantiated widths");
-  return kBlockN == kConfigWideBlockN ? kConfigWideStages : kConfigStages;
+  static_assert(kBlockN == kConfigBlockN || kBlockN == kConfigWideBlockN ||
+                    kBlockN == kConfigExactWideBlockN, "instantiated widths");
+  return kBlockN == kConfigWideBlockN        ? kConfigWideStages
+         : kBlockN == kConfigExactWideBlockN ? kConfigExactWideStages
+                                             : kConfigStages;
 }
 
-// Which fast-mode kernel a call runs, from the compile-time defaults and the environment (read on
-// every call, so that one process can time every path): block_n 128 or 192 (MXMOE_GEMM_TILE),
-// multicast (MXMOE_GEMM_MULTICAST "1" on, "0" off; 128-wide fast mode only). Exact mode: 128, off.
+// Which kernel a call runs, from the compile-time defaults and the environment (read on every
+// call, so that one process can time every path). Fast mode: block_n 128 or 192
+// (MXMOE_GEMM_TILE), multicast (MXMOE_GEMM_MULTICAST "1" on, "0" off; 128-wide only). Exact mode:
+// block_n 256 or 128 (MXMOE_GEMM_EXACT_TILE), never multicast.
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
@@ -1056,7 +1075,12 @@ struct KernelPath {
 // from the shape, see k_grouped_fast_block_n).
 inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastBlockN) {
   KernelPath k;
-  if (exact) return k;
+  if (exact) {
+    const char* tile = std::getenv("MXMOE_GEMM_EXACT_TILE");
+    k.block_n = kConfigExactBlockN;
+    if (tile != nullptr && tile[0] != '\0') k.block_n = std::atoi(tile) == 128 ? 128 : kConfigExactWideBlockN;
+    return k;
+  }
   k.block_n = fast_block_n;
   const char* tile = std::getenv("MXMOE_GEMM_TILE");
   if (tile != nullptr && tile[0] != '\0') k.block_n = std::atoi(tile) == 192 ? 192 : 128;
@@ -1077,6 +1101,17 @@ inline int k_grouped_fast_block_n(int64_t k) { return k >= 1024 ? kConfigWideBlo
 
 // Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
 inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kBlockM; }
+
+// TMA map of one operand's K-major data [rows, kdim] in the form its mode reads, as bytes: fast
+// mode its fast_data (E4M3, kdim bytes per row), exact mode its BF16 image (2·kdim bytes per row;
+// a box of 128 bytes is 64 elements, zero fill is BF16 +0). Boxes [box_rows, 128 B], 128B swizzle.
+inline CUtensorMap operand_map(const char* fn, const MxOperand& x, bool exact, int64_t rows,
+                               int64_t kdim, uint32_t box_rows) {
+  const int64_t row_bytes = exact ? 2 * kdim : kdim;
+  const void* base = exact ? static_cast<const void*>(x.image) : static_cast<const void*>(x.fast_data);
+  return detail::make_tensor_map_2d_u8(fn, base, uint64_t(rows), uint64_t(row_bytes), uint64_t(row_bytes),
+                                       box_rows, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+}
 
 // Launch configuration of 2-CTA clusters along x. It points at its own attribute, so it is neither
 // copied nor moved: build it where it is used.
@@ -1155,9 +1190,12 @@ template <bool kKGrouped>
 void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
-  constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN;
+  constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN, kXW = kConfigExactWideBlockN;
   const bool mc = path.multicast, pl = path.preload;
-  if (exact) {
+  if (exact && path.block_n == kXW) {
+    if (out_f32) launch_grouped<kXW, true, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kXW, true, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+  } else if (exact) {
     if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
     else launch_grouped<kN, true, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else if (path.block_n == kW) {

@@ -5,7 +5,6 @@
 #include "host/check.h"
 #include "kernels/gemm/grouped_gemm_checks.h"
 #include "kernels/gemm/grouped_gemm_mxfp8_sm90_ws.cuh"
-#include "kernels/gemm/tensor_map.h"
 #include "mxmoe/gemm.h"
 
 namespace mxmoe {
@@ -34,21 +33,19 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   }
   detail::check_grouped_operand(kFn, "a", a, opts.mode);
   detail::check_grouped_operand(kFn, "b", b, opts.mode);
+  const bool exact = opts.mode == GemmMode::kExact;
+  if (exact && m_total > (int64_t(1) << 30))  // TMA coordinates are int32 bytes: 2 per token
+    detail::throw_arg(kFn, "m_total", detail::to_str(m_total), "exact mode needs m_total <= 2^30");
 
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
-  const bool exact = opts.mode == GemmMode::kExact;
   const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(exact, gemm_sm90::k_grouped_fast_block_n(k));
   const bool multicast = path.multicast;  // 2-CTA clusters sharing dYᵀ
   const int block_n = path.block_n;      // k-tile width (rows of Xᵀ)
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
-  const uint8_t* a_data = exact ? a.data : a.fast_data;
-  const uint8_t* b_data = exact ? b.data : b.fast_data;
-  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(  // dYᵀ [128 (64 when multicast), 128]
-      kFn, a_data, n, m_total, m_total, gemm_sm90::a_box_rows(multicast), kBlockK,
-      CU_TENSOR_MAP_SWIZZLE_128B);
-  const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
-      kFn, b_data, k, m_total, m_total, block_n, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);  // Xᵀ [block_n, 128]
+  const CUtensorMap tm_a =  // dYᵀ [128 (64 when multicast), 128 B]
+      gemm_sm90::operand_map(kFn, a, exact, n, m_total, gemm_sm90::a_box_rows(multicast));
+  const CUtensorMap tm_b = gemm_sm90::operand_map(kFn, b, exact, k, m_total, block_n);  // Xᵀ [block_n, 128 B]
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_tc, n, n, 1, kBlockM,
@@ -58,8 +55,6 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
-  p.a_scales = a.scales;
-  p.b_scales = b.scales;
   p.y = dw;
   p.num_experts = num_experts;
   p.n = int(n);

@@ -6,7 +6,6 @@
 #include "host/check.h"
 #include "kernels/gemm/grouped_gemm_checks.h"
 #include "kernels/gemm/grouped_gemm_mxfp8_sm90_ws.cuh"
-#include "kernels/gemm/tensor_map.h"
 #include "mxmoe/gemm.h"
 
 namespace mxmoe {
@@ -43,13 +42,9 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
   const int64_t num_kc = (k + kBlockK - 1) / kBlockK;
-  const uint8_t* a_data = exact ? a.data : a.fast_data;
-  const uint8_t* b_data = exact ? b.data : b.fast_data;
-  const CUtensorMap tm_a = detail::make_tensor_map_2d_u8(  // [128 (64 when multicast), 128]
-      kFn, a_data, m_total, k, k, gemm_sm90::a_box_rows(multicast), kBlockK,
-      CU_TENSOR_MAP_SWIZZLE_128B);
-  const CUtensorMap tm_b = detail::make_tensor_map_2d_u8(
-      kFn, b_data, num_experts * n, k, k, block_n, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap tm_a =  // [128 (64 when multicast), 128 B]
+      gemm_sm90::operand_map(kFn, a, exact, m_total, k, gemm_sm90::a_box_rows(multicast));
+  const CUtensorMap tm_b = gemm_sm90::operand_map(kFn, b, exact, num_experts * n, k, block_n);
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_kc, m_total, m_total, 1,
@@ -59,8 +54,6 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
-  p.a_scales = a.scales;
-  p.b_scales = b.scales;
   p.y = y;
   p.num_experts = num_experts;
   p.n = int(n);
