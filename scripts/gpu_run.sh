@@ -50,20 +50,22 @@ if [ "${MXMOE_PYTHON:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # the PyTorch bind
   echo "python tests rc=$?"; tail -3 "$OUT/python_tests.log" 2>/dev/null
 fi
 if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test ]; then
-  # expert parallelism: R = every GPU of the machine (when 2 or more), then R = 1; printed inline
+  # expert parallelism: R = every GPU of the machine (when 2 or more), then R = 1; everything in
+  # OUT/ep.log, the result lines inline
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   for r in $( [ "$ngpu" -ge 2 ] && echo "$ngpu" ) 1; do
     NCCL_NVLS_ENABLE=0 MXMOE_EP_TIMEOUT=90 timeout 120 scripts/ep_launch.sh "$r" $BUILD/mxmoe_ep_test 2>&1 |
-      grep -E "PASS|FAIL|ERROR|GB/s|R = 1" | cut -c1-200
-    echo "EP R=$r rc=${PIPESTATUS[0]}"
+      tee -a "$OUT/ep.log" | grep -E "PASS|FAIL|ERROR|GB/s|R = 1" | cut -c1-200
+    echo "EP R=$r rc=${PIPESTATUS[0]}" | tee -a "$OUT/ep.log"
     # the EP training layer against the single-GPU MoeLayer (bitwise), graph replay, timing
     [ -x $BUILD/mxmoe_ep_layer_test ] &&
       { NCCL_NVLS_ENABLE=0 MXMOE_EP_TIMEOUT=240 timeout 270 scripts/ep_launch.sh "$r" $BUILD/mxmoe_ep_layer_test 2>&1 |
-          grep -E "PASS|FAIL|ERROR|timing|stage|rc=|exited" | cut -c1-400
-        echo "EP layer R=$r rc=${PIPESTATUS[0]}"; }
+          tee -a "$OUT/ep.log" | grep -E "FAIL|ERROR|timing|GB/s|ALL PASS|rc=|exited" | cut -c1-400
+        echo "EP layer R=$r rc=${PIPESTATUS[0]}" | tee -a "$OUT/ep.log"; }
   done
   if [ "$ngpu" -ge 2 ]; then  # the torch.distributed all_to_all baseline on the same bytes (issue 7)
-    NCCL_NVLS_ENABLE=0 timeout 180 python3 bench/bench_ep_a2a.py --world "$ngpu" 2>&1 | grep -E "GB/s|rror" | cut -c1-200
+    NCCL_NVLS_ENABLE=0 timeout 180 python3 bench/bench_ep_a2a.py --world "$ngpu" 2>&1 | tee -a "$OUT/ep.log" |
+      grep -E "GB/s|rror" | cut -c1-200
   fi
 fi
 # ncu_export REPORT PAGE NAME: the report's PAGE (details or raw) as OUT/NAME.txt, and the stall
