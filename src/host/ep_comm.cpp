@@ -93,34 +93,8 @@ struct EpComm::Impl {
   int32_t* home_row = nullptr;   // [max_tokens, k]
   int32_t* local_ids = nullptr;  // [R · max_tokens, k]
   int64_t last_tokens = -1;
-  // This rank's own dispatch payload (its rows into its own window) goes by the copy engine on
-  // `side`, beside the dispatch kernel, which then stores to peers only (MXMOE_EP_SELF_COPY=0: the
-  // kernel stores it too, as before run 36). Forked after the work before it on the caller's stream
-  // and joined before the work after it, so stream order and CUDA-graph capture are kept.
-  cudaStream_t side = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
-
-  static bool self_copy_by_engine() {
-    const char* e = std::getenv("MXMOE_EP_SELF_COPY");
-    return e == nullptr || e[0] != '0';
-  }
-  // Runs copies(side) beside the next launch on `stream`; then end_self_copy(stream).
-  template <class F>
-  void begin_self_copy(cudaStream_t stream, F&& copies) {
-    MXMOE_CUDA_CHECK(kFn, cudaEventRecord(fork, stream));
-    MXMOE_CUDA_CHECK(kFn, cudaStreamWaitEvent(side, fork, 0));
-    copies(side);
-    MXMOE_CUDA_CHECK(kFn, cudaEventRecord(join, side));
-  }
-  void end_self_copy(cudaStream_t stream) { MXMOE_CUDA_CHECK(kFn, cudaStreamWaitEvent(stream, join, 0)); }
-  char* window_at(int64_t offset) const { return static_cast<char*>(window_buf) + offset; }
 
   void destroy() noexcept {
-    if (side != nullptr) cudaStreamDestroy(side);
-    if (fork != nullptr) cudaEventDestroy(fork);
-    if (join != nullptr) cudaEventDestroy(join);
-    side = nullptr;
-    fork = join = nullptr;
     if (comm != nullptr) {
       if (dev_created) ncclDevCommDestroy(comm, &dev);
       if (win != nullptr) ncclCommWindowDeregister(comm, win);
@@ -242,9 +216,6 @@ struct EpComm::Impl {
                             " in it");
     check_same_config_everywhere(nullptr);
 
-    MXMOE_CUDA_CHECK(kFn, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    MXMOE_CUDA_CHECK(kFn, cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    MXMOE_CUDA_CHECK(kFn, cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
     MXMOE_CUDA_CHECK(kFn, cudaMalloc(&error_flag, sizeof(int)));
     MXMOE_CUDA_CHECK(kFn, cudaMemset(error_flag, 0, sizeof(int)));
     MXMOE_CUDA_CHECK(kFn, cudaMalloc(&home_row, size_t(cfg.max_tokens) * cfg.top_k * sizeof(int32_t)));
@@ -342,20 +313,7 @@ void EpComm::dispatch(const uint8_t* x_data, const uint8_t* x_scales, const int3
     detail::check_aligned(fn, "x_data", x_data, 16);
     detail::check_aligned(fn, "topk_ids", topk_ids, 4);
   }
-  detail::EpKernelArgs a = impl_->args(tokens);
-  a.skip_self = Impl::self_copy_by_engine() && tokens > 0;
-  if (a.skip_self) {  // record (rank, t) for t < tokens: data [H] at +0, scales [H/32] at +H
-    const Impl& m = *impl_;
-    char* own = m.window_at(m.layout.dispatch_offset + m.layout.record_bytes * m.rank * c.max_tokens);
-    const size_t pitch = size_t(m.layout.record_bytes), h = size_t(c.hidden);
-    impl_->begin_self_copy(stream, [&](cudaStream_t s) {
-      MXMOE_CUDA_CHECK(fn, cudaMemcpy2DAsync(own, pitch, x_data, h, h, size_t(tokens), cudaMemcpyDeviceToDevice, s));
-      MXMOE_CUDA_CHECK(fn, cudaMemcpy2DAsync(own + h, pitch, x_scales, h / 32, h / 32, size_t(tokens),
-                                             cudaMemcpyDeviceToDevice, s));
-    });
-  }
-  detail::launch_ep_dispatch(impl_->dev, a, c.num_ctas, x_data, x_scales, topk_ids, stream);
-  if (a.skip_self) impl_->end_self_copy(stream);
+  detail::launch_ep_dispatch(impl_->dev, impl_->args(tokens), c.num_ctas, x_data, x_scales, topk_ids, stream);
   impl_->last_tokens = tokens;
 }
 
@@ -414,21 +372,7 @@ void EpComm::dispatch_bf16(const __nv_bfloat16* x, const int32_t* topk_ids, cons
     detail::check_aligned(fn, "topk_ids", topk_ids, 4);
     detail::check_aligned(fn, "topk_weights", topk_weights, 4);
   }
-  detail::EpKernelArgs a = impl_->args(tokens);
-  a.skip_self = Impl::self_copy_by_engine() && tokens > 0;
-  if (a.skip_self) {  // rows (rank, t) and weights (rank, t, :) for t < tokens are contiguous
-    const Impl& m = *impl_;
-    const int64_t u0 = int64_t(m.rank) * c.max_tokens;
-    impl_->begin_self_copy(stream, [&](cudaStream_t s) {
-      MXMOE_CUDA_CHECK(fn, cudaMemcpyAsync(m.window_at(m.layout.bf16_offset + u0 * 2 * c.hidden), x,
-                                           size_t(tokens) * 2 * c.hidden, cudaMemcpyDeviceToDevice, s));
-      if (topk_weights != nullptr)
-        MXMOE_CUDA_CHECK(fn, cudaMemcpyAsync(m.window_at(m.layout.weights_offset + u0 * c.top_k * 4), topk_weights,
-                                             size_t(tokens) * c.top_k * 4, cudaMemcpyDeviceToDevice, s));
-    });
-  }
-  detail::launch_ep_dispatch_bf16(impl_->dev, a, c.num_ctas, x, topk_weights, topk_ids, stream);
-  if (a.skip_self) impl_->end_self_copy(stream);
+  detail::launch_ep_dispatch_bf16(impl_->dev, impl_->args(tokens), c.num_ctas, x, topk_weights, topk_ids, stream);
   impl_->last_tokens = tokens;
 }
 

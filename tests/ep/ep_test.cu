@@ -116,7 +116,7 @@ std::vector<int32_t> routing_of(const Case& c, int rank, int world, uint32_t see
 struct Outputs {
   std::vector<uint16_t> out, out_ref;
   std::vector<int32_t> local_ids;
-  float dispatch_ms = 0, dispatch_in_kernel_ms = 0, combine_ms = 0;
+  float dispatch_ms = 0, combine_ms = 0;
 };
 
 Outputs run_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed, int reps) {
@@ -200,24 +200,17 @@ Outputs run_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed, int reps) {
       break;
     }
   }
-  // Dispatch alone, timed with events (barriers keep the ranks in step): with this rank's own
-  // records copied by the copy engine beside the kernel (default), then by the kernel itself
-  // (MXMOE_EP_SELF_COPY=0, the pre-run-36 path), every rank switching at the same rep.
-  for (int variant = 0; variant < 2; ++variant) {
-    if (variant == 1) setenv("MXMOE_EP_SELF_COPY", "0", 1);
-    td.clear();
-    for (int rep = 0; rep < (c.timed ? 20 : 0); ++rep) {
-      CK(cudaEventRecord(e1, st));
-      ep.dispatch(q.p, qs.p, ids.p, T, st);
-      CK(cudaEventRecord(e2, st));
-      ep.check(st);
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e1, e2));
-      td.push_back(ms);
-    }
-    (variant == 0 ? o.dispatch_ms : o.dispatch_in_kernel_ms) = median(td);
-    if (variant == 1) unsetenv("MXMOE_EP_SELF_COPY");
+  // Dispatch alone, timed with events (barriers keep the ranks in step).
+  for (int rep = 0; rep < (c.timed ? 20 : 0); ++rep) {
+    CK(cudaEventRecord(e1, st));
+    ep.dispatch(q.p, qs.p, ids.p, T, st);
+    CK(cudaEventRecord(e2, st));
+    ep.check(st);
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e1, e2));
+    td.push_back(ms);
   }
+  o.dispatch_ms = median(td);
   o.combine_ms = median(tc);
   o.out_ref = out_ref.down<uint16_t>(size_t(T * H));
   o.local_ids = std::vector<int32_t>(size_t(R * maxT * k));
@@ -434,11 +427,9 @@ int main() {
           std::printf("[rank 0] R = 1: dispatch %.3f ms, combine (+ local sum) %.3f ms (no remote bytes, no GB/s)\n",
                       o.dispatch_ms, o.combine_ms);
         } else {
-          std::printf("[rank %d] dispatch %.3f ms = %.1f GB/s out of this rank (own records by the copy engine; "
-                      "by the kernel: %.3f ms = %.1f GB/s); combine (+ local sum) %.3f ms = "
+          std::printf("[rank %d] dispatch %.3f ms = %.1f GB/s out of this rank; combine (+ local sum) %.3f ms = "
                       "%.1f GB/s into this rank; P2P copy reference: 395 GB/s one way\n",
-                      rank, o.dispatch_ms, disp / (o.dispatch_ms * 1e6), o.dispatch_in_kernel_ms,
-                      disp / (o.dispatch_in_kernel_ms * 1e6), o.combine_ms, comb / (o.combine_ms * 1e6));
+                      rank, o.dispatch_ms, disp / (o.dispatch_ms * 1e6), o.combine_ms, comb / (o.combine_ms * 1e6));
         }
       }
     }

@@ -178,10 +178,8 @@ __device__ void dispatch_token(const EpKernelArgs& a, int t, const Payload& payl
   }
   for (int d = 0; d < a.world; ++d)
     if (lane < n_id_vec) st16(win_ptr<kSingle>(a, ids_off + 16 * lane, d), idv);
-  // (The ids went to every rank, self included: the unpack below reads them.)
-  const uint64_t send_mask = a.skip_self ? dest_mask & ~(uint64_t(1) << a.rank) : dest_mask;
-  if (send_mask == 0) return;
-  payload.template send<kSingle>(a, t, send_mask, lane);
+  if (dest_mask == 0) return;
+  payload.template send<kSingle>(a, t, dest_mask, lane);
 }
 
 template <bool kSingle, class Payload>

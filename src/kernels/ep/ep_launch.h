@@ -34,8 +34,6 @@ struct EpKernelArgs {
   int* error_flag = nullptr;     // device int, EpErrorBits
   int32_t* home_row = nullptr;   // [max_tokens, k]: t·k + j for a valid id, else -1 (dispatch writes)
   int32_t* local_ids = nullptr;  // [R · max_tokens, k] (dispatch writes, combine reads)
-  int skip_self = 0;             // dispatch: this rank's own payload goes by the copy engine (the host
-                                 // issues it beside the kernel); the kernel stores payloads to peers only
 };
 
 // grid = num_ctas (= the device communicator's lsaBarrierCount), every rank the same. With
