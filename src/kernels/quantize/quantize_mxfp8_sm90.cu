@@ -535,18 +535,8 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
       *reinterpret_cast<uint4*>(out + r * kTileCols + 16 * (chunk ^ (r & 7))) = o;
     }
   }
-  // Scales: the row's 4 blocks of this tile are 4 consecutive bytes; half 0 (lane l) takes half
-  // 1's pair from lane l + 16 and stores one 32-bit word when all 128 columns are inside and the
-  // word is 4-byte aligned (cols a multiple of 128, aligned base); else 16-bit pairs or bytes.
-  const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
-  const uint32_t pair = sb[0] | (sb[1] << 8);
-  const uint32_t upper = __shfl_down_sync(0xFFFFFFFFu, pair, 16);
-  const bool word = t.c0 + kTileCols <= p.cols && nblk % 4 == 0 && (reinterpret_cast<uintptr_t>(p.row_scales) & 3u) == 0;
-  if (word) {
-    if (r < t.out_valid && half == 0)
-      *reinterpret_cast<uint32_t*>(p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk) =
-          pair | (upper << 16);
-  } else if (r < t.out_valid) {
+  if (r < t.out_valid) {
+    const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
     uint8_t* sp = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
     if (blk + 1 < nblk && nblk % 2 == 0) {
       *reinterpret_cast<uint16_t*>(sp) = uint16_t(sb[0] | (sb[1] << 8));
@@ -567,28 +557,8 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
     *reinterpret_cast<uint4*>(out + y * kTileRows + 16 * (h ^ (y & 7))) =
         make_uint4(cq.qv[c][0], cq.qv[c][1], cq.qv[c][2], cq.qv[c][3]);
   }
-  // Scales: a column's 4 blocks of this tile are 4 consecutive bytes. Lanes 4h + q % 4 hold block
-  // h / 2 of columns 4q..4q+3 (even and odd h alike); the h = 0 lane gathers blocks 1-3 from the
-  // lanes of h = 2, 4, 6 and stores one 32-bit word per column (4x fewer L2 write requests than
-  // byte stores) when the tile has all 128 rows and the words are 4-byte aligned (rows_out a
-  // multiple of 128, aligned base); otherwise every even-h lane stores its byte, as before.
-  const int64_t nblk = p.rows_out / kMxBlock;
-  const uint32_t own = cq.sc[0] | (cq.sc[1] << 8) | (cq.sc[2] << 16) | (cq.sc[3] << 24);
-  const uint32_t b1 = __shfl_down_sync(0xFFFFFFFFu, own, 8), b2 = __shfl_down_sync(0xFFFFFFFFu, own, 16),
-                 b3 = __shfl_down_sync(0xFFFFFFFFu, own, 24);
-  const bool words = t.out_valid == kTileRows && nblk % 4 == 0 && (reinterpret_cast<uintptr_t>(p.col_scales) & 3u) == 0;
-  if (words) {
-    if (h == 0) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int32_t col = t.c0 + 4 * q + c;
-        const uint32_t w = ((own >> (8 * c)) & 0xFFu) | (((b1 >> (8 * c)) & 0xFFu) << 8) |
-                           (((b2 >> (8 * c)) & 0xFFu) << 16) | (((b3 >> (8 * c)) & 0xFFu) << 24);
-        if (col < p.cols)
-          *reinterpret_cast<uint32_t*>(p.col_scales + (int64_t(t.b) * p.cols + col) * nblk + t.r0 / kMxBlock) = w;
-      }
-    }
-  } else if ((h & 1) == 0 && 16 * h < t.out_valid) {
+  if ((h & 1) == 0 && 16 * h < t.out_valid) {
+    const int64_t nblk = p.rows_out / kMxBlock;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int32_t col = t.c0 + 4 * q + c;
