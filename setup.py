@@ -32,9 +32,10 @@ def extensions():
     sources = [p for p in rel("src/kernels/**/*.cu", recursive=True) + rel("src/host/*.cpp") if not is_ep(p)]
     sources += rel("python/csrc/*.cpp")
     include_dirs = [os.path.join(ROOT, "include"), os.path.join(ROOT, "src")]
-    cutlass = os.path.join(ROOT, ".deps", "cutlass", "include")
-    if os.path.isdir(cutlass):  # scripts/deps.sh; the kernels compile without it today
-        include_dirs.append(cutlass)
+    cutlass = os.path.join(ROOT, ".deps", "cutlass", "include")  # CuTe's GMMA atoms (the GEMMs' wgmma)
+    if not os.path.isdir(os.path.join(cutlass, "cute")):
+        raise SystemExit(f"mxmoe: CUTLASS/CuTe headers not found in {cutlass}: run scripts/deps.sh first")
+    include_dirs.append(cutlass)
     nvcc = [
         "-O3",
         "-std=c++17",

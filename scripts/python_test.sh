@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the PyTorch binding (python/mxmoe, extension mxmoe._C) against the installed torch and run
-# its pytest suite. Meant for the GPU machine (no package registry there: nothing is downloaded);
+# its pytest suite (after scripts/deps.sh, which does nothing when .deps/ is already there). Meant for
+# the GPU machine (no package registry there: nothing is downloaded);
 # on a machine without a GPU the GPU tests skip with the reason.
 #   scripts/python_test.sh [OUT]      logs: OUT/python_build.log, OUT/python_tests.log (default ./out)
 # Environment: MXMOE_PYTEST_TIMEOUT (whole run, s; default 900), MXMOE_PYTEST_ARGS (extra pytest
@@ -13,9 +14,10 @@ export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 PY=${PYTHON:-python3}
 
+./scripts/deps.sh > "$OUT/python_build.log" 2>&1 || { echo "scripts/deps.sh failed (CUTLASS/CuTe headers)"; exit 1; }
 start=$(date +%s)
 { $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
-  nvcc --version | tail -1; } > "$OUT/python_build.log" 2>&1
+  nvcc --version | tail -1; } >> "$OUT/python_build.log" 2>&1
 # Editable install (the extension lands in python/mxmoe/, ignored by git); if pip cannot do it,
 # build in place and put python/ on the path instead.
 if $PY -m pip install --no-build-isolation --no-deps -v -e . >> "$OUT/python_build.log" 2>&1; then

@@ -516,7 +516,7 @@ __device__ __forceinline__ void math_fast_serial(const Params& p, uint8_t* smem,
       // every wgmma. +2 in the descriptor's address field = 32 bytes along the swizzled row.
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks)
-        device::wgmma_mma_async_m64n128k32_f32_e4m3_e4m3_ss(acc, desc_a + 2 * ks,
+        device::wgmma_mma_async_m64nNk32_f32_e4m3_e4m3_ss<128>(acc, desc_a + 2 * ks,
                                                              desc_b + 2 * ks, ks > 0);
       device::wgmma_commit_group_sync_aligned();
       const float sa0 = e8m0_to_float_fast(sa[r_tile]), sa1 = e8m0_to_float_fast(sa[r_tile + 8]);
