@@ -655,7 +655,7 @@ bool multicast_requested() {
 struct PathEnv {
   int tile = 128;          // MXMOE_GEMM_TILE (fast mode)
   bool multicast = false;  // MXMOE_GEMM_MULTICAST (fast mode, 128 wide)
-  bool preload = false;    // MXMOE_GEMM_PRELOAD (fast mode, 128 wide)
+  bool single = false;     // MXMOE_GEMM_SCHEDULE=single (fast mode, 128 wide), else pingpong
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
 };
 const PathEnv kDefaultPath{};
@@ -666,7 +666,7 @@ class ScopedKernelPath {
   explicit ScopedKernelPath(const PathEnv& e) {
     set("MXMOE_GEMM_TILE", std::to_string(e.tile), 0);
     set("MXMOE_GEMM_MULTICAST", e.multicast ? "1" : "0", 1);
-    set("MXMOE_GEMM_PRELOAD", e.preload ? "1" : "0", 2);
+    set("MXMOE_GEMM_SCHEDULE", e.single ? "single" : "pingpong", 2);
     set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 3);
   }
   ~ScopedKernelPath() {
@@ -811,11 +811,12 @@ TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
   expect_path_matches_default("wide tile", PathEnv{192}, c.m, c.k, {0, 1, 7}, true, rng_);
 }
 
-// Scale preload in the 128-wide ping-pong schedule (MXMOE_GEMM_PRELOAD=1; compiled, off by default
-// until measured): same loads and promotion order, so the same bytes. Chunk counts 1 (K = 32),
-// 2 (K = 256), odd and even (K = 2880: 23 chunks, 640: 5, 1024: 8) cover every peeled tail of the
-// loop; num_sms 1 and 7 carry the stage ring across many tiles.
-TEST_F(GemmGpu, ScalePreloadBitwiseMatchesDefault) {
+// The 128-wide single-accumulator schedule (MXMOE_GEMM_SCHEDULE=single: scale products formed while
+// the wgmmas run, one FFMA per element after the wait) against the ping-pong default: the same
+// products and fmaf per element, so the same bytes. Chunk counts 1 (K = 32), 2 (K = 256), odd and
+// even (K = 2880: 23 chunks, 640: 5, 1024: 8); num_sms 1 and 7 carry the stage ring across many
+// tiles (the stage is handed back before the promotion here).
+TEST_F(GemmGpu, SingleScheduleBitwiseMatchesDefault) {
   REQUIRE_GPU();
   TRACE_SEED();
   const std::vector<PathCase> mcases = {
@@ -830,7 +831,7 @@ TEST_F(GemmGpu, ScalePreloadBitwiseMatchesDefault) {
       {3, 160, 96, {0, 700, 0}},
       {4, 128, 992, random_counts(rng_, 4, 0, 400)},
   };
-  expect_path_matches_default("scale preload", PathEnv{128, false, true}, mcases, kcases, {0, 1, 7}, true,
+  expect_path_matches_default("single schedule", PathEnv{128, false, true}, mcases, kcases, {0, 1, 7}, true,
                               rng_);
 }
 

@@ -30,11 +30,15 @@
 // (one stage: 128 E4M3 or 64 BF16). Per chunk:
 //   fast:  4 × wgmma m64n128k32 into a fresh FP32 accumulator, then tot += acc · sa[row] · sb[col]
 //          (DeepSeek 1×128 promotion with per-row scales on both operands). In a K-tail chunk the
-//          zero-filled k-steps are issued anyway (they add exact zeros). Two schedules
-//          (kConfigFastPipelined, bitwise identical results):
+//          zero-filled k-steps are issued anyway (they add exact zeros). Schedules (bitwise
+//          identical results; kConfigFastPipelined, kConfigFastSingle, MXMOE_GEMM_SCHEDULE):
 //          pipelined (default): two accumulators in ping-pong across chunks (chunk c+1's wgmmas
 //            are queued before chunk c is promoted) and scales decoded to FP32 once per stage by
 //            a producer warp, so a math warp spends ~200 instructions per chunk (128 FMUL/FFMA).
+//          single (128 wide, MXMOE_GEMM_SCHEDULE=single): one accumulator per warpgroup; the
+//            scale loads and products sa·sb are formed while the chunk's wgmmas run, the stage is
+//            handed back right after wait_group 0, then one FFMA per element
+//            (math_fast_single with kProducts).
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
 //          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
 //            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
@@ -675,57 +679,6 @@ __device__ __forceinline__ void promote_quad(float (&tot)[kBlockN / 2], const fl
   tot[4 * j1 + 3] = fmaf(acc[4 * j1 + 3], sa.y * v.w, tot[4 * j1 + 3]);
 }
 
-// The decoded scales of the chunk at `at` that this thread's fragment needs, in registers: its
-// rows (r, r + 8) and its kBlockN / 16 column quads.
-template <int kBlockN>
-struct ChunkScales {
-  float2 sa;
-  float4 sb[kBlockN / 16];
-};
-
-// Waits for the decoder's floats of the chunk at `at` and loads the row pair and column quads
-// [kFirst, kLast) into cs (the other quads: load_chunk_quads after the wait that needs them).
-template <int kBlockN, int kNumStages>
-__device__ __forceinline__ const float* chunk_scale_b(uint8_t* smem, const PipeState<kNumStages>& at, int sb_slot) {
-  using L = SmemLayout<kBlockN, kNumStages, false, true>;
-  return reinterpret_cast<const float*>(smem + L::kOffScaleBF + at.s * L::kScaleBF) + sb_slot;
-}
-
-template <int kBlockN, int kNumStages, int kFirst, int kLast>
-__device__ __forceinline__ void load_chunk_quads(ChunkScales<kBlockN>& cs, uint8_t* smem,
-                                                 const PipeState<kNumStages>& at, int sb_slot) {
-  const float4* sbq = reinterpret_cast<const float4*>(chunk_scale_b<kBlockN, kNumStages>(smem, at, sb_slot));
-#pragma unroll
-  for (int m = kFirst; m < kLast; ++m) cs.sb[m] = sbq[4 * m];  // quad m at sbq[4m]
-}
-
-template <int kBlockN, int kNumStages, int kQuads = kBlockN / 16>
-__device__ __forceinline__ ChunkScales<kBlockN> load_chunk_scales(uint8_t* smem, uint64_t* ready,
-                                                                  const PipeState<kNumStages>& at,
-                                                                  int sa_slot, int sb_slot) {
-  using L = SmemLayout<kBlockN, kNumStages, false, true>;
-  ChunkScales<kBlockN> cs;
-  device::mbarrier_wait_parity(&ready[at.s], at.phase);  // acquire: the decoder's floats
-  const float* saf = reinterpret_cast<const float*>(smem + L::kOffScaleAF + at.s * L::kScaleAF);
-  cs.sa = *reinterpret_cast<const float2*>(saf + sa_slot);  // rows r, r + 8
-  load_chunk_quads<kBlockN, kNumStages, 0, kQuads>(cs, smem, at, sb_slot);
-  return cs;
-}
-
-// tot += acc · sa · sb with scales already loaded, then stage at.s is handed back: its wgmmas are
-// retired and its scales are in registers (the arrive's release orders this warp's loads,
-// __syncwarp the other lanes').
-template <int kBlockN, int kNumStages, bool kMulticast>
-__device__ __forceinline__ void promote_loaded(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
-                                               const ChunkScales<kBlockN>& cs, uint64_t* empty,
-                                               PipeState<kNumStages>& at, int lane) {
-#pragma unroll
-  for (int m = 0; m < kBlockN / 16; ++m) promote_quad<kBlockN>(tot, acc, m, cs.sa, cs.sb[m]);
-  __syncwarp();
-  if (lane == 0) arrive_empty<kMulticast>(&empty[at.s]);
-  at.advance();
-}
-
 // tot += acc · sa[row] · sb[col] for the chunk at `at`, whose wgmma group has been retired.
 // (Written out rather than as load_chunk_scales + promote_loaded: that composition compiles to a
 // different register allocation, and this default path's SASS is the one measured.)
@@ -750,32 +703,18 @@ __device__ __forceinline__ void promote_chunk(float (&tot)[kBlockN / 2], float (
   at.advance();
 }
 
-// kPreload: the row pair and the first kPreloadQuads column quads of the chunk about to be retired
-// are loaded *before* its wgmma.wait_group (the wgmmas still run, hiding the shared-memory latency),
-// the other quads right after it, so that the first promotion FMULs do not wait. Run 29 (ncu, per
-// SASS instruction): 25% of all warp samples were those FMULs waiting on the loads. All 8 quads
-// before the wait spill (88-96 bytes: acc0, acc1 and tot already take 192 registers).
-constexpr int kPreloadQuads = 2;
-
-template <int kBlockN, int kNumStages, bool kMulticast, bool kPreload, int kWaitGroups>
+// Retires the chunk at `at` (wait_group kWaitGroups: the other accumulator's chunk may stay queued)
+// and promotes it.
+template <int kBlockN, int kNumStages, bool kMulticast, int kWaitGroups>
 __device__ __forceinline__ void retire_and_promote(float (&tot)[kBlockN / 2], float (&acc)[kBlockN / 2],
                                                    uint8_t* smem, uint64_t* empty, uint64_t* ready,
                                                    PipeState<kNumStages>& at, int sa_slot, int sb_slot,
                                                    int lane) {
-  if constexpr (kPreload) {
-    ChunkScales<kBlockN> cs =
-        load_chunk_scales<kBlockN, kNumStages, kPreloadQuads>(smem, ready, at, sa_slot, sb_slot);
-    device::wgmma_wait_group_sync_aligned<kWaitGroups>();
-    device::wgmma_fence_operand(acc);
-    load_chunk_quads<kBlockN, kNumStages, kPreloadQuads, kBlockN / 16>(cs, smem, at, sb_slot);
-    promote_loaded<kBlockN, kNumStages, kMulticast>(tot, acc, cs, empty, at, lane);
-  } else {
-    device::wgmma_wait_group_sync_aligned<kWaitGroups>();
-    promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc, smem, empty, ready, at, sa_slot, sb_slot, lane);
-  }
+  device::wgmma_wait_group_sync_aligned<kWaitGroups>();
+  promote_chunk<kBlockN, kNumStages, kMulticast>(tot, acc, smem, empty, ready, at, sa_slot, sb_slot, lane);
 }
 
-template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, bool kPreload, class Scheduler>
+template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* smem,
                                                     const Scheduler& sched, uint64_t* full,
                                                     uint64_t* empty, uint64_t* ready) {
@@ -802,26 +741,45 @@ __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* sm
       // Invariant at the loop head: chunk c is in flight in acc0, chunks c+1, c+2 exist.
       for (; c + 2 < n; c += 2) {
         issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 -> acc1
-        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 1>(  // chunk c
+        retire_and_promote<kBlockN, kNumStages, kMulticast, 1>(  // chunk c
             tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
         issue_chunk<kBlockN>(acc0, smem, full, issue_at, math_wg);  // chunk c+2 -> acc0
-        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 1>(  // chunk c+1
+        retire_and_promote<kBlockN, kNumStages, kMulticast, 1>(  // chunk c+1
             tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
       }
       // Chunk c is in flight in acc0 and is the last or the second to last.
       if (c + 1 < n) {
         issue_chunk<kBlockN>(acc1, smem, full, issue_at, math_wg);  // chunk c+1 (last) -> acc1
-        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 1>(
+        retire_and_promote<kBlockN, kNumStages, kMulticast, 1>(
             tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
-        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 0>(
+        retire_and_promote<kBlockN, kNumStages, kMulticast, 0>(
             tot, acc1, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
       } else {
-        retire_and_promote<kBlockN, kNumStages, kMulticast, kPreload, 0>(
+        retire_and_promote<kBlockN, kNumStages, kMulticast, 0>(
             tot, acc0, smem, empty, ready, promote_at, sa_slot, sb_slot, lane);
       }
     }
     store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
   }
+}
+
+// The decoded scales of the chunk at `at` that this thread's fragment needs (one-accumulator
+// schedules): waits for the decoder's floats, loads the row pair (r, r + 8); the column quads are
+// read by the caller at sbq[4m].
+struct ThreadScales {
+  float2 sa;
+  const float4* sbq;
+};
+
+template <int kBlockN, int kNumStages>
+__device__ __forceinline__ ThreadScales thread_scales(uint8_t* smem, uint64_t* ready,
+                                                      const PipeState<kNumStages>& at, int sa_slot,
+                                                      int sb_slot) {
+  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  device::mbarrier_wait_parity(&ready[at.s], at.phase);  // acquire: the decoder's floats
+  const float* saf = reinterpret_cast<const float*>(smem + L::kOffScaleAF + at.s * L::kScaleAF);
+  const float* sbf = reinterpret_cast<const float*>(smem + L::kOffScaleBF + at.s * L::kScaleBF);
+  return {*reinterpret_cast<const float2*>(saf + sa_slot), reinterpret_cast<const float4*>(sbf + sb_slot)};
 }
 
 // ---- fast mode, one accumulator per math warpgroup (wide tiles: kBlockN = 192) ---------------
@@ -838,11 +796,43 @@ __device__ __forceinline__ void math_fast_pipelined(const Params& p, uint8_t* sm
 // (promote_quad, chunks in order): results are bitwise those of the other fast schedules.
 // Stage s is handed back after the promotion (the decoded floats are read during it), so a
 // warpgroup holds one stage from its wait on full[s] to the end of the promotion.
-template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+//
+// ---- the same, 128 wide, products before the wait (kProducts) --------------------------------
+//
+// (MXMOE_GEMM_SCHEDULE=single.) The ping-pong schedule promotes a chunk with an FMUL (sa·sb) and
+// an FFMA per element after the wait that retires it, and run 29's per-instruction samples put 25%
+// of all warp stalls on those FMULs waiting for the scale loads issued after the wait. The scale
+// products do not depend on the accumulator, so here they are formed while the chunk's own wgmmas
+// run: issue chunk c (4 × m64n128k32 into acc), wait for the decoded scales, load them and compute
+// the 64 products sa[row]·sb[col] into prod; then wait_group 0, hand the stage back at once (its
+// tiles are consumed and its floats are in registers) and run 64 FFMAs, tot = fma(acc, prod, tot).
+// ptxas schedules all scale loads and ~20 of the FMULs above the wait and sinks the rest below it
+// (it does not know how long the wgmmas run; nvcc 13.0), so ~45 FMUL + 64 FFMA follow the wait
+// instead of the ping-pong's ~200 instructions with a shared-memory round trip at their head.
+// Computing the products before issuing the wgmmas leaves only the FFMAs after the wait but puts
+// the scale wait, loads and FMULs between this warpgroup's chunks (longer gap: not used).
+// Registers: acc 64 + tot 64 + prod 64 (the ping-pong's second accumulator pays for prod).
+// Numerics: the same FP32 products and the same fmaf per element, chunks in order, so the bytes are
+// those of every other fast schedule.
+template <int kBlockN>
+__device__ __forceinline__ void scale_products_quad(float (&prod)[kBlockN / 2], int m, float2 sa, float4 v) {
+  const int j0 = 2 * m, j1 = 2 * m + 1;  // as promote_quad
+  prod[4 * j0 + 0] = sa.x * v.x;
+  prod[4 * j0 + 1] = sa.x * v.y;
+  prod[4 * j0 + 2] = sa.y * v.x;
+  prod[4 * j0 + 3] = sa.y * v.y;
+  prod[4 * j1 + 0] = sa.x * v.z;
+  prod[4 * j1 + 1] = sa.x * v.w;
+  prod[4 * j1 + 2] = sa.y * v.z;
+  prod[4 * j1 + 3] = sa.y * v.w;
+}
+
+// kProducts: the 128-wide variant described above; without it, the wide tiles' schedule.
+template <int kBlockN, int kNumStages, bool kOutF32, bool kProducts, class Scheduler>
 __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
                                                  const Scheduler& sched, uint64_t* full,
                                                  uint64_t* empty, uint64_t* ready) {
-  using L = SmemLayout<kBlockN, kNumStages, false, true>;
+  static_assert(!kProducts || kBlockN == 128, "acc + tot + prod = 3 × kBlockN / 2 registers must fit in 232");
   constexpr int kQuads = kBlockN / 16;
   constexpr int kPreloadQuads = MXMOE_GEMM_PRELOAD_QUADS;  // registers: 4 per quad, beside acc + tot
   static_assert(kPreloadQuads <= kQuads, "preload at most the tile's column quads");
@@ -856,6 +846,7 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 
   PipeState<kNumStages> at;
   float acc[kBlockN / 2], tot[kBlockN / 2];
+  float prod[kProducts ? kBlockN / 2 : 1];
   for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
     const int n = sched.tile(t).num_chunks;
 #pragma unroll
@@ -863,23 +854,35 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
     for (int c = 0; c < n; ++c) {
       const PipeState<kNumStages> cur = at;
       issue_chunk<kBlockN>(acc, smem, full, at, math_wg);  // chunk c -> acc (advances at)
-      device::mbarrier_wait_parity(&ready[cur.s], cur.phase);  // acquire: the decoder's floats
-      const float* saf = reinterpret_cast<const float*>(smem + L::kOffScaleAF + cur.s * L::kScaleAF);
-      const float* sbf = reinterpret_cast<const float*>(smem + L::kOffScaleBF + cur.s * L::kScaleBF);
-      const float2 sa = *reinterpret_cast<const float2*>(saf + sa_slot);  // rows r, r + 8
-      const float4* sbq = reinterpret_cast<const float4*>(sbf + sb_slot);  // quad m at sbq[4m]
-      float4 pre[kPreloadQuads > 0 ? kPreloadQuads : 1];
+      const ThreadScales ts = thread_scales<kBlockN>(smem, ready, cur, sa_slot, sb_slot);
+      const float2 sa = ts.sa;
+      const float4* sbq = ts.sbq;
+      if constexpr (kProducts) {
 #pragma unroll
-      for (int m = 0; m < kPreloadQuads; ++m) pre[m] = sbq[4 * m];
-      device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
-      device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
+        for (int m = 0; m < kQuads; ++m) scale_products_quad<kBlockN>(prod, m, sa, sbq[4 * m]);
+        device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
+        device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
+        // Stage cur.s is no longer read: its wgmmas are retired and its floats were consumed by
+        // the products above (the arrive's release orders this warp's loads, __syncwarp the
+        // other lanes').
+        __syncwarp();
+        if (lane == 0) arrive_empty<false>(&empty[cur.s]);
 #pragma unroll
-      for (int m = 0; m < kQuads; ++m)
-        promote_quad<kBlockN>(tot, acc, m, sa, m < kPreloadQuads ? pre[m] : sbq[4 * m]);
-      // Stage cur.s is no longer read: its wgmmas are retired, its floats consumed (the arrive's
-      // release orders this warp's loads, __syncwarp the other lanes').
-      __syncwarp();
-      if (lane == 0) arrive_empty<false>(&empty[cur.s]);
+        for (int i = 0; i < kBlockN / 2; ++i) tot[i] = fmaf(acc[i], prod[i], tot[i]);
+      } else {
+        float4 pre[kPreloadQuads > 0 ? kPreloadQuads : 1];
+#pragma unroll
+        for (int m = 0; m < kPreloadQuads; ++m) pre[m] = sbq[4 * m];
+        device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
+        device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
+#pragma unroll
+        for (int m = 0; m < kQuads; ++m)
+          promote_quad<kBlockN>(tot, acc, m, sa, m < kPreloadQuads ? pre[m] : sbq[4 * m]);
+        // Stage cur.s is no longer read: its wgmmas are retired, its floats consumed (the arrive's
+        // release orders this warp's loads, __syncwarp the other lanes').
+        __syncwarp();
+        if (lane == 0) arrive_empty<false>(&empty[cur.s]);
+      }
     }
     store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
   }
@@ -922,7 +925,7 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
 // BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false, bool kPreload = false>
+          bool kMulticast = false, bool kSingle = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
@@ -930,7 +933,8 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
   static_assert(!(kExact && kMulticast), "multicast is fast mode's");
-  static_assert(!kPreload || (kPipelined && kBlockN == 128), "scale preload: the ping-pong schedule's");
+  static_assert(!kSingle || (kPipelined && kBlockN == 128 && !kMulticast),
+                "the 128-wide single-accumulator schedule: pipelined fast mode, no multicast");
   static_assert(kBlockN == 128 || (kPipelined && !kMulticast) || kExact,
                 "wide tiles: pipelined fast mode without multicast (192) or exact mode (256)");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
@@ -991,11 +995,12 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
-    if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
-      math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast, kPreload>(p, smem, sched, full, empty,
-                                                                    ready);
+    if constexpr (kSingle)  // 128 wide, one accumulator, scale products before the wait
+      math_fast_single<kBlockN, kNumStages, kOutF32, true>(p, smem, sched, full, empty, ready);
+    else if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
+      math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty, ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
-      math_fast_single<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
+      math_fast_single<kBlockN, kNumStages, kOutF32, false>(p, smem, sched, full, empty, ready);
     else if constexpr (kExact)  // BF16 images, no promotion
       math_exact<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty);
     else
@@ -1042,9 +1047,11 @@ constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
 constexpr int kConfigFastBlockN = 128;
-// Scale preload in the 128-wide ping-pong schedule (retire_and_promote): compiled, bitwise the same
-// by construction (same loads, same FMUL/FFMA order), not yet run on a GPU, so off by default.
-constexpr bool kConfigPreloadScales = false;
+// 128-wide fast mode's schedule: false = ping-pong accumulators (math_fast_pipelined), true = one
+// accumulator with the scale products formed before the wait (math_fast_single with kProducts).
+// Bitwise identical results. MXMOE_GEMM_SCHEDULE=single (or pingpong) overrides it per call.
+// (The scale preload of run 30, 0.91-1.03x the ping-pong, was deleted for it.)
+constexpr bool kConfigFastSingle = false;
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
 constexpr int kConfigExactBlockN = 256;
@@ -1068,7 +1075,7 @@ constexpr int stages_for() {
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
-  bool preload = false;  // MXMOE_GEMM_PRELOAD=1: scales loaded before wait_group (128 wide, no multicast)
+  bool single = false;  // 128 wide, no multicast: math_fast_single with kProducts (MXMOE_GEMM_SCHEDULE)
 };
 
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
@@ -1087,8 +1094,9 @@ inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastB
   if (k.block_n != kConfigBlockN) return k;
   const char* mc = std::getenv("MXMOE_GEMM_MULTICAST");
   k.multicast = (mc != nullptr && mc[0] != '\0') ? mc[0] != '0' : kConfigClusterMulticast;
-  const char* pl = std::getenv("MXMOE_GEMM_PRELOAD");
-  k.preload = !k.multicast && (pl != nullptr && pl[0] != '\0' ? pl[0] != '0' : kConfigPreloadScales);
+  const char* sc = std::getenv("MXMOE_GEMM_SCHEDULE");
+  const bool single = sc != nullptr && sc[0] != '\0' ? std::string(sc) == "single" : kConfigFastSingle;
+  k.single = !k.multicast && single;
   return k;
 }
 
@@ -1149,7 +1157,7 @@ int max_active_pairs(const char* fn, int smem) {
 }
 
 template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped>
-void launch_grouped(const char* fn, bool multicast, bool preload, const CUtensorMap& tm_a,
+void launch_grouped(const char* fn, bool multicast, bool single, const CUtensorMap& tm_a,
                     const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
                     const Params& p, int grid, cudaStream_t stream) {
   // Wide tiles exist only as the pipelined fast schedule.
@@ -1168,7 +1176,7 @@ void launch_grouped(const char* fn, bool multicast, bool preload, const CUtensor
       MXMOE_CHECK_LAUNCH(fn);
       return;
     }
-    if (preload) {
+    if (single) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
                                                                 kKGrouped, kPipelined, false, true>;
       detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
@@ -1191,7 +1199,7 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
   constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN, kXW = kConfigExactWideBlockN;
-  const bool mc = path.multicast, pl = path.preload;
+  const bool mc = path.multicast, sg = path.single;
   if (exact && path.block_n == kXW) {
     if (out_f32) launch_grouped<kXW, true, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
     else launch_grouped<kXW, true, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
@@ -1202,8 +1210,8 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
     if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
     else launch_grouped<kW, false, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else {
-    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, pl, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, pl, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, sg, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, sg, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   }
 }
 
