@@ -4,12 +4,14 @@ device-to-device copy bandwidth, all measured in this process and run.
 Each line: kernel, shape, time (us, median), GB/s (bytes read + written, scales included),
 % of the measured copy bandwidth, the plain-PyTorch time for the same outputs and the speed-up,
 and whether mxmoe's timed output matched the PyTorch output bit for bit.
-For the plain MX copies (no fast form) the default kernel is the staged one (outputs leave
-through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
-(MXMOE_QUANT_STAGED=0, which also writes the fast form) on the same data, in the same run; for
-both directions the default is the two-group kernel (one warp group per direction, 512 threads)
-and "1-group" times the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0). Every variant's
-output is checked (the grouped rows: the default's).
+For the plain MX copies alone and for the fast form alone ("fast-only": what the training
+layer's fast mode asks for) the default kernel is the staged one (outputs leave through shared
+memory by TMA stores); the "reg-store" columns time the register-store kernel
+(MXMOE_QUANT_STAGED=0, the only one that writes plain + fast together, "+fast" lines) on the same
+data, in the same run; for both directions of dense and gather inputs the default is the
+two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
+staged kernel (MXMOE_QUANT_TWO_GROUP=0). Every variant's output is checked against the PyTorch
+baseline (the grouped and gather rows: every variant's too).
 Usage: python3 bench/bench_quant.py [--json out.json] [--quick]
 """
 import argparse
@@ -77,45 +79,40 @@ def torch_quant(x, row, col, fast):
 
 
 # ---- mxmoe through the C ABI -----------------------------------------------------------------
-def mx_copy(batch, n_rows, n_cols, fast):
-    """Buffers of one quantized copy [n_rows, n_cols] per batch entry: data, scales, and with `fast`
-    the fast data and its chunk-major scales."""
+def mx_copy(batch, n_rows, n_cols, fast, plain=True):
+    """Buffers of one quantized copy [n_rows, n_cols] per batch entry: [data, scales, fast data,
+    fast chunk-major scales], None where not asked for (plain: the first two, fast: the last two)."""
     def u8(*shape):
         return torch.empty(*shape, dtype=torch.uint8, device="cuda")
-    bufs = [u8(batch, n_rows, n_cols), u8(batch, n_rows, n_cols // 32)]
-    if fast:
-        bufs += [u8(batch, n_rows, n_cols), u8(batch, (n_cols + 127) // 128, n_rows)]
+    bufs = [u8(batch, n_rows, n_cols), u8(batch, n_rows, n_cols // 32)] if plain else [None, None]
+    bufs += [u8(batch, n_rows, n_cols), u8(batch, (n_cols + 127) // 128, n_rows)] if fast else [None, None]
     return bufs
 
 
 class MxOutputs:
-    def __init__(self, batch, rows, cols, row, col, fast):
-        self.row = mx_copy(batch, rows, cols, fast) if row else None
-        self.col = mx_copy(batch, cols, rows, fast) if col else None
+    def __init__(self, batch, rows, cols, row, col, fast, plain=True):
+        self.row = mx_copy(batch, rows, cols, fast, plain) if row else None
+        self.col = mx_copy(batch, cols, rows, fast, plain) if col else None
 
     def args(self):
-        r = (self.row or []) + [None] * (4 - len(self.row or []))
-        c = (self.col or []) + [None] * (4 - len(self.col or []))
-        return [ptr(t) for t in r + c]
+        return [ptr(t) for t in (self.row or [None] * 4) + (self.col or [None] * 4)]
+
+    def tensors(self):
+        return [t for t in (self.row or []) + (self.col or []) if t is not None]
 
     def nbytes(self):
-        return sum(t.numel() for t in (self.row or []) + (self.col or []))
+        return sum(t.numel() for t in self.tensors())
 
 
-def compare(mx, ref):
-    """Count mismatching bytes between mxmoe's outputs and the PyTorch baseline's."""
+def compare(mx, ref, crop=lambda row_copy, i, t: t):
+    """Count mismatching bytes between mxmoe's outputs and the PyTorch baseline's; crop(row_copy, i, t)
+    cuts output buffer i (0-3: data, scales, fast data, fast scales) to the baseline's extent."""
     bad = 0
-    pairs = []
-    if mx.row:
-        pairs += [(mx.row[0], ref["row"][0]), (mx.row[1], ref["row"][1])]
-        if len(mx.row) == 4:
-            pairs += [(mx.row[2], ref["row_fast"][0]), (mx.row[3], ref["row_fast"][1])]
-    if mx.col:
-        pairs += [(mx.col[0], ref["col"][0]), (mx.col[1], ref["col"][1])]
-        if len(mx.col) == 4:
-            pairs += [(mx.col[2], ref["col_fast"][0]), (mx.col[3], ref["col_fast"][1])]
-    for a, b in pairs:
-        bad += int((a.reshape(-1) != b.reshape(-1).view(torch.uint8)).sum().item())
+    for name, bufs in (("row", mx.row), ("col", mx.col)):
+        for i, t in enumerate(bufs or []):
+            if t is not None:
+                want = ref[name + ("_fast" if i >= 2 else "")][i % 2]
+                bad += int((crop(name == "row", i, t).reshape(-1) != want.reshape(-1).view(torch.uint8)).sum().item())
     return bad
 
 
@@ -123,15 +120,15 @@ STAGED_ENV = "MXMOE_QUANT_STAGED"  # "0": the register-store kernel for the plai
 TWO_GROUP_ENV = "MXMOE_QUANT_TWO_GROUP"  # "0": both plain copies on the 256-thread staged kernel
 
 
-def timed_variant(timer, run, mx, ref, staged, two_group=True):
+def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_copy, i, t: t):
     """Time `run` with the staged kernels on or off (MXMOE_QUANT_STAGED) and the two-group kernel
     on or off (MXMOE_QUANT_TWO_GROUP), then check its outputs against the baseline's. Outputs are
     poisoned first so that a kernel that writes nothing cannot pass on a previous kernel's bytes."""
-    for t in (mx.row or []) + (mx.col or []):
+    for t in mx.tensors():
         t.fill_(0xA5)
     with kernel_env({STAGED_ENV: "1" if staged else "0", TWO_GROUP_ENV: "1" if two_group else "0"}):
         us = timer(run)
-    return us, compare(mx, ref)
+    return us, compare(mx, ref, crop)
 
 
 def main():
@@ -147,17 +144,24 @@ def main():
     results = {"device": device_info(), "copy_GBps": copy_gbs, "rows": []}
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write), {device_info()['name']}")
 
+    # (name, batch, rows, cols, row, col, fast, plain); plain = False: the fast form alone, what the
+    # training layer's fast mode asks for (activations and weights).
     cases = []
     for (b, r, c) in [(1, 16384, 7168), (1, 65536, 2048), (1, 32768, 2880)]:
-        cases += [("rowwise", b, r, c, True, False, False), ("colwise", b, r, c, False, True, False),
-                  ("row+col", b, r, c, True, True, False), ("row+col+fast", b, r, c, True, True, True)]
-    cases += [("weights row+col", 128, 1536, 2048, True, True, False),       # Qwen3-30B W1 [E, 2I, H]
-              ("weights row+col+fast", 128, 1536, 2048, True, True, True),
-              ("weights row+col+fast", 32, 7168, 2048, True, True, True)]    # DeepSeek-V3 EP8 W2 [E, H, I]
+        cases += [("rowwise", b, r, c, True, False, False, True), ("colwise", b, r, c, False, True, False, True),
+                  ("row+col", b, r, c, True, True, False, True), ("row+col+fast", b, r, c, True, True, True, True),
+                  ("rowwise fast-only", b, r, c, True, False, True, False),
+                  ("colwise fast-only", b, r, c, False, True, True, False),
+                  ("row+col fast-only", b, r, c, True, True, True, False)]
+    cases += [("weights row+col", 128, 1536, 2048, True, True, False, True),       # Qwen3-30B W1 [E, 2I, H]
+              ("weights row+col+fast", 128, 1536, 2048, True, True, True, True),
+              ("weights row+col fast-only", 128, 1536, 2048, True, True, True, False),
+              ("weights row+col+fast", 32, 7168, 2048, True, True, True, True),     # DeepSeek-V3 EP8 W2 [E, H, I]
+              ("weights row+col fast-only", 32, 7168, 2048, True, True, True, False)]
     table = []
-    for name, b, r, c, row, col, fast in cases:
+    for name, b, r, c, row, col, fast, plain in cases:
         x = (torch.randn(b, r, c, device="cuda") * torch.rand(b, r, 1, device="cuda") * 10).to(torch.bfloat16)
-        mx = MxOutputs(b, r, c, row, col, fast)
+        mx = MxOutputs(b, r, c, row, col, fast, plain)
         a = mx.args()
 
         def run():
@@ -165,13 +169,14 @@ def main():
 
         ref = torch_quant(x, row, col, fast)
         us_reg = us_one = None
-        if not fast:  # the register-store kernel on the same data, output checked too
+        staged_default = not (fast and plain)  # plain + fast is the register-store kernel's alone
+        if staged_default:  # the register-store kernel on the same data, output checked too
             us_reg, bad_reg = timed_variant(timer, run, mx, ref, staged=False)
-        if row and col and not fast:  # both directions on the 256-thread staged kernel
+        if row and col and staged_default:  # both directions on the 256-thread staged kernel
             us_one, bad_one = timed_variant(timer, run, mx, ref, staged=True, two_group=False)
         us, bad = timed_variant(timer, run, mx, ref, staged=True)
         bad += (bad_reg if us_reg is not None else 0) + (bad_one if us_one is not None else 0)
-        t_us = timer(lambda: torch_quant(x, row, col, fast))
+        t_us = timer(lambda: torch_quant(x, row, col, fast))  # (the baseline computes the plain copy too)
         nbytes = x.numel() * 2 + mx.nbytes()
         gbs = nbytes / (us * 1e-6) / 1e9
         shape = f"{b}x{r}x{c}" if b > 1 else f"{r}x{c}"
@@ -206,39 +211,63 @@ def main():
     check(lib, lib.mxmoe_compute_padded_offsets(ptr(d_offs), ptr(d_pad), E, 128, None))
     torch.cuda.synchronize()
     assert torch.equal(d_pad.cpu(), padded), "compute_padded_offsets disagrees with the host prefix sum"
-    for name, row, col in [("grouped colwise", False, True), ("grouped row+col", True, True)]:
-        mx = MxOutputs(1, cap, C, row, col, False)
+    # Slot j of expert e lands at padded[e] + j. Grouped: it is x row offs[e] + j. Gather (the
+    # layer's permute + quantize, top-8 of T/8 tokens): a random token, padding rows = -1.
+    dst = torch.cat([torch.arange(int(padded[e]), int(padded[e]) + int(counts[e])) for e in range(E)]).cuda()
+    src_grouped = torch.arange(T).cuda()
+    tokens = T // 8
+    src_gather = torch.randint(0, tokens, (T,), generator=g).cuda()
+    row_index = torch.full((cap,), -1, dtype=torch.int32, device="cuda")
+    row_index[dst] = src_gather.to(torch.int32)
+    d_used = torch.tensor([used], dtype=torch.int32, device="cuda")
+    x_tok = (torch.randn(tokens, C, device="cuda") * torch.rand(tokens, 1, device="cuda") * 10).to(torch.bfloat16)
+
+    def crop(row_copy, i, t):
+        """Output buffer i of a copy, cut to the `used` rows that the baseline computes."""
+        t = t[0]
+        if row_copy:  # [cap, C], [cap, C/32], [cap, C], fast scales [nck, cap]
+            return t[:, :used] if i == 3 else t[:used]
+        # [C, cap], [C, cap/32], [C, cap], fast scales [cap/128, C]
+        return t[:used // 128] if i == 3 else t[:, :used // (32 if i == 1 else 1)]
+    ng_cases = [("grouped colwise", "grouped", False, True, False, True),
+                ("grouped row+col", "grouped", True, True, False, True),
+                ("grouped row+col fast-only", "grouped", True, True, True, False),
+                ("gather row+col", "gather", True, True, False, True),
+                ("gather row+col fast-only", "gather", True, True, True, False)]
+    for name, kind, row, col, fast, plain in ng_cases:
+        mx = MxOutputs(1, cap, C, row, col, fast, plain)
         a = mx.args()
-        run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap, *a, RCEIL, None))
-        with kernel_env({STAGED_ENV: "0"}):
-            us_reg = timer(run)
-        us_one = None
-        if row:
-            with kernel_env({STAGED_ENV: "1", TWO_GROUP_ENV: "0"}):
-                us_one = timer(run)
-        with kernel_env({STAGED_ENV: "1"}):
-            us = timer(run)
+        if kind == "grouped":
+            src_x, src_rows, src_idx = x, T, src_grouped
+            run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_grouped(ptr(x), T, C, ptr(d_offs), ptr(d_pad), E, cap,
+                                                                      *a, RCEIL, None))
+        else:
+            src_x, src_rows, src_idx = x_tok, tokens, src_gather
+            run = lambda: check(lib, lib.mxmoe_quantize_mxfp8_gather(ptr(x_tok), tokens, C, ptr(row_index), cap,
+                                                                     ptr(d_used), *a, RCEIL, None))
+
         # baseline: gather into the padded layout with index ops, then quantize
-        idx = torch.cat([torch.arange(int(offs[e]), int(offs[e + 1])) for e in range(E)])
-        dst = torch.cat([torch.arange(int(padded[e]), int(padded[e]) + int(counts[e])) for e in range(E)])
-        idx, dst = idx.cuda(), dst.cuda()
-
-        def torch_grouped():
+        def torch_padded():
             xp = torch.zeros(used, C, dtype=torch.bfloat16, device="cuda")
-            xp[dst] = x[idx]
-            return torch_quant(xp, row, col, False)
+            xp[dst] = src_x[src_idx]
+            return torch_quant(xp, row, col, fast)
 
-        ref = torch_grouped()
-        bad = 0
-        if row:
-            bad += int((mx.row[0][0, :used] != ref["row"][0].view(torch.uint8)).sum())
-            bad += int((mx.row[1][0, :used] != ref["row"][1]).sum())
-        bad += int((mx.col[0][0, :, :used] != ref["col"][0].view(torch.uint8)).sum())
-        bad += int((mx.col[1][0, :, :used // 32] != ref["col"][1]).sum())
-        t_us = timer(torch_grouped)
-        nbytes = T * C * 2 + used * C * (int(row) + int(col)) * (1 + 1 / 32)
+        ref = torch_padded()
+
+        def checked(staged, two_group=True):
+            return timed_variant(timer, run, mx, ref, staged, two_group, crop)
+
+        us_reg, bad_reg = checked(staged=False)
+        us_one = bad_one = None
+        if row and col:
+            us_one, bad_one = checked(staged=True, two_group=False)
+        us, bad = checked(staged=True)
+        bad += bad_reg + (bad_one or 0)
+        t_us = timer(torch_padded)
+        per_elem = (1 + 1 / 32 if plain else 0) + (1 + 1 / 128 if fast else 0)
+        nbytes = src_rows * C * 2 + used * C * (int(row) + int(col)) * per_elem
         gbs = nbytes / (us * 1e-6) / 1e9
-        shape = f"{T}x{C} E={E} skewed"
+        shape = f"{T}x{C} E={E} skewed" if kind == "grouped" else f"{tokens}x{C} top-8 -> {used} rows, E={E}"
         reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs
         one_pct = 100 * nbytes / (us_one * 1e-6) / 1e9 / copy_gbs if us_one else None
         results["rows"].append({"kernel": name, "shape": shape, "us": us, "GBps": gbs, "pct_copy": 100 * gbs / copy_gbs,
@@ -246,7 +275,10 @@ def main():
                                 "one_group_us": us_one, "one_group_pct_copy": one_pct,
                                 "torch_us": t_us, "speedup_vs_torch": t_us / us, "mismatched_bytes": bad})
         table.append([name, shape, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.1f}%", f"{reg_pct:.1f}%",
-                      f"{one_pct:.1f}%" if one_pct else "-", f"{t_us:.1f}", f"{t_us / us:.1f}x", "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+                      f"{one_pct:.1f}%" if one_pct else "-", f"{t_us:.1f}", f"{t_us / us:.1f}x",
+                      "bit-exact" if bad == 0 else f"MISMATCH {bad}"])
+        del mx, ref
+        torch.cuda.empty_cache()
 
     print_table(f"MXFP8 quantization (RCEIL), copy ceiling {copy_gbs:.0f} GB/s; baseline: plain PyTorch, same run",
                 ["kernel", "shape", "us", "GB/s", "% copy", "reg-store % copy", "1-group % copy", "torch us", "x torch",

@@ -2,10 +2,12 @@
 // distributions (both scale modes, row counts that are not multiples of 128, K = 2880), batched
 // weights, expert-grouped inputs with empty and overloaded groups, NaN/Inf policy, determinism.
 // Outputs are poisoned before each launch so an unwritten byte fails the comparison.
-// Three kernels write the plain MX copies when no fast form is asked for: the two-group one (both
-// directions; MXMOE_QUANT_TWO_GROUP=0 turns it off) and the staged one (one direction), both with
-// TMA stores; the register-store one otherwise (or with MXMOE_QUANT_STAGED=0). Every case that asks
-// for the fast form is also run without it, so that both kernels see every input.
+// Three kernels: the two-group one (both directions; MXMOE_QUANT_TWO_GROUP=0 turns it off) and the
+// staged one (one direction, and grouped inputs), both with TMA stores, write the plain MX copies
+// alone or the fast form alone; the register-store one writes plain + fast together (and
+// everything with MXMOE_QUANT_STAGED=0). Every case that asks for the fast form also runs with the
+// fast form alone on the default kernels and on the register-store one, and without its fast form,
+// so that every kernel sees every input.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,16 +95,6 @@ void run_dense_once(const DenseCase& c, ScaleMode mode, const std::vector<uint16
   }
 }
 
-// The case as given, and without its fast form when it has one (the other kernel).
-void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
-  run_dense_once(c, mode, x, label);
-  if (c.fast && c.plain) {
-    DenseCase plain_only = c;
-    plain_only.fast = false;
-    run_dense_once(plain_only, mode, x, label);
-  }
-}
-
 // Sets a quantizer switch (MXMOE_QUANT_STAGED) for the scope; the quantizer reads it on every
 // call.
 struct ScopedEnv {
@@ -110,6 +102,37 @@ struct ScopedEnv {
   ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
   ~ScopedEnv() { unsetenv(name); }
 };
+
+// Runs `f` on the default kernels, then on the register-store kernel (MXMOE_QUANT_STAGED=0), then,
+// when both directions are asked for, on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0).
+template <class F>
+void on_every_kernel(bool both_directions, const std::string& label, F&& f) {
+  f(label);
+  {
+    const ScopedEnv env("MXMOE_QUANT_STAGED", "0");
+    f(label + " [MXMOE_QUANT_STAGED=0]");
+  }
+  if (both_directions) {
+    const ScopedEnv env("MXMOE_QUANT_TWO_GROUP", "0");
+    f(label + " [MXMOE_QUANT_TWO_GROUP=0]");
+  }
+}
+
+// The case as given; with a fast form also the fast form alone on every kernel (the training
+// layer's fast mode) and the plain copies alone.
+void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
+  if (!c.fast || c.plain) run_dense_once(c, mode, x, label);
+  if (!c.fast) return;
+  DenseCase fast_only = c;
+  fast_only.plain = false;
+  on_every_kernel(c.row && c.col, label + " fast only",
+                  [&](const std::string& l) { run_dense_once(fast_only, mode, x, l); });
+  if (c.plain) {
+    DenseCase plain_only = c;
+    plain_only.fast = false;
+    run_dense_once(plain_only, mode, x, label);
+  }
+}
 
 }  // namespace
 
@@ -154,7 +177,8 @@ TEST(QuantizeGpu, BatchedWeightsBothDirectionsOnePass) {
   // Weights [E, N, K]: rowwise [E, N, K] and colwise [E, K, N], plus fast forms, one launch.
   const DenseCase cases[] = {{4, 384, 2880, true, true, true},        {3, 2880, 256, true, true, true},
                              {8, 256, 512, true, true, false},        {4, 384, 2880, true, true, true, false},
-                             {2, 160, 96, true, true, true, false}};  // fast form only, partial tiles
+                             {2, 160, 96, true, true, true, false},   // fast form only, partial tiles
+                             {3, 256, 2880, true, false, true, false}, {2, 160, 96, false, true, true, false}};
   for (const auto& c : cases)
     for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor})
       run_dense(c, mode, random_bf16(c.batch * c.rows, c.cols, Dist::kOutlierChannels, rng), "weights");
@@ -195,18 +219,28 @@ namespace {
 // Rows [0, used) of a row-wise [out_rows, cols] and a column-wise [cols, out_rows] output (both
 // with their fast forms when `fast`) against the reference quantization of x_used [used, cols].
 // col_fast_scales: also the column-wise fast scales (whole 128-row chunks of `used` only).
+// plain = false: the fast form alone was asked for; the plain buffers must keep their poison.
 void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBufs& cw, bool fast,
-                      const uint16_t* x_used, int64_t used, int64_t out_rows, int64_t cols, bool col_fast_scales) {
+                      const uint16_t* x_used, int64_t used, int64_t out_rows, int64_t cols, bool col_fast_scales,
+                      bool plain = true) {
   const auto rref = ref::quantize_rows(x_used, used, cols, ScaleMode::kRceil);
-  const auto d = rw.data.download(), s = rw.scales.download();
-  EXPECT_TRUE(bytes_equal((what + " rowwise data").c_str(), d.data(), cols, rref.data.data(), cols, used, cols));
-  EXPECT_TRUE(bytes_equal((what + " rowwise scales").c_str(), s.data(), cols / 32, rref.scales.data(), cols / 32, used,
-                          cols / 32));
   const auto cref = ref::quantize_cols(x_used, used, cols, ScaleMode::kRceil);
+  const auto d = rw.data.download(), s = rw.scales.download();
   const auto cd = cw.data.download(), cs = cw.scales.download();
-  EXPECT_TRUE(bytes_equal((what + " colwise data").c_str(), cd.data(), out_rows, cref.data.data(), used, cols, used));
-  EXPECT_TRUE(bytes_equal((what + " colwise scales").c_str(), cs.data(), out_rows / 32, cref.scales.data(), used / 32,
-                          cols, used / 32));
+  if (plain) {
+    EXPECT_TRUE(bytes_equal((what + " rowwise data").c_str(), d.data(), cols, rref.data.data(), cols, used, cols));
+    EXPECT_TRUE(bytes_equal((what + " rowwise scales").c_str(), s.data(), cols / 32, rref.scales.data(), cols / 32,
+                            used, cols / 32));
+    EXPECT_TRUE(bytes_equal((what + " colwise data").c_str(), cd.data(), out_rows, cref.data.data(), used, cols, used));
+    EXPECT_TRUE(bytes_equal((what + " colwise scales").c_str(), cs.data(), out_rows / 32, cref.scales.data(),
+                            used / 32, cols, used / 32));
+  } else {
+    const auto poisoned = [](const std::vector<uint8_t>& v) {
+      return std::all_of(v.begin(), v.end(), [](uint8_t b) { return b == 0xA5; });
+    };
+    EXPECT_TRUE(poisoned(d) && poisoned(s) && poisoned(cd) && poisoned(cs))
+        << what << ": fast-only quantization wrote a plain copy";
+  }
   if (!fast) return;
   const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
   const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download();
@@ -222,8 +256,9 @@ void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBuf
   }
 }
 
+// plain = false (with fast): the fast form alone.
 void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, bool fast,
-                      std::mt19937& rng) {
+                      std::mt19937& rng, bool plain = true) {
   const int G = int(counts.size());
   std::vector<int32_t> offs(G + 1, 0), padded(G + 1, 0);
   for (int g = 0; g < G; ++g) {
@@ -232,7 +267,7 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   }
   const int64_t x_rows = offs[G], used = padded[G];
   const int64_t out_rows = std::max<int64_t>(128, used + extra_rows);
-  SCOPED_TRACE(std::string(fast ? "with fast form, " : "") + "groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
+  SCOPED_TRACE(std::string(fast ? (plain ? "with fast form, " : "fast form only, ") : "") + "groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
                " padded=" + std::to_string(used) + " cols=" + std::to_string(cols));
   auto x = random_bf16(std::max<int64_t>(x_rows, 1), cols, Dist::kGaussian, rng);
   DevBuf<uint16_t> dx(x.size());
@@ -244,7 +279,7 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   ASSERT_EQ(dpadded.download(), padded);
 
   CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
-  const MxOut ro = rw.out(fast), co = cw.out(fast);
+  const MxOut ro = rw.out(fast, plain), co = cw.out(fast, plain);
   quantize_mxfp8_grouped(reinterpret_cast<const __nv_bfloat16*>(dx.p), x_rows, cols, doffs.p, dpadded.p, G,
                          out_rows, &ro, &co);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -254,20 +289,25 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   for (int g = 0; g < G; ++g)
     for (int32_t j = 0; j < counts[g]; ++j)
       std::copy_n(&x[size_t((offs[g] + j) * cols)], cols, &xp[size_t((padded[g] + j) * cols)]);
-  if (used > 0) expect_used_rows("grouped", rw, cw, fast, xp.data(), used, out_rows, cols, true);
-  // Nothing at or beyond padded[G] is written: the poison must survive.
+  if (used > 0) expect_used_rows("grouped", rw, cw, fast, xp.data(), used, out_rows, cols, true, plain);
+  // Nothing at or beyond padded[G] is written: the poison must survive (in the data asked for).
   const std::vector<uint8_t> poison_row(size_t(cols), 0xA5);
-  const auto d = rw.data.download();
+  const auto d = (plain ? rw.data : rw.fast_data).download();
   for (int64_t r = used; r < out_rows; ++r)
     ASSERT_TRUE(std::equal(poison_row.begin(), poison_row.end(), d.begin() + r * cols)) << "row " << r << " written";
-  const auto cd = cw.data.download();
+  const auto cd = (plain ? cw.data : cw.fast_data).download();
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t r = used; r < out_rows; ++r)
       ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written";
 }
 
+// Plain + fast, the fast form alone (default kernel and register-store kernel), plain alone.
 void run_grouped(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, std::mt19937& rng) {
   run_grouped_once(counts, cols, extra_rows, true, rng);
+  on_every_kernel(false, "grouped", [&](const std::string& l) {
+    SCOPED_TRACE(l);
+    run_grouped_once(counts, cols, extra_rows, true, rng, false);
+  });
   run_grouped_once(counts, cols, extra_rows, false, rng);
 }
 
@@ -292,8 +332,9 @@ namespace {
 // bf16_rn(scale · x) on the host first.
 // used: rows at and past it are not written (1248: the last tile is cut, which the staged kernel
 // copies out by hand instead of by a TMA store).
-void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng) {
-  SCOPED_TRACE(std::string(scaled ? "gather_scaled" : "gather") + (fast ? " with fast form" : "") +
+// plain = false (with fast): the fast form alone.
+void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng, bool plain = true) {
+  SCOPED_TRACE(std::string(scaled ? "gather_scaled" : "gather") + (fast ? (plain ? " with fast form" : " fast form only") : "") +
                " used=" + std::to_string(used));
   const int64_t x_rows = 1000, cols = 2880, out_rows = 1536;
   auto x = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
@@ -318,7 +359,7 @@ void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng) {
   DevBuf<float> dscale(scale.size());
   dscale.upload(scale);
   CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
-  const MxOut ro = rw.out(fast), co = cw.out(fast);
+  const MxOut ro = rw.out(fast, plain), co = cw.out(fast, plain);
   const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dx.p);
   if (scaled) quantize_mxfp8_gather_scaled(xp, x_rows, cols, didx.p, dscale.p, out_rows, dused.p, &ro, &co);
   else quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, &ro, &co);
@@ -330,8 +371,8 @@ void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng) {
         const uint16_t v = x[size_t(idx[size_t(r)] * cols + c)];
         xg[size_t(r * cols + c)] = scaled ? ref::float_to_bf16(scale[size_t(r)] * ref::bf16_to_float(v)) : v;
       }
-  expect_used_rows("gather", rw, cw, fast, xg.data(), used, out_rows, cols, false);
-  const auto d = rw.data.download(), cd = cw.data.download();
+  expect_used_rows("gather", rw, cw, fast, xg.data(), used, out_rows, cols, false, plain);
+  const auto d = (plain ? rw.data : rw.fast_data).download(), cd = (plain ? cw.data : cw.fast_data).download();
   for (int64_t r = used; r < out_rows; ++r)
     for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
   for (int64_t c = 0; c < cols; ++c)  // column-wise: whole 16-row groups, so check from the next multiple of 16
@@ -341,18 +382,33 @@ void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng) {
 
 }  // namespace
 
+namespace {
+
+// Plain + fast, plain alone, and the fast form alone on every kernel; rows_used 1280 (whole tiles)
+// and 1248 (the last tile cut).
+void run_gather_all(bool scaled, std::mt19937& rng) {
+  for (int64_t used : {1280, 1248}) {
+    run_gather(scaled, true, used, rng);
+    run_gather(scaled, false, used, rng);
+    on_every_kernel(true, "fast only", [&](const std::string& l) {
+      SCOPED_TRACE(l);
+      run_gather(scaled, true, used, rng, false);
+    });
+  }
+}
+
+}  // namespace
+
 TEST(QuantizeGpu, GatherPermuteWithPadsAndRowsUsed) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  for (int64_t used : {1280, 1248})
-    for (bool fast : {true, false}) run_gather(false, fast, used, rng);
+  run_gather_all(false, rng);
 }
 
 TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  for (int64_t used : {1280, 1248})
-    for (bool fast : {true, false}) run_gather(true, fast, used, rng);
+  run_gather_all(true, rng);
 }
 
 namespace {
@@ -421,5 +477,119 @@ TEST(QuantizeGpu, UnalignedScalePointers) {
     EXPECT_TRUE(bytes_equal("rowwise scales", rs.data() + row_off, C / 32, rref.scales.data(), C / 32, R, C / 32));
     EXPECT_TRUE(bytes_equal("colwise data", cd.data(), R, cref.data.data(), R, C, R));
     EXPECT_TRUE(bytes_equal("colwise scales (odd address)", cs.data() + 1, R / 32, cref.scales.data(), R / 32, C, R / 32));
+  }
+}
+
+namespace {
+
+// Calls `call(rowwise, colwise)` (either may be null) with the fast form alone on every kernel
+// (on_every_kernel) into buffers poisoned alike, and expects every byte of every buffer to agree
+// with the default kernels' (the bytes a kernel leaves unwritten included, and the plain buffers,
+// which no kernel may touch). Fast out: rowwise [batch, rows, cols], colwise [batch, cols, rows].
+template <class Call>
+void expect_fast_kernels_agree(const std::string& what, int64_t batch, int64_t rows, int64_t cols, bool row, bool col,
+                               Call&& call) {
+  static const char* const kNames[] = {"rowwise fast_data", "rowwise fast_scales", "colwise fast_data",
+                                       "colwise fast_scales", "rowwise data", "colwise data"};
+  std::vector<std::vector<uint8_t>> first;
+  std::string first_label;
+  on_every_kernel(row && col, what, [&](const std::string& label) {
+    CopyBufs rw(batch, rows, cols, true), cw(batch, cols, rows, true);
+    const MxOut ro = rw.out(true, false), co = cw.out(true, false);
+    call(row ? &ro : nullptr, col ? &co : nullptr);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<std::vector<uint8_t>> got = {rw.fast_data.download(), rw.fast_scales.download(),
+                                             cw.fast_data.download(), cw.fast_scales.download(),
+                                             rw.data.download(),      cw.data.download()};
+    if (first.empty()) {
+      first = std::move(got);
+      first_label = label;
+      return;
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      const int64_t n = int64_t(got[i].size());
+      EXPECT_TRUE(bytes_equal((label + " vs " + first_label + ": " + kNames[i]).c_str(), got[i].data(), n,
+                              first[i].data(), n, 1, n));
+    }
+  });
+}
+
+}  // namespace
+
+// The fast form alone (the training layer's fast mode) from the default kernels (two-group for both
+// directions of dense and gather inputs, staged otherwise) against the register-store kernel
+// (MXMOE_QUANT_STAGED=0) and the 256-thread staged kernel on both directions
+// (MXMOE_QUANT_TWO_GROUP=0), bit for bit on the same fresh random inputs: dense one and both
+// directions (partial tiles, K = 2880), batched weights, grouped, gather and gather-scaled.
+TEST(QuantizeGpu, FastFormSameBytesOnEveryKernel) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  struct Case {
+    int64_t batch, rows, cols;
+    bool row, col;
+    Dist dist;
+  };
+  const Case dense[] = {{1, 4000, 2880, true, true, Dist::kHeavyTailed},  {1, 2048, 7168, true, true, Dist::kOutlierChannels},
+                        {1, 1000, 2880, true, false, Dist::kSpecial},      {1, 96, 640, false, true, Dist::kSpecial},
+                        {3, 384, 2880, true, true, Dist::kOutlierChannels}, {2, 160, 96, true, true, Dist::kSpecial}};
+  for (const Case& c : dense) {
+    auto x = random_bf16(c.batch * c.rows, c.cols, c.dist, rng);
+    const uint16_t bad[] = {0x7FC0, 0xFF80, 0x7F80};  // a few NaN/Inf chunks
+    for (int k = 0; k < 6; ++k) x[size_t(rng() % x.size())] = bad[k % 3];
+    DevBuf<uint16_t> dx(x.size());
+    dx.upload(x);
+    const std::string what = std::string("dense ") + dist_name(c.dist) + " " + std::to_string(c.batch) + "x" +
+                             std::to_string(c.rows) + "x" + std::to_string(c.cols);
+    expect_fast_kernels_agree(what, c.batch, c.rows, c.cols, c.row, c.col, [&](const MxOut* ro, const MxOut* co) {
+      quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), c.batch, c.rows, c.cols, ro, co);
+    });
+  }
+
+  // Grouped: ragged, empty and one large group, K = 2880.
+  const std::vector<int32_t> counts = {0, 1, 127, 300, 0, 1000};
+  std::vector<int32_t> offs(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) offs[g + 1] = offs[g] + counts[g];
+  const int G = int(counts.size());
+  const int64_t cols = 2880, x_rows = offs[G], out_rows = 2048;
+  const auto xg = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
+  DevBuf<uint16_t> dxg(xg.size());
+  dxg.upload(xg);
+  DevBuf<int32_t> doffs(offs.size()), dpadded(offs.size());
+  doffs.upload(offs);
+  compute_padded_offsets(doffs.p, dpadded.p, G);
+  expect_fast_kernels_agree("grouped", 1, out_rows, cols, true, true, [&](const MxOut* ro, const MxOut* co) {
+    quantize_mxfp8_grouped(reinterpret_cast<const __nv_bfloat16*>(dxg.p), x_rows, cols, doffs.p, dpadded.p, G,
+                           out_rows, ro, co);
+  });
+
+  // Gather (pads, out-of-range indices) and gather-scaled, with the last tile cut by rows_used.
+  std::vector<int32_t> idx(static_cast<size_t>(out_rows));
+  for (auto& v : idx) v = rng() % 10 == 0 ? -1 : int32_t(rng() % (x_rows + 3));
+  std::vector<float> scale(static_cast<size_t>(out_rows));
+  std::normal_distribution<float> gs(0.0f, 4.0f);
+  for (auto& v : scale) v = gs(rng);
+  DevBuf<int32_t> didx(idx.size()), dused(1);
+  didx.upload(idx);
+  dused.upload(std::vector<int32_t>{1888});
+  DevBuf<float> dscale(scale.size());
+  dscale.upload(scale);
+  for (bool scaled : {false, true}) {
+    expect_fast_kernels_agree(scaled ? "gather_scaled" : "gather", 1, out_rows, cols, true, true,
+                              [&](const MxOut* ro, const MxOut* co) {
+                                const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dxg.p);
+                                if (scaled)
+                                  quantize_mxfp8_gather_scaled(xp, x_rows, cols, didx.p, dscale.p, out_rows, dused.p, ro, co);
+                                else
+                                  quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, ro, co);
+                              });
+    // One direction each (the staged kernel).
+    expect_fast_kernels_agree(std::string(scaled ? "gather_scaled" : "gather") + " rowwise", 1, out_rows, cols, true,
+                              false, [&](const MxOut* ro, const MxOut*) {
+                                const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dxg.p);
+                                if (scaled)
+                                  quantize_mxfp8_gather_scaled(xp, x_rows, cols, didx.p, dscale.p, out_rows, dused.p, ro, nullptr);
+                                else
+                                  quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, ro, nullptr);
+                              });
   }
 }

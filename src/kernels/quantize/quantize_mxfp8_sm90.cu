@@ -9,16 +9,23 @@
 //
 // Persistent CTAs of 256 threads walk [128 rows, 128 cols] BF16 tiles (32 KB) through a ring of
 // cp.async stages (each thread loads 8 rows' 16-byte vectors of the tile, rows past the data
-// zero-filled). Two kernels:
-//  - staged (plain MX copies, the default whenever no fast form is asked for): a row-wise thread
-//    owns two whole 32-blocks of one row (no shuffles); a column-wise thread 4 columns x 16 rows
-//    (one shuffle completes a block); E4M3 outputs go to swizzled staging tiles in shared memory
-//    and leave by one TMA store per direction; scale bytes are stored directly. 2-3 stages,
-//    97-113 KB, 2 CTAs per SM. See "Staged kernel" below for the barrier protocol.
-//  - register-store (with the fast form, or MXMOE_QUANT_STAGED=0): the row-wise pass from each
-//    thread's own slots (4 lanes per block, shuffles), 8-byte stores; the column-wise pass through
-//    shared memory with 16-byte stores of whole 128-byte lines; 3 stages (96 KB).
-// Registers: up to 128 a thread (2 CTAs per SM), no spills (checked with -Xptxas -v).
+// zero-filled). A tile is exactly one fast 128-chunk in both directions. Three kernels:
+//  - staged (the default for the plain MX copies alone and for the fast form alone, one
+//    direction, or both of grouped inputs): a row-wise thread owns two whole 32-blocks of one row
+//    (no shuffles; the fast form's chunk exponent takes one shuffle with the other half of the
+//    row, lane ^ 16); a column-wise thread 4 columns x 16 rows (one shuffle completes a block, two
+//    more the chunk over the quad's 8 lanes); E4M3 outputs (plain, or fast) go to swizzled staging
+//    tiles in shared memory and leave by one TMA store per direction; scale bytes (plain, or the
+//    chunk-major fast ones) are stored directly. 2-3 stages, 97-113 KB, 2 CTAs per SM. See
+//    "Staged kernel" below for the barrier protocol.
+//  - two-group (both directions of dense and gather inputs, plain alone or fast alone): the
+//    staged kernel's helpers in one 512-thread CTA per SM, one warp group per direction.
+//  - register-store (plain + fast together, or everything with MXMOE_QUANT_STAGED=0): the
+//    row-wise pass from each thread's own slots (4 lanes per block, shuffles), 8-byte stores; the
+//    column-wise pass through shared memory with 16-byte stores of whole 128-byte lines; 3 stages
+//    (96 KB).
+// Registers: at most 128 a thread (2 CTAs per SM; two-group: 512 threads, 1 CTA), no spills
+// (checked with -Xptxas -v; fast-only staged 80-128, two-group 128).
 // Roofline: memory-bound. Bytes per element: read 2; write 1 + 1/32 per copy (+1 + 1/128 fast).
 // Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
 #include <algorithm>
@@ -454,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
   dev::cp_async_wait_group<0>();
 }
 
-// ==== Staged kernel: the plain MX copies (no fast form) leave through shared memory by TMA stores ====
+// ==== Staged kernel: the plain MX copies, or the fast form alone, leave through shared memory by TMA stores ====
 // Per tile k (stage k % S):
 //   wait for this thread's loads of tile k (+ the gather's row scaling of its own slots);
 //   barrier A: tile k is visible to every thread;
@@ -474,6 +481,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
 // the stores.)
 // Scale bytes are stored directly. The row-wise pass reads other threads' slots, which barrier A
 // covers: a thread owns one row and 64 columns, i.e. two whole 32-blocks (no shuffles).
+// Fast form alone (kFast): the same protocol with the rebased codes in the staging, the TMA maps
+// on the fast data and the chunk exponents stored as the scale bytes (128 contiguous bytes per
+// tile and direction); plain + fast together would need a second staging tile per direction
+// (2 CTAs per SM would no longer fit), so it stays on the register-store kernel.
 constexpr int kStageBytes = kTileRows * kTileCols * 2;  // one BF16 tile
 constexpr int kOutTileBytes = kTileRows * kTileCols;    // one E4M3 tile
 
@@ -507,35 +518,70 @@ __device__ __forceinline__ RowVecs rowwise_load(const uint4* stage) {
   return rv;
 }
 
+// Fast form of one block's 16 E4M3 codes: re-expressed against the chunk's exponent byte `chunk`
+// (the second rounding of mx_format.h's rule; the whole chunk is NaN when any block of it is).
+__device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t chunk) {
+  if (chunk == kE8M0Nan) return make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
+  const float pw = dev::exp2_nonpositive(int(block) - int(chunk));
+  return make_uint4(dev::e4m3x4_rebase(q.x, pw), dev::e4m3x4_rebase(q.y, pw), dev::e4m3x4_rebase(q.z, pw),
+                    dev::e4m3x4_rebase(q.w, pw));
+}
+
+// Scale byte of 32-block b (vectors 4b .. 4b+3) of a row-wise thread's 64 columns.
+__device__ __forceinline__ uint32_t row_block_scale(const uint4* v, int b, ScaleMode mode) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int j = 4 * b; j < 4 * b + 4; ++j) {
+    m = dev::abs_max_bf16x2(m, v[j].x);
+    m = dev::abs_max_bf16x2(m, v[j].y);
+    m = dev::abs_max_bf16x2(m, v[j].z);
+    m = dev::abs_max_bf16x2(m, v[j].w);
+  }
+  return dev::e8m0_scale_byte(dev::halves_max(m), mode);
+}
+
+// kFast: the staging gets the fast form instead of the plain codes (the launcher asks for one or
+// the other), and the scale stores write the chunk-major fast scales.
+template <bool kFast>
 __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
                                                uint8_t* out) {
   const int r = row_of_thread(), half = half_of_thread();
   const uint4* v = rv.v;
   uint32_t sb[2];
+  // The 128-chunk is this row's 4 blocks: 2 here, 2 in the thread of the other half (lane ^ 16).
+  // Columns past the matrix were zero-filled: byte 0, below every block; a NaN block's 0xFF wins.
+  // (The plain copy computes each block's scale just before converting it, as before the fast
+  // form was added here: its SASS stays the one measured in runs 28-32.)
+  uint32_t chunk = 0;
+  if constexpr (kFast) {
+    sb[0] = row_block_scale(v, 0, p.mode);
+    sb[1] = row_block_scale(v, 1, p.mode);
+    chunk = max(sb[0], sb[1]);
+    chunk = max(chunk, __shfl_xor_sync(0xFFFFFFFFu, chunk, 16));
+  }
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    uint32_t m = 0;
-#pragma unroll
-    for (int j = 4 * b; j < 4 * b + 4; ++j) {
-      m = dev::abs_max_bf16x2(m, v[j].x);
-      m = dev::abs_max_bf16x2(m, v[j].y);
-      m = dev::abs_max_bf16x2(m, v[j].z);
-      m = dev::abs_max_bf16x2(m, v[j].w);
-    }
-    const uint32_t s = dev::e8m0_scale_byte(dev::halves_max(m), p.mode);
+    if constexpr (!kFast) sb[b] = row_block_scale(v, b, p.mode);
+    const uint32_t s = sb[b];
     const float rcp = dev::e8m0_reciprocal(s);
-    sb[b] = s;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {  // 16-byte output chunk = 2 input vectors
       const uint4 a = v[4 * b + 2 * c], d = v[4 * b + 2 * c + 1];
       uint4 o = make_uint4(e4m3x4_scaled(a.x, a.y, rcp), e4m3x4_scaled(a.z, a.w, rcp),
                            e4m3x4_scaled(d.x, d.y, rcp), e4m3x4_scaled(d.z, d.w, rcp));
       if (s == kE8M0Nan) o = make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
-      const int chunk = 4 * half + 2 * b + c;
-      *reinterpret_cast<uint4*>(out + r * kTileCols + 16 * (chunk ^ (r & 7))) = o;
+      if constexpr (kFast) o = rebase_x16(o, s, chunk);
+      const int piece = 4 * half + 2 * b + c;
+      *reinterpret_cast<uint4*>(out + r * kTileCols + 16 * (piece ^ (r & 7))) = o;
     }
   }
-  if (r < t.out_valid) {
+  if constexpr (kFast) {
+    // Chunk-major [ceil(cols/128), rows]: a tile's 128 bytes are contiguous.
+    if (half == 0 && r < t.out_valid) {
+      const int64_t nck = (p.cols + kFastChunk - 1) / kFastChunk;
+      p.row_fast_scales[(int64_t(t.b) * nck + t.c0 / kFastChunk) * p.rows_out + t.r0 + r] = uint8_t(chunk);
+    }
+  } else if (r < t.out_valid) {
     const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
     uint8_t* sp = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
     if (blk + 1 < nblk && nblk % 2 == 0) {
@@ -547,17 +593,36 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
   }
 }
 
+template <bool kFast>
 __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Tile& t, const ColWords& cw,
                                                uint8_t* out) {
   const ColQuad cq = colwise_quantize(p, cw);
   const int q = cq.q, h = cq.h;
+  // The 128-chunk of a column is the 8 row groups h of its quad: lanes 4h + q % 4 of this warp.
+  // Lanes h and h ^ 1 (xor 4) already share their block's scale, so xor 8 and 16 complete the max.
+  // The 4 columns' exponents travel one per byte; rows past the data are zeros (byte 0).
+  uint32_t chunks = 0;
+  if constexpr (kFast) {
+    chunks = cq.sc[0] | (cq.sc[1] << 8) | (cq.sc[2] << 16) | (cq.sc[3] << 24);
+    chunks = __vmaxu4(chunks, __shfl_xor_sync(0xFFFFFFFFu, chunks, 8));
+    chunks = __vmaxu4(chunks, __shfl_xor_sync(0xFFFFFFFFu, chunks, 16));
+  }
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int y = 4 * q + c;  // staging row = tile column
-    *reinterpret_cast<uint4*>(out + y * kTileRows + 16 * (h ^ (y & 7))) =
-        make_uint4(cq.qv[c][0], cq.qv[c][1], cq.qv[c][2], cq.qv[c][3]);
+    uint4 o = make_uint4(cq.qv[c][0], cq.qv[c][1], cq.qv[c][2], cq.qv[c][3]);
+    if constexpr (kFast) o = rebase_x16(o, cq.sc[c], (chunks >> (8 * c)) & 0xFFu);
+    *reinterpret_cast<uint4*>(out + y * kTileRows + 16 * (h ^ (y & 7))) = o;
   }
-  if ((h & 1) == 0 && 16 * h < t.out_valid) {
+  if constexpr (kFast) {
+    if (h == 0) {  // chunk-major [ceil(rows/128), cols]: a tile's 128 bytes are contiguous
+      const int64_t nrk = (p.rows_out + kFastChunk - 1) / kFastChunk;
+      uint8_t* fs = p.col_fast_scales + (int64_t(t.b) * nrk + t.r0 / kFastChunk) * p.cols + t.c0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (t.c0 + 4 * q + c < p.cols) fs[4 * q + c] = uint8_t(chunks >> (8 * c));
+    }
+  } else if ((h & 1) == 0 && 16 * h < t.out_valid) {
     const int64_t nblk = p.rows_out / kMxBlock;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -568,20 +633,23 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
 }
 
 // A gather tile with rows at or past *rows_used: every thread copies the valid part of the
-// staging out (16-byte pieces; a column's last piece byte by byte when it is cut).
-template <bool kRow, bool kCol, int kNumThreads = kThreads>
+// staging out (16-byte pieces; a column's last piece byte by byte when it is cut), to the plain
+// data or, with kFast, to the fast data.
+template <bool kRow, bool kCol, bool kFast, int kNumThreads = kThreads>
 __device__ __forceinline__ void copy_out_partial(const QuantizeParams& p, const Tile& t, const uint8_t* row_out,
                                                  const uint8_t* col_out) {
   const int32_t cols = int32_t(p.cols), rows = int32_t(p.rows_out);
+  uint8_t* const row_data = kFast ? p.row_fast_data : p.row_data;
+  uint8_t* const col_data = kFast ? p.col_fast_data : p.col_data;
   const int ncol = min(kTileCols, cols - t.c0);
   for (int i = threadIdx.x; i < kTileRows * 8; i += kNumThreads) {
     const int y = i / 8, ch = i % 8;
     const uint4* src_r = reinterpret_cast<const uint4*>(row_out + y * kTileCols + 16 * (ch ^ (y & 7)));
     if (kRow && y < t.out_valid && 16 * ch < ncol)
-      *reinterpret_cast<uint4*>(p.row_data + int64_t(t.r0 + y) * cols + t.c0 + 16 * ch) = *src_r;
+      *reinterpret_cast<uint4*>(row_data + int64_t(t.r0 + y) * cols + t.c0 + 16 * ch) = *src_r;
     if (kCol && y < ncol && 16 * ch < t.out_valid) {
       const uint8_t* src = col_out + y * kTileRows + 16 * (ch ^ (y & 7));
-      uint8_t* dst = p.col_data + int64_t(t.c0 + y) * rows + t.r0 + 16 * ch;
+      uint8_t* dst = col_data + int64_t(t.c0 + y) * rows + t.r0 + 16 * ch;
       const int n = min(16, t.out_valid - 16 * ch);
       if (n == 16) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
       else for (int j = 0; j < n; ++j) dst[j] = src[j];
@@ -598,7 +666,7 @@ __device__ __forceinline__ void trap_unless_staging_aligned(const uint8_t* smem)
   }
 }
 
-template <bool kRow, bool kCol, RowMap kMap>
+template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(const QuantizeParams p, const TileGrid g,
                                                                           const __grid_constant__ CUtensorMap row_map,
                                                                           const __grid_constant__ CUtensorMap col_map) {
@@ -648,10 +716,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       if (valid) cw = colwise_load(reinterpret_cast<const uint32_t*>(stage));
       if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // previous stores read the staging
       __syncthreads();  // C: the staging is free
-      if (valid) rowwise_staged(p, t, rowwise_load(stage), row_out);
+      if (valid) rowwise_staged<kFast>(p, t, rowwise_load(stage), row_out);
       __syncthreads();  // D: stage k % S has been read
       issue(k + S);
-      if (valid) colwise_staged(p, t, cw, col_out);
+      if (valid) colwise_staged<kFast>(p, t, cw, col_out);
     } else {
       // The pass's inputs into registers, then the stage is refilled while they are converted.
       RowVecs rv;
@@ -664,15 +732,15 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       __syncthreads();  // C: stage k % S has been read; the staging is free
       issue(k + S);     // the refill runs while this tile is converted and stored
       if (valid) {
-        if constexpr (kRow) rowwise_staged(p, t, rv, row_out);
-        if constexpr (kCol) colwise_staged(p, t, cw, col_out);
+        if constexpr (kRow) rowwise_staged<kFast>(p, t, rv, row_out);
+        if constexpr (kCol) colwise_staged<kFast>(p, t, cw, col_out);
       }
     }
     device::fence_proxy_async_shared_cta();
     __syncthreads();  // B: the staging is complete
     if (valid) {
       if (kMap == RowMap::kGather && t.out_valid < kTileRows) {
-        copy_out_partial<kRow, kCol>(p, t, row_out, col_out);
+        copy_out_partial<kRow, kCol, kFast>(p, t, row_out, col_out);
       } else if (threadIdx.x == 0) {
         if constexpr (kRow) device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
         if constexpr (kCol) device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
@@ -696,8 +764,9 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
 //   thread 0 waits until the stores of tile k-2 have read staging k % 2; C; refill with tile
 //   k + S; convert → staging k % 2; fence.proxy.async; B; thread 0 issues both TMA stores and
 //   commits one bulk group per tile (empty when there is nothing to store, so the group count
-//   stays one per tile). Same helpers, so the same bytes as the staged kernel. Dense and gather
-// inputs only (grouped ones stay on the staged kernel, see launch_staged).
+//   stays one per tile). Same helpers, so the same bytes as the staged kernel (plain copies, or
+//   the fast form alone with kFast). Dense and gather inputs only (grouped ones stay on the staged
+//   kernel, see launch_staged).
 // Run 32 (bench_quant --quick): 74.1 / 78.1 / 74.7% of copy on 16384x7168 / 65536x2048 /
 // 32768x2880 and 79.7% on weights 128x1536x2048, against 72.7 / 76.2 / 72.8 / 75.1% for the
 // staged kernel in the same run: +1.4 to +4.6 points, still short of 85%.
@@ -708,7 +777,7 @@ struct WsLayout {
   static constexpr int kBytes = kOut + 4 * kOutTileBytes;       // 192 KB
 };
 
-template <RowMap kMap>
+template <bool kFast, RowMap kMap>
 __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel(
     const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap row_map,
     const __grid_constant__ CUtensorMap col_map) {
@@ -759,13 +828,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
       uint8_t* row_out = smem + L::kOut + (k & 1) * 2 * kOutTileBytes;
       uint8_t* col_out = row_out + kOutTileBytes;
       if (valid) {
-        if constexpr (kRowGroup) rowwise_staged(p, t, in, row_out);
-        else colwise_staged(p, t, in, col_out);
+        if constexpr (kRowGroup) rowwise_staged<kFast>(p, t, in, row_out);
+        else colwise_staged<kFast>(p, t, in, col_out);
       }
       device::fence_proxy_async_shared_cta();
       __syncthreads();  // B: the staging is complete
       if (valid && kMap == RowMap::kGather && t.out_valid < kTileRows) {
-        copy_out_partial<true, true, kWsThreads>(p, t, row_out, col_out);
+        copy_out_partial<true, true, kFast, kWsThreads>(p, t, row_out, col_out);
       } else if (valid && threadIdx.x == 0) {
         device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
         device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
@@ -820,18 +889,22 @@ bool use_two_group() {
   return e == nullptr || std::strcmp(e, "0") != 0;
 }
 
-template <bool kRow, bool kCol, RowMap kMap>
+// kFast: the fast form alone (the plain pointers are null); otherwise the plain copies alone.
+template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   const TileGrid g = make_grid(p);
-  // TMA store maps: row-wise data [batch, rows_out, cols], column-wise data [batch, cols, rows_out].
+  // TMA store maps: row-wise data [batch, rows_out, cols], column-wise data [batch, cols, rows_out]
+  // (the fast data has the plain data's layout).
   CUtensorMap row_map{}, col_map{};
   const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
+  uint8_t* const row_data = kFast ? p.row_fast_data : p.row_data;
+  uint8_t* const col_data = kFast ? p.col_fast_data : p.col_data;
   if (kRow)
-    row_map = make_tensor_map_3d_u8("quantize_mxfp8", p.row_data, uint64_t(p.batch), uint64_t(p.rows_out),
+    row_map = make_tensor_map_3d_u8("quantize_mxfp8", row_data, uint64_t(p.batch), uint64_t(p.rows_out),
                                     uint64_t(p.cols), uint64_t(p.cols), uint64_t(p.rows_out * p.cols), kTileRows,
                                     kTileCols, sw);
   if (kCol)
-    col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, uint64_t(p.batch), uint64_t(p.cols),
+    col_map = make_tensor_map_3d_u8("quantize_mxfp8", col_data, uint64_t(p.batch), uint64_t(p.cols),
                                     uint64_t(p.rows_out), uint64_t(p.rows_out), uint64_t(p.rows_out * p.cols),
                                     kTileCols, kTileRows, sw);
   // Expert-grouped inputs stay on the staged kernel: run 32 measured the two-group kernel at 63.8%
@@ -839,7 +912,7 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   // the SM at the ring barrier, where two CTAs per SM hide it).
   if constexpr (kRow && kCol && kMap != RowMap::kGrouped) {
     if (use_two_group()) {
-      constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap>;
+      constexpr auto kernel = quantize_mxfp8_two_group_kernel<kFast, kMap>;
       constexpr int kSmem = WsLayout::kBytes;
       kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kWsThreads), kWsThreads, kSmem, stream>>>(
           p, g, row_map, col_map);
@@ -848,15 +921,15 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
     }
   }
   {
-    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kMap>;
+    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kFast, kMap>;
     constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
     kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
   }
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
-// The staged kernel writes the plain MX copies; MXMOE_QUANT_STAGED=0 (read on every call, so that
-// one process can time both) selects the register-store kernel for them instead.
+// The staged kernels write the plain MX copies, or the fast form alone; MXMOE_QUANT_STAGED=0 (read
+// on every call, so that one process can time both) selects the register-store kernel instead.
 bool use_staged() {
   const char* e = std::getenv("MXMOE_QUANT_STAGED");
   return e == nullptr || std::strcmp(e, "0") != 0;
@@ -873,19 +946,33 @@ void dispatch_dirs(const QuantizeParams& p, cudaStream_t stream) {
   else if (col) launch<false, true, kFast, kMap>(p, stream);
 }
 
+template <bool kFast, RowMap kMap>
+void dispatch_staged(bool row, bool col, const QuantizeParams& p, cudaStream_t stream) {
+  if (row && col) launch_staged<true, true, kFast, kMap>(p, stream);
+  else if (row) launch_staged<true, false, kFast, kMap>(p, stream);
+  else if (col) launch_staged<false, true, kFast, kMap>(p, stream);
+}
+
+// Plain copies alone, or fast forms alone (the training layer's fast mode): staged kernels. Plain
+// and fast together, in either direction: the register-store kernel (the staged kernels stage one
+// E4M3 tile per direction, and a second one would cost the 2 CTAs per SM).
 template <RowMap kMap>
 void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
   const bool fast = (p.row_fast_data != nullptr) || (p.col_fast_data != nullptr);
-  if (fast) {
+  const bool plain = (p.row_data != nullptr) || (p.col_data != nullptr);
+  // (The register-store launches come first in this file's text on purpose: the order in which
+  // the kernels are instantiated orders the extern shared arrays in the PTX, and with the 1024-byte
+  // aligned one first, ptxas moved the grouped register-store kernels' dynamic shared memory from
+  // offset 0x80 to 0x400.)
+  if (fast && (plain || !use_staged())) {
     dispatch_dirs<true, kMap>(p, stream);
+  } else if (fast) {
+    dispatch_staged<true, kMap>(p.row_fast_data != nullptr, p.col_fast_data != nullptr, p, stream);
   } else if (use_staged() && (reinterpret_cast<uintptr_t>(p.row_scales) & 1u) == 0) {
     // (The staged kernel stores a row's two scale bytes as one 16-bit word; quantize.h promises
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
-    // register-store kernel, whose scale stores are bytes.)
-    const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
-    if (row && col) launch_staged<true, true, kMap>(p, stream);
-    else if (row) launch_staged<true, false, kMap>(p, stream);
-    else if (col) launch_staged<false, true, kMap>(p, stream);
+    // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
+    dispatch_staged<false, kMap>(p.row_data != nullptr, p.col_data != nullptr, p, stream);
   } else {
     dispatch_dirs<false, kMap>(p, stream);
   }
