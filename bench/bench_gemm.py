@@ -27,13 +27,12 @@ every call; unset = the default path). --multicast-both and --tile-both time the
 beside the default one in the same run, on the same data: "mxmoe-fast" then runs with
 MXMOE_GEMM_TILE=128 MXMOE_GEMM_MULTICAST=0, "mxmoe-fast-mc" with MXMOE_GEMM_MULTICAST=1 (2-CTA
 clusters sharing the A tile by TMA multicast), "mxmoe-fast-192" with MXMOE_GEMM_TILE=192 (128 × 192
-tiles, one accumulator per math warpgroup), "mxmoe-fast-single" (--schedule-both) with
-MXMOE_GEMM_SCHEDULE=single (128 wide, one accumulator, scale products formed while the wgmmas run). Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
+tiles, one accumulator per math warpgroup). Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
 default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
 "mxmoe-exact-128" with 128. Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--tile-both] [--schedule-both] [--exact-tile-both]
+                                   [--tile-both] [--exact-tile-both]
                                    [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
@@ -53,9 +52,7 @@ import ctypes  # noqa: E402
 FAST, EXACT = 0, 1
 MULTICAST_ENV = "MXMOE_GEMM_MULTICAST"
 TILE_ENV = "MXMOE_GEMM_TILE"
-SCHEDULE_ENV = "MXMOE_GEMM_SCHEDULE"
 EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
-SCHEDULE_BOTH = False  # --schedule-both (set in main)
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 COPY_GBS = None  # device-to-device copy bandwidth measured in main (GB/s, read + write)
 BF16_OUT = 0
@@ -268,10 +265,7 @@ def mxmoe_variants(multicast_both, tile_both):
         alts.append((FAST, "mxmoe-fast-mc", {MULTICAST_ENV: "1", TILE_ENV: "128"}, "mxmoe-fast"))
     if tile_both:
         alts.append((FAST, "mxmoe-fast-192", {MULTICAST_ENV: "0", TILE_ENV: "192"}, "mxmoe-fast"))
-    if SCHEDULE_BOTH:
-        alts.append((FAST, "mxmoe-fast-single", {MULTICAST_ENV: "0", TILE_ENV: "128", SCHEDULE_ENV: "single"},
-                     "mxmoe-fast"))
-    fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128", SCHEDULE_ENV: "pingpong"} if alts else None
+    fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128"} if alts else None
     exact = [(EXACT, "mxmoe-exact", {EXACT_TILE_ENV: "256"} if EXACT_TILE_BOTH else None, None)]
     if EXACT_TILE_BOTH:
         exact.append((EXACT, "mxmoe-exact-128", {EXACT_TILE_ENV: "128"}, "mxmoe-exact"))
@@ -460,14 +454,10 @@ def main():
                     help="time fast mode on the default and the 2-CTA multicast path (MXMOE_GEMM_MULTICAST=0/1)")
     ap.add_argument("--tile-both", action="store_true",
                     help="time fast mode on the default and the 128x192-tile path (MXMOE_GEMM_TILE=128/192)")
-    ap.add_argument("--schedule-both", action="store_true",
-                    help="time fast mode's 128-wide ping-pong and single-accumulator schedules "
-                         "(MXMOE_GEMM_SCHEDULE=pingpong/single)")
     ap.add_argument("--exact-tile-both", action="store_true",
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     args = ap.parse_args()
-    global SCHEDULE_BOTH, EXACT_TILE_BOTH, COPY_GBS
-    SCHEDULE_BOTH = args.schedule_both
+    global EXACT_TILE_BOTH, COPY_GBS
     EXACT_TILE_BOTH = args.exact_tile_both
     require_gpu()
     lib = load_lib(args.lib)

@@ -655,7 +655,6 @@ bool multicast_requested() {
 struct PathEnv {
   int tile = 128;          // MXMOE_GEMM_TILE (fast mode)
   bool multicast = false;  // MXMOE_GEMM_MULTICAST (fast mode, 128 wide)
-  bool single = false;     // MXMOE_GEMM_SCHEDULE=single (fast mode, 128 wide), else pingpong
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
 };
 const PathEnv kDefaultPath{};
@@ -666,8 +665,7 @@ class ScopedKernelPath {
   explicit ScopedKernelPath(const PathEnv& e) {
     set("MXMOE_GEMM_TILE", std::to_string(e.tile), 0);
     set("MXMOE_GEMM_MULTICAST", e.multicast ? "1" : "0", 1);
-    set("MXMOE_GEMM_SCHEDULE", e.single ? "single" : "pingpong", 2);
-    set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 3);
+    set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 2);
   }
   ~ScopedKernelPath() {
     for (int i = 0; i < kVars; ++i) {
@@ -677,7 +675,7 @@ class ScopedKernelPath {
   }
 
  private:
-  static constexpr int kVars = 4;
+  static constexpr int kVars = 3;
   void set(const char* name, const std::string& value, int i) {
     const char* v = std::getenv(name);
     names_[i] = name;
@@ -809,30 +807,6 @@ TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
   TRACE_SEED();
   const PathCases c = tile_width_cases(rng_);
   expect_path_matches_default("wide tile", PathEnv{192}, c.m, c.k, {0, 1, 7}, true, rng_);
-}
-
-// The 128-wide single-accumulator schedule (MXMOE_GEMM_SCHEDULE=single: scale products formed while
-// the wgmmas run, one FFMA per element after the wait) against the ping-pong default: the same
-// products and fmaf per element, so the same bytes. Chunk counts 1 (K = 32), 2 (K = 256), odd and
-// even (K = 2880: 23 chunks, 640: 5, 1024: 8); num_sms 1 and 7 carry the stage ring across many
-// tiles (the stage is handed back before the promotion here).
-TEST_F(GemmGpu, SingleScheduleBitwiseMatchesDefault) {
-  REQUIRE_GPU();
-  TRACE_SEED();
-  const std::vector<PathCase> mcases = {
-      {4, 2880, 2880, {100, 0, 250, 40}},
-      {5, 32, 32, random_counts(rng_, 5, 0, 200)},
-      {2, 4096, 640, {300, 0}},
-      {384, 128, 256, random_counts(rng_, 384, 0, 40)},
-      {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
-  };
-  const std::vector<PathCase> kcases = {
-      {6, 256, 384, {0, 300, 128, 0, 1, 520}},
-      {3, 160, 96, {0, 700, 0}},
-      {4, 128, 992, random_counts(rng_, 4, 0, 400)},
-  };
-  expect_path_matches_default("single schedule", PathEnv{128, false, true}, mcases, kcases, {0, 1, 7}, true,
-                              rng_);
 }
 
 // ---- exact mode: tile widths and the image's scale range ------------------------------------------

@@ -31,14 +31,10 @@
 //   fast:  4 × wgmma m64n128k32 into a fresh FP32 accumulator, then tot += acc · sa[row] · sb[col]
 //          (DeepSeek 1×128 promotion with per-row scales on both operands). In a K-tail chunk the
 //          zero-filled k-steps are issued anyway (they add exact zeros). Schedules (bitwise
-//          identical results; kConfigFastPipelined, kConfigFastSingle, MXMOE_GEMM_SCHEDULE):
+//          identical results; kConfigFastPipelined):
 //          pipelined (default): two accumulators in ping-pong across chunks (chunk c+1's wgmmas
 //            are queued before chunk c is promoted) and scales decoded to FP32 once per stage by
 //            a producer warp, so a math warp spends ~200 instructions per chunk (128 FMUL/FFMA).
-//          single (128 wide, MXMOE_GEMM_SCHEDULE=single): one accumulator per warpgroup; the
-//            scale loads and products sa·sb are formed while the chunk's wgmmas run, the stage is
-//            handed back right after wait_group 0, then one FFMA per element
-//            (math_fast_single with kProducts).
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
 //          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
 //            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
@@ -796,43 +792,11 @@ __device__ __forceinline__ ThreadScales thread_scales(uint8_t* smem, uint64_t* r
 // (promote_quad, chunks in order): results are bitwise those of the other fast schedules.
 // Stage s is handed back after the promotion (the decoded floats are read during it), so a
 // warpgroup holds one stage from its wait on full[s] to the end of the promotion.
-//
-// ---- the same, 128 wide, products before the wait (kProducts) --------------------------------
-//
-// (MXMOE_GEMM_SCHEDULE=single.) The ping-pong schedule promotes a chunk with an FMUL (sa·sb) and
-// an FFMA per element after the wait that retires it, and run 29's per-instruction samples put 25%
-// of all warp stalls on those FMULs waiting for the scale loads issued after the wait. The scale
-// products do not depend on the accumulator, so here they are formed while the chunk's own wgmmas
-// run: issue chunk c (4 × m64n128k32 into acc), wait for the decoded scales, load them and compute
-// the 64 products sa[row]·sb[col] into prod; then wait_group 0, hand the stage back at once (its
-// tiles are consumed and its floats are in registers) and run 64 FFMAs, tot = fma(acc, prod, tot).
-// ptxas schedules all scale loads and ~20 of the FMULs above the wait and sinks the rest below it
-// (it does not know how long the wgmmas run; nvcc 13.0), so ~45 FMUL + 64 FFMA follow the wait
-// instead of the ping-pong's ~200 instructions with a shared-memory round trip at their head.
-// Computing the products before issuing the wgmmas leaves only the FFMAs after the wait but puts
-// the scale wait, loads and FMULs between this warpgroup's chunks (longer gap: not used).
-// Registers: acc 64 + tot 64 + prod 64 (the ping-pong's second accumulator pays for prod).
-// Numerics: the same FP32 products and the same fmaf per element, chunks in order, so the bytes are
-// those of every other fast schedule.
-template <int kBlockN>
-__device__ __forceinline__ void scale_products_quad(float (&prod)[kBlockN / 2], int m, float2 sa, float4 v) {
-  const int j0 = 2 * m, j1 = 2 * m + 1;  // as promote_quad
-  prod[4 * j0 + 0] = sa.x * v.x;
-  prod[4 * j0 + 1] = sa.x * v.y;
-  prod[4 * j0 + 2] = sa.y * v.x;
-  prod[4 * j0 + 3] = sa.y * v.y;
-  prod[4 * j1 + 0] = sa.x * v.z;
-  prod[4 * j1 + 1] = sa.x * v.w;
-  prod[4 * j1 + 2] = sa.y * v.z;
-  prod[4 * j1 + 3] = sa.y * v.w;
-}
 
-// kProducts: the 128-wide variant described above; without it, the wide tiles' schedule.
-template <int kBlockN, int kNumStages, bool kOutF32, bool kProducts, class Scheduler>
+template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
 __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
                                                  const Scheduler& sched, uint64_t* full,
                                                  uint64_t* empty, uint64_t* ready) {
-  static_assert(!kProducts || kBlockN == 128, "acc + tot + prod = 3 × kBlockN / 2 registers must fit in 232");
   constexpr int kQuads = kBlockN / 16;
   constexpr int kPreloadQuads = MXMOE_GEMM_PRELOAD_QUADS;  // registers: 4 per quad, beside acc + tot
   static_assert(kPreloadQuads <= kQuads, "preload at most the tile's column quads");
@@ -846,7 +810,6 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 
   PipeState<kNumStages> at;
   float acc[kBlockN / 2], tot[kBlockN / 2];
-  float prod[kProducts ? kBlockN / 2 : 1];
   for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
     const int n = sched.tile(t).num_chunks;
 #pragma unroll
@@ -857,32 +820,18 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
       const ThreadScales ts = thread_scales<kBlockN>(smem, ready, cur, sa_slot, sb_slot);
       const float2 sa = ts.sa;
       const float4* sbq = ts.sbq;
-      if constexpr (kProducts) {
+      float4 pre[kPreloadQuads > 0 ? kPreloadQuads : 1];
 #pragma unroll
-        for (int m = 0; m < kQuads; ++m) scale_products_quad<kBlockN>(prod, m, sa, sbq[4 * m]);
-        device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
-        device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
-        // Stage cur.s is no longer read: its wgmmas are retired and its floats were consumed by
-        // the products above (the arrive's release orders this warp's loads, __syncwarp the
-        // other lanes').
-        __syncwarp();
-        if (lane == 0) arrive_empty<false>(&empty[cur.s]);
+      for (int m = 0; m < kPreloadQuads; ++m) pre[m] = sbq[4 * m];
+      device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
+      device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
 #pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) tot[i] = fmaf(acc[i], prod[i], tot[i]);
-      } else {
-        float4 pre[kPreloadQuads > 0 ? kPreloadQuads : 1];
-#pragma unroll
-        for (int m = 0; m < kPreloadQuads; ++m) pre[m] = sbq[4 * m];
-        device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
-        device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
-#pragma unroll
-        for (int m = 0; m < kQuads; ++m)
-          promote_quad<kBlockN>(tot, acc, m, sa, m < kPreloadQuads ? pre[m] : sbq[4 * m]);
-        // Stage cur.s is no longer read: its wgmmas are retired, its floats consumed (the arrive's
-        // release orders this warp's loads, __syncwarp the other lanes').
-        __syncwarp();
-        if (lane == 0) arrive_empty<false>(&empty[cur.s]);
-      }
+      for (int m = 0; m < kQuads; ++m)
+        promote_quad<kBlockN>(tot, acc, m, sa, m < kPreloadQuads ? pre[m] : sbq[4 * m]);
+      // Stage cur.s is no longer read: its wgmmas are retired, its floats consumed (the arrive's
+      // release orders this warp's loads, __syncwarp the other lanes').
+      __syncwarp();
+      if (lane == 0) arrive_empty<false>(&empty[cur.s]);
     }
     store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
   }
@@ -925,7 +874,7 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
 // BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false, bool kSingle = false>
+          bool kMulticast = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
@@ -933,8 +882,6 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
   static_assert(!(kExact && kMulticast), "multicast is fast mode's");
-  static_assert(!kSingle || (kPipelined && kBlockN == 128 && !kMulticast),
-                "the 128-wide single-accumulator schedule: pipelined fast mode, no multicast");
   static_assert(kBlockN == 128 || (kPipelined && !kMulticast) || kExact,
                 "wide tiles: pipelined fast mode without multicast (192) or exact mode (256)");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
@@ -995,12 +942,10 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
-    if constexpr (kSingle)  // 128 wide, one accumulator, scale products before the wait
-      math_fast_single<kBlockN, kNumStages, kOutF32, true>(p, smem, sched, full, empty, ready);
-    else if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
+    if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
       math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty, ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
-      math_fast_single<kBlockN, kNumStages, kOutF32, false>(p, smem, sched, full, empty, ready);
+      math_fast_single<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
     else if constexpr (kExact)  // BF16 images, no promotion
       math_exact<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty);
     else
@@ -1047,11 +992,9 @@ constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
 constexpr int kConfigFastBlockN = 128;
-// 128-wide fast mode's schedule: false = ping-pong accumulators (math_fast_pipelined), true = one
-// accumulator with the scale products formed before the wait (math_fast_single with kProducts).
-// Bitwise identical results. MXMOE_GEMM_SCHEDULE=single (or pingpong) overrides it per call.
-// (The scale preload of run 30, 0.91-1.03x the ping-pong, was deleted for it.)
-constexpr bool kConfigFastSingle = false;
+// Measured and deleted (docs/notes/gemm.md): the ping-pong schedule with scales loaded before the
+// wgmma wait (run 30: 0.91-1.03x) and a 128-wide one-accumulator schedule with the scale products
+// formed under the wgmmas (run 39: 0.77-0.93x on the forward).
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
 constexpr int kConfigExactBlockN = 256;
@@ -1075,7 +1018,6 @@ constexpr int stages_for() {
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
-  bool single = false;  // 128 wide, no multicast: math_fast_single with kProducts (MXMOE_GEMM_SCHEDULE)
 };
 
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
@@ -1094,9 +1036,6 @@ inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastB
   if (k.block_n != kConfigBlockN) return k;
   const char* mc = std::getenv("MXMOE_GEMM_MULTICAST");
   k.multicast = (mc != nullptr && mc[0] != '\0') ? mc[0] != '0' : kConfigClusterMulticast;
-  const char* sc = std::getenv("MXMOE_GEMM_SCHEDULE");
-  const bool single = sc != nullptr && sc[0] != '\0' ? std::string(sc) == "single" : kConfigFastSingle;
-  k.single = !k.multicast && single;
   return k;
 }
 
@@ -1157,7 +1096,7 @@ int max_active_pairs(const char* fn, int smem) {
 }
 
 template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped>
-void launch_grouped(const char* fn, bool multicast, bool single, const CUtensorMap& tm_a,
+void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                     const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
                     const Params& p, int grid, cudaStream_t stream) {
   // Wide tiles exist only as the pipelined fast schedule.
@@ -1176,14 +1115,6 @@ void launch_grouped(const char* fn, bool multicast, bool single, const CUtensorM
       MXMOE_CHECK_LAUNCH(fn);
       return;
     }
-    if (single) {
-      constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
-                                                                kKGrouped, kPipelined, false, true>;
-      detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
-      kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
-      MXMOE_CHECK_LAUNCH(fn);
-      return;
-    }
   }
   constexpr auto kernel =
       grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped, kPipelined>;
@@ -1199,19 +1130,19 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
   constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN, kXW = kConfigExactWideBlockN;
-  const bool mc = path.multicast, sg = path.single;
+  const bool mc = path.multicast;
   if (exact && path.block_n == kXW) {
-    if (out_f32) launch_grouped<kXW, true, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kXW, true, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kXW, true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kXW, true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else if (exact) {
-    if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, true, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else if (path.block_n == kW) {
-    if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kW, false, false, kKGrouped>(fn, false, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kW, false, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   } else {
-    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, sg, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, sg, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
   }
 }
 
