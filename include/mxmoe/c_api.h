@@ -1,8 +1,10 @@
 /* C ABI of mxmoe (libmxmoe_c.so), for foreign-function callers such as the Python benchmarks
  * (ctypes). Every function returns 0 on success and non-zero on error; mxmoe_last_error() then
  * returns the message (thread-local, valid until the next call on that thread). Pointers are
- * device pointers; `stream` is a cudaStream_t (NULL: the legacy default stream). An MX copy is
- * requested by a non-null data pointer; its fast form by non-null fast pointers. */
+ * device pointers; `stream` is a cudaStream_t (NULL: the legacy default stream). An MX copy
+ * (row-wise or column-wise) is requested when any of its four pointers (data, scales, fast data,
+ * fast scales) is non-null: data + scales for the plain copy, the fast pair for its fast form,
+ * the fast pair alone for a fast-only copy. */
 #ifndef MXMOE_C_API_H_
 #define MXMOE_C_API_H_
 #include <stdint.h>

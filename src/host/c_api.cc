@@ -16,6 +16,10 @@ namespace {
 
 using mxmoe::detail::c_api_guarded;
 
+// A copy is asked for when any of its four pointers is given (a fast-only copy has null data and
+// scales); the C++ checks then name whatever is missing.
+bool asked(void* d, void* s, void* fd, void* fs) { return d || s || fd || fs; }
+
 mxmoe::MxOut out(void* d, void* s, void* fd, void* fs) {
   mxmoe::MxOut o;
   o.data = static_cast<uint8_t*>(d);
@@ -34,8 +38,8 @@ extern "C" int mxmoe_quantize_mxfp8(const void* x, int64_t batch, int64_t rows, 
                                     void* cfd, void* cfs, int mode, void* stream) {
   return c_api_guarded([&] {
     const mxmoe::MxOut r = out(rd, rs, rfd, rfs), c = out(cd, cs, cfd, cfs);
-    mxmoe::quantize_mxfp8(static_cast<const __nv_bfloat16*>(x), batch, rows, cols, rd ? &r : nullptr,
-                          cd ? &c : nullptr, static_cast<mxmoe::ScaleMode>(mode),
+    mxmoe::quantize_mxfp8(static_cast<const __nv_bfloat16*>(x), batch, rows, cols, asked(rd, rs, rfd, rfs) ? &r : nullptr,
+                          asked(cd, cs, cfd, cfs) ? &c : nullptr, static_cast<mxmoe::ScaleMode>(mode),
                           static_cast<cudaStream_t>(stream));
   });
 }
@@ -48,8 +52,8 @@ extern "C" int mxmoe_quantize_mxfp8_grouped(const void* x, int64_t x_rows, int64
   return c_api_guarded([&] {
     const mxmoe::MxOut r = out(rd, rs, rfd, rfs), c = out(cd, cs, cfd, cfs);
     mxmoe::quantize_mxfp8_grouped(static_cast<const __nv_bfloat16*>(x), x_rows, cols, offsets,
-                                  padded_offsets, num_groups, out_rows, rd ? &r : nullptr,
-                                  cd ? &c : nullptr, static_cast<mxmoe::ScaleMode>(mode),
+                                  padded_offsets, num_groups, out_rows, asked(rd, rs, rfd, rfs) ? &r : nullptr,
+                                  asked(cd, cs, cfd, cfs) ? &c : nullptr, static_cast<mxmoe::ScaleMode>(mode),
                                   static_cast<cudaStream_t>(stream));
   });
 }
@@ -61,7 +65,7 @@ extern "C" int mxmoe_quantize_mxfp8_gather(const void* x, int64_t x_rows, int64_
   return c_api_guarded([&] {
     const mxmoe::MxOut r = out(rd, rs, rfd, rfs), c = out(cd, cs, cfd, cfs);
     mxmoe::quantize_mxfp8_gather(static_cast<const __nv_bfloat16*>(x), x_rows, cols, row_index, out_rows,
-                                 rows_used, rd ? &r : nullptr, cd ? &c : nullptr,
+                                 rows_used, asked(rd, rs, rfd, rfs) ? &r : nullptr, asked(cd, cs, cfd, cfs) ? &c : nullptr,
                                  static_cast<mxmoe::ScaleMode>(mode), static_cast<cudaStream_t>(stream));
   });
 }

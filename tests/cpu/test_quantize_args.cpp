@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/arg_test_util.h"
+#include "mxmoe/c_api.h"
 #include "mxmoe/dequantize.h"
 #include "mxmoe/quantize.h"
 
@@ -125,4 +126,22 @@ TEST(QuantizeArgs, DequantizeRejectsBadArguments) {
   expect_error_naming([&] { dequantize_mxfp8_bf16(d, s, 128, 128, fake<__nv_bfloat16>(0x40002)); }, "image");
   // rows == 0 is an empty tensor: checked, then nothing to do (no CUDA call, so no GPU needed).
   EXPECT_NO_THROW(dequantize_mxfp8_bf16(nullptr, nullptr, 0, 128, nullptr));
+}
+
+// The C ABI (ctypes callers: the benchmarks) asks for a copy when any of its four pointers is
+// given, so a fast-only copy reaches the C++ checks: here with a misaligned fast_data, which must
+// be named, not reported as a missing copy (before the fix, every fast-only call failed with
+// "'rowwise' = null").
+TEST(QuantizeArgs, CApiFastOnlyCopyReachesTheChecks) {
+  void* fd_bad = fake(0x40004);
+  void* fs = fake(0x50000);
+  ASSERT_NE(mxmoe_quantize_mxfp8(X, 1, 128, 128, nullptr, nullptr, fd_bad, fs, nullptr, nullptr, nullptr,
+                                 nullptr, 0, nullptr), 0);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("rowwise.fast_data"), std::string::npos) << mxmoe_last_error();
+  ASSERT_NE(mxmoe_quantize_mxfp8(X, 1, 128, 128, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, fd_bad,
+                                 fs, 0, nullptr), 0);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("colwise.fast_data"), std::string::npos) << mxmoe_last_error();
+  ASSERT_NE(mxmoe_quantize_mxfp8_gather(X, 128, 128, fake<const int32_t>(0x60000), 128, nullptr, nullptr, nullptr,
+                                        fd_bad, fs, nullptr, nullptr, nullptr, nullptr, 0, nullptr), 0);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("rowwise.fast_data"), std::string::npos) << mxmoe_last_error();
 }
