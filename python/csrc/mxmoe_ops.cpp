@@ -57,8 +57,10 @@ mxmoe::ScaleMode scale_mode(Checker& c, int64_t mode) {
 
 // Allocates one MX copy of logical shape lead + [rows, cols] (blocks of 32 along cols) and
 // appends data, scales (and fast_data, fast_scales) to `outs`.
+// plain = false: the fast pair alone (fast must be true): what a fast-mode GEMM reads, written by
+// the quantizer's faster staged kernels and half the output bytes.
 mxmoe::MxOut alloc_mx(std::vector<Tensor>& outs, const at::TensorOptions& opts,
-                      std::vector<int64_t> lead, int64_t rows, int64_t cols, bool fast) {
+                      std::vector<int64_t> lead, int64_t rows, int64_t cols, bool fast, bool plain) {
   auto with = [&](int64_t a, int64_t b) {
     std::vector<int64_t> s = lead;
     s.push_back(a);
@@ -66,12 +68,14 @@ mxmoe::MxOut alloc_mx(std::vector<Tensor>& outs, const at::TensorOptions& opts,
     return s;
   };
   mxmoe::MxOut o;
-  Tensor data = at::empty(with(rows, cols), opts.dtype(kFp8));
-  Tensor scales = at::empty(with(rows, cols / mxmoe::kMxBlock), opts.dtype(kU8));
-  o.data = ptr<uint8_t>(data);
-  o.scales = ptr<uint8_t>(scales);
-  outs.push_back(data);
-  outs.push_back(scales);
+  if (plain) {
+    Tensor data = at::empty(with(rows, cols), opts.dtype(kFp8));
+    Tensor scales = at::empty(with(rows, cols / mxmoe::kMxBlock), opts.dtype(kU8));
+    o.data = ptr<uint8_t>(data);
+    o.scales = ptr<uint8_t>(scales);
+    outs.push_back(data);
+    outs.push_back(scales);
+  }
   if (fast) {
     Tensor fd = at::empty(with(rows, cols), opts.dtype(kFp8));
     Tensor fs = at::empty(with(cdiv(cols, mxmoe::kFastChunk), rows), opts.dtype(kU8));
@@ -83,18 +87,24 @@ mxmoe::MxOut alloc_mx(std::vector<Tensor>& outs, const at::TensorOptions& opts,
   return o;
 }
 
+void check_forms(const char* op, bool rowwise, bool colwise, bool fast, bool plain) {
+  TORCH_CHECK_VALUE(rowwise || colwise, "mxmoe.", op, ": arguments 'rowwise', 'colwise': at least one must be true");
+  TORCH_CHECK_VALUE(plain || fast, "mxmoe.", op, ": argument 'plain' = False needs fast = True (a copy must "
+                    "have the plain form, the fast form or both)");
+}
+
 // x: BF16 [R, C] or [B, R, C]. Returns, in order, for the row-wise copy (if rowwise) and then the
-// column-wise copy (if colwise): data, scales, and with fast also fast_data, fast_scales.
+// column-wise copy (if colwise): data, scales (unless plain = false), and with fast also
+// fast_data, fast_scales.
 //   row-wise: [.., R, C] fp8, [.., R, C/32] u8, [.., R, C] fp8, [.., ceil(C/128), R] u8
 //   col-wise: [.., C, R] fp8, [.., C, R/32] u8, [.., C, R] fp8, [.., ceil(R/128), C] u8
 std::vector<Tensor> quantize_mxfp8(const Tensor& x, bool rowwise, bool colwise, bool fast,
-                                   int64_t mode) {
+                                   int64_t mode, bool plain) {
   Checker c{"quantize_mxfp8"};
   c.tensor("x", x, kBf16, 16);
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "mxmoe.quantize_mxfp8: argument 'x' must be 2-D [R, C] "
               "or 3-D [B, R, C] (batched weights), got shape ", x.sizes());
-  TORCH_CHECK_VALUE(rowwise || colwise,
-                    "mxmoe.quantize_mxfp8: arguments 'rowwise', 'colwise': at least one must be true");
+  check_forms("quantize_mxfp8", rowwise, colwise, fast, plain);
   const mxmoe::ScaleMode m = scale_mode(c, mode);
   const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
   const int64_t rows = x.size(-2), cols = x.size(-1);
@@ -107,8 +117,8 @@ std::vector<Tensor> quantize_mxfp8(const Tensor& x, bool rowwise, bool colwise, 
   if (x.dim() == 3) lead.push_back(batch);
   std::vector<Tensor> outs;
   mxmoe::MxOut row, col;
-  if (rowwise) row = alloc_mx(outs, x.options(), lead, rows, cols, fast);
-  if (colwise) col = alloc_mx(outs, x.options(), lead, cols, rows, fast);
+  if (rowwise) row = alloc_mx(outs, x.options(), lead, rows, cols, fast, plain);
+  if (colwise) col = alloc_mx(outs, x.options(), lead, cols, rows, fast, plain);
   if (batch == 0 || rows == 0) return outs;  // nothing to quantize
   const c10::cuda::CUDAGuard guard(x.device());
   call_api([&] {
@@ -133,15 +143,15 @@ void check_groups(Checker& c, const char* arg, const Tensor& t) {
 // undefined: torch.empty).
 std::vector<Tensor> quantize_mxfp8_grouped(const Tensor& x, const Tensor& offsets,
                                            const Tensor& padded_offsets, int64_t out_rows,
-                                           bool rowwise, bool colwise, bool fast, int64_t mode) {
+                                           bool rowwise, bool colwise, bool fast, int64_t mode,
+                                           bool plain) {
   Checker c{"quantize_mxfp8_grouped"};
   c.tensor("x", x, kBf16, 16);
   c.dim("x", x, 2);
   check_groups(c, "offsets", offsets);
   check_groups(c, "padded_offsets", padded_offsets);
   c.shape("padded_offsets", padded_offsets, offsets.sizes());
-  TORCH_CHECK_VALUE(rowwise || colwise, "mxmoe.quantize_mxfp8_grouped: arguments 'rowwise', "
-                    "'colwise': at least one must be true");
+  check_forms("quantize_mxfp8_grouped", rowwise, colwise, fast, plain);
   const mxmoe::ScaleMode m = scale_mode(c, mode);
   const int64_t cols = x.size(1);
   c.value(cols % 32 == 0 && cols > 0, "x.shape[1]", cols, "must be a positive multiple of 32");
@@ -149,8 +159,8 @@ std::vector<Tensor> quantize_mxfp8_grouped(const Tensor& x, const Tensor& offset
           "must be a positive multiple of 128 (the padded capacity)");
   std::vector<Tensor> outs;
   mxmoe::MxOut row, col;
-  if (rowwise) row = alloc_mx(outs, x.options(), {}, out_rows, cols, fast);
-  if (colwise) col = alloc_mx(outs, x.options(), {}, cols, out_rows, fast);
+  if (rowwise) row = alloc_mx(outs, x.options(), {}, out_rows, cols, fast, plain);
+  if (colwise) col = alloc_mx(outs, x.options(), {}, cols, out_rows, fast, plain);
   const c10::cuda::CUDAGuard guard(x.device());
   call_api([&] {
     mxmoe::quantize_mxfp8_grouped(bf16_ptr(x), x.size(0), cols, ptr<const int32_t>(offsets),
@@ -166,7 +176,7 @@ std::vector<Tensor> quantize_mxfp8_grouped(const Tensor& x, const Tensor& offset
 // on the device; rows at or beyond it are not written (content undefined).
 std::vector<Tensor> quantize_mxfp8_gather(const Tensor& x, const Tensor& row_index,
                                           const std::optional<Tensor>& rows_used, bool rowwise,
-                                          bool colwise, bool fast, int64_t mode) {
+                                          bool colwise, bool fast, int64_t mode, bool plain) {
   Checker c{"quantize_mxfp8_gather"};
   c.tensor("x", x, kBf16, 16);
   c.dim("x", x, 2);
@@ -177,8 +187,7 @@ std::vector<Tensor> quantize_mxfp8_gather(const Tensor& x, const Tensor& row_ind
     TORCH_CHECK(rows_used->numel() == 1, "mxmoe.quantize_mxfp8_gather: argument 'rows_used' must "
                 "hold one int32 (shape [] or [1]), got shape ", rows_used->sizes());
   }
-  TORCH_CHECK_VALUE(rowwise || colwise, "mxmoe.quantize_mxfp8_gather: arguments 'rowwise', "
-                    "'colwise': at least one must be true");
+  check_forms("quantize_mxfp8_gather", rowwise, colwise, fast, plain);
   const mxmoe::ScaleMode m = scale_mode(c, mode);
   const int64_t cols = x.size(1), out_rows = row_index.size(0);
   c.value(cols % 32 == 0 && cols > 0, "x.shape[1]", cols, "must be a positive multiple of 32");
@@ -186,8 +195,8 @@ std::vector<Tensor> quantize_mxfp8_gather(const Tensor& x, const Tensor& row_ind
           "must be a positive multiple of 128 (the padded capacity)");
   std::vector<Tensor> outs;
   mxmoe::MxOut row, col;
-  if (rowwise) row = alloc_mx(outs, x.options(), {}, out_rows, cols, fast);
-  if (colwise) col = alloc_mx(outs, x.options(), {}, cols, out_rows, fast);
+  if (rowwise) row = alloc_mx(outs, x.options(), {}, out_rows, cols, fast, plain);
+  if (colwise) col = alloc_mx(outs, x.options(), {}, cols, out_rows, fast, plain);
   const c10::cuda::CUDAGuard guard(x.device());
   call_api([&] {
     mxmoe::quantize_mxfp8_gather(bf16_ptr(x), x.size(0), cols, ptr<const int32_t>(row_index),
@@ -689,11 +698,11 @@ Tensor decode_down(const Tensor& h, const Tensor& w2, const std::optional<Tensor
 // Schemas: keep the argument names in step with python/mxmoe/ops.py and _fake.py.
 TORCH_LIBRARY(mxmoe, m) {
   m.def("quantize_mxfp8(Tensor x, bool rowwise=True, bool colwise=False, bool fast=False, "
-        "int mode=0) -> Tensor[]");
+        "int mode=0, bool plain=True) -> Tensor[]");
   m.def("quantize_mxfp8_grouped(Tensor x, Tensor offsets, Tensor padded_offsets, int out_rows, "
-        "bool rowwise=True, bool colwise=False, bool fast=False, int mode=0) -> Tensor[]");
+        "bool rowwise=True, bool colwise=False, bool fast=False, int mode=0, bool plain=True) -> Tensor[]");
   m.def("quantize_mxfp8_gather(Tensor x, Tensor row_index, Tensor? rows_used=None, "
-        "bool rowwise=True, bool colwise=False, bool fast=False, int mode=0) -> Tensor[]");
+        "bool rowwise=True, bool colwise=False, bool fast=False, int mode=0, bool plain=True) -> Tensor[]");
   m.def("compute_padded_offsets(Tensor offsets, int align=128) -> Tensor");
   m.def("moe_plan(Tensor ids, int num_experts, int capacity=0) -> "
         "(Tensor counts, Tensor offsets, Tensor padded_offsets, Tensor row_of, Tensor row_index)");

@@ -11,43 +11,49 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _mx_like(x, lead, rows, cols, fast):
-    """data, scales (and fast_data, fast_scales) of one MX copy of logical shape lead + [rows, cols]."""
-    outs = [x.new_empty((*lead, rows, cols), dtype=FP8), x.new_empty((*lead, rows, cols // 32), dtype=U8)]
+def _mx_like(x, lead, rows, cols, fast, plain=True):
+    """data, scales (unless not plain) and fast_data, fast_scales (if fast) of one MX copy of logical
+    shape lead + [rows, cols]."""
+    outs = []
+    if plain:
+        outs += [x.new_empty((*lead, rows, cols), dtype=FP8), x.new_empty((*lead, rows, cols // 32), dtype=U8)]
     if fast:
         outs += [x.new_empty((*lead, rows, cols), dtype=FP8),
                  x.new_empty((*lead, _cdiv(cols, 128), rows), dtype=U8)]
     return outs
 
 
-def _quantized(x, lead, rows, cols, rowwise, colwise, fast):
+def _quantized(x, lead, rows, cols, rowwise, colwise, fast, plain=True):
     if not (rowwise or colwise):
         raise ValueError("mxmoe: arguments 'rowwise', 'colwise': at least one must be true")
+    if not (plain or fast):
+        raise ValueError("mxmoe: argument 'plain' = False needs fast = True")
     outs = []
     if rowwise:
-        outs += _mx_like(x, lead, rows, cols, fast)
+        outs += _mx_like(x, lead, rows, cols, fast, plain)
     if colwise:
-        outs += _mx_like(x, lead, cols, rows, fast)
+        outs += _mx_like(x, lead, cols, rows, fast, plain)
     return outs
 
 
 @torch.library.register_fake("mxmoe::quantize_mxfp8")
-def _quantize_mxfp8(x, rowwise=True, colwise=False, fast=False, mode=0):
+def _quantize_mxfp8(x, rowwise=True, colwise=False, fast=False, mode=0, plain=True):
     if x.dim() not in (2, 3):
         raise RuntimeError(f"mxmoe.quantize_mxfp8: argument 'x' must be 2-D or 3-D, got shape {tuple(x.shape)}")
     lead = tuple(x.shape[:-2])
-    return _quantized(x, lead, x.shape[-2], x.shape[-1], rowwise, colwise, fast)
+    return _quantized(x, lead, x.shape[-2], x.shape[-1], rowwise, colwise, fast, plain)
 
 
 @torch.library.register_fake("mxmoe::quantize_mxfp8_grouped")
 def _quantize_mxfp8_grouped(x, offsets, padded_offsets, out_rows, rowwise=True, colwise=False, fast=False,
-                            mode=0):
-    return _quantized(x, (), out_rows, x.shape[1], rowwise, colwise, fast)
+                            mode=0, plain=True):
+    return _quantized(x, (), out_rows, x.shape[1], rowwise, colwise, fast, plain)
 
 
 @torch.library.register_fake("mxmoe::quantize_mxfp8_gather")
-def _quantize_mxfp8_gather(x, row_index, rows_used=None, rowwise=True, colwise=False, fast=False, mode=0):
-    return _quantized(x, (), row_index.shape[0], x.shape[1], rowwise, colwise, fast)
+def _quantize_mxfp8_gather(x, row_index, rows_used=None, rowwise=True, colwise=False, fast=False, mode=0,
+                           plain=True):
+    return _quantized(x, (), row_index.shape[0], x.shape[1], rowwise, colwise, fast, plain)
 
 
 @torch.library.register_fake("mxmoe::compute_padded_offsets")

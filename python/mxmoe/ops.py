@@ -31,9 +31,10 @@ _MODES = {"rceil": 0, "floor": 1}
 
 class MxTensor(NamedTuple):
     """One MX-quantized copy: data float8_e4m3fn [..., R, C], scales uint8 [..., R, C/32]; with the
-    fast form also fast_data float8_e4m3fn [..., R, C] and fast_scales uint8 [..., ceil(C/128), R]."""
-    data: torch.Tensor
-    scales: torch.Tensor
+    fast form also fast_data float8_e4m3fn [..., R, C] and fast_scales uint8 [..., ceil(C/128), R].
+    A fast-only copy (quantize(..., fast=True, plain=False)) has data = scales = None."""
+    data: Optional[torch.Tensor]
+    scales: Optional[torch.Tensor]
     fast_data: Optional[torch.Tensor] = None
     fast_scales: Optional[torch.Tensor] = None
 
@@ -64,19 +65,22 @@ def _mode(mode):
     return int(mode)
 
 
-def _bundle(outs, rowwise, colwise, fast):
-    n = 4 if fast else 2
+def _bundle(outs, rowwise, colwise, fast, plain=True):
+    n = (2 if plain else 0) + (2 if fast else 0)
     row = col = None
     i = 0
+
+    def copy(t):
+        return MxTensor(*t) if plain else MxTensor(None, None, *t)
     if rowwise:
-        row = MxTensor(*outs[i:i + n])
+        row = copy(outs[i:i + n])
         i += n
     if colwise:
-        col = MxTensor(*outs[i:i + n])
+        col = copy(outs[i:i + n])
     return Quantized(row, col)
 
 
-def quantize(x, rowwise=True, colwise=False, fast=False, mode="rceil"):
+def quantize(x, rowwise=True, colwise=False, fast=False, mode="rceil", plain=True):
     """MXFP8-quantize a BF16 tensor in one pass (one read of x for both copies).
 
     x: bfloat16 [R, C] or [B, R, C] (batched weights [E, N, K]), contiguous, 16-byte aligned, CUDA.
@@ -84,11 +88,13 @@ def quantize(x, rowwise=True, colwise=False, fast=False, mode="rceil"):
     colwise: the MX tensor of xᵀ, [.., C, R] / scales [.., C, R/32]; needs R % 32 == 0.
     fast: also the fast GEMM-ready form of each copy (fast_scales [.., ceil(cols/128), rows]).
     mode: 'rceil' (default; scale 2^ceil(log2(amax/448))) or 'floor' (OCP MX v1.0).
+    plain: False (with fast=True) writes the fast form alone (MxTensor with data = scales = None):
+      what fast-mode GEMMs read, by the quantizer's faster kernels and half the output bytes.
     Returns Quantized(rowwise=MxTensor | None, colwise=MxTensor | None). Bit-exact against
     mxmoe.reference.
     """
-    outs = torch.ops.mxmoe.quantize_mxfp8(x, rowwise, colwise, fast, _mode(mode))
-    return _bundle(outs, rowwise, colwise, fast)
+    outs = torch.ops.mxmoe.quantize_mxfp8(x, rowwise, colwise, fast, _mode(mode), plain)
+    return _bundle(outs, rowwise, colwise, fast, plain)
 
 
 def compute_padded_offsets(offsets, align=128):
@@ -97,7 +103,7 @@ def compute_padded_offsets(offsets, align=128):
 
 
 def quantize_grouped(x, offsets, out_rows, padded_offsets=None, rowwise=True, colwise=False, fast=False,
-                     mode="rceil"):
+                     mode="rceil", plain=True):
     """Quantize rows grouped by expert into the padded expert layout of the grouped GEMMs.
 
     x: bfloat16 [x_rows, C]; group g owns rows [offsets[g], offsets[g+1]) (int32 [G+1], device).
@@ -111,11 +117,12 @@ def quantize_grouped(x, offsets, out_rows, padded_offsets=None, rowwise=True, co
     if padded_offsets is None:
         padded_offsets = compute_padded_offsets(offsets)
     outs = torch.ops.mxmoe.quantize_mxfp8_grouped(x, offsets, padded_offsets, out_rows, rowwise, colwise,
-                                                 fast, _mode(mode))
-    return _bundle(outs, rowwise, colwise, fast)
+                                                 fast, _mode(mode), plain)
+    return _bundle(outs, rowwise, colwise, fast, plain)
 
 
-def quantize_gather(x, row_index, rows_used=None, rowwise=True, colwise=False, fast=False, mode="rceil"):
+def quantize_gather(x, row_index, rows_used=None, rowwise=True, colwise=False, fast=False, mode="rceil",
+                    plain=True):
     """Gather rows, then quantize (the MoE layer's fused permute + quantize).
 
     x: bfloat16 [x_rows, C]; row_index: int32 [out_rows] (out_rows % 128 == 0): output row r is
@@ -123,8 +130,9 @@ def quantize_gather(x, row_index, rows_used=None, rowwise=True, colwise=False, f
     rows_used: optional int32 scalar tensor on the device (e.g. plan.padded_offsets[-1:]); rows at
     or beyond it are not written (content undefined). Outputs as quantize() with R = out_rows.
     """
-    outs = torch.ops.mxmoe.quantize_mxfp8_gather(x, row_index, rows_used, rowwise, colwise, fast, _mode(mode))
-    return _bundle(outs, rowwise, colwise, fast)
+    outs = torch.ops.mxmoe.quantize_mxfp8_gather(x, row_index, rows_used, rowwise, colwise, fast, _mode(mode),
+                                                plain)
+    return _bundle(outs, rowwise, colwise, fast, plain)
 
 
 def moe_plan(ids, num_experts, capacity=None):
@@ -140,6 +148,9 @@ def _gemm_operand(t, fast, name):
             raise ValueError(f"mxmoe: argument '{name}' has no fast form; quantize with fast=True "
                              "or pass fast=False (exact mode)")
         return t.fast_data, t.fast_scales
+    if t.data is None or t.scales is None:
+        raise ValueError(f"mxmoe: argument '{name}' has no plain MX copy (quantized with plain=False); "
+                         "exact mode needs it: quantize with plain=True")
     return t.data, t.scales
 
 
@@ -148,6 +159,8 @@ def bf16_image(t):
     bfloat16 of t.data's shape = deq(data, scales) rounded to bfloat16 (round to nearest even,
     gradual underflow, Inf on overflow; NaN for NaN codes or scale 0xFF). Equal to the exact MX
     values for every block whose scale byte is in [3, 246]."""
+    if t.data is None or t.scales is None:
+        raise ValueError("mxmoe: argument 't' has no plain MX copy (quantized with plain=False)")
     return torch.ops.mxmoe.dequantize_mxfp8_bf16(t.data, t.scales)
 
 

@@ -235,3 +235,58 @@ def test_moe_plan(tokens, top_k, experts):
     want = host_plan(ids, experts, cap)
     for name, g, w in zip(plan._fields, plan, want):
         assert_bytes_equal(g.cpu(), w, f"plan.{name} T={tokens} k={top_k} E={experts} seed={seed}")
+
+
+def _fast_pairs(q, rowwise, colwise):
+    return [t for c, on in ((q.rowwise, rowwise), (q.colwise, colwise)) if on for t in (c.fast_data, c.fast_scales)]
+
+
+@pytest.mark.parametrize("sides", ["row", "col", "both"])
+def test_quantize_fast_only(sides):
+    """plain=False writes the fast pair alone (on the staged kernels); its bytes equal the fast pair of
+    plain + fast (the register-store kernel), for dense 2-D and 3-D, grouped and gathered inputs."""
+    seed = fresh_seed()
+    rowwise, colwise = sides in ("row", "both"), sides in ("col", "both")
+    what = f"{sides} seed={seed}"
+    for shape in [(384, 2880), (4, 256, 384), (160, 256)]:
+        x = rand_bf16(*shape)
+        both = mxmoe.quantize(x, rowwise=rowwise, colwise=colwise, fast=True)
+        only = mxmoe.quantize(x, rowwise=rowwise, colwise=colwise, fast=True, plain=False)
+        for c in (only.rowwise, only.colwise):
+            assert c is None or (c.data is None and c.scales is None), what
+        for g, w in zip(_fast_pairs(only, rowwise, colwise), _fast_pairs(both, rowwise, colwise)):
+            assert_bytes_equal(g, w, f"dense {shape} {what}")
+    counts = random_counts(6, 700)
+    d_off = prefix(counts).to(DEV)
+    used = int(prefix(counts, 128)[-1])
+    x = rand_bf16(int(counts.sum()), 256)
+    out_rows = used + 256
+    kw = dict(rowwise=rowwise, colwise=colwise, fast=True)
+    g_both = mxmoe.quantize_grouped(x, d_off, out_rows, **kw)
+    g_only = mxmoe.quantize_grouped(x, d_off, out_rows, plain=False, **kw)
+    idx = torch.randint(-1, x.shape[0], (out_rows,), dtype=torch.int32, device=DEV)
+    a_both = mxmoe.quantize_gather(x, idx, **kw)
+    a_only = mxmoe.quantize_gather(x, idx, plain=False, **kw)
+    for name, only, both in (("grouped", g_only, g_both), ("gather", a_only, a_both)):
+        for i, (g, w) in enumerate(zip(_fast_pairs(only, rowwise, colwise), _fast_pairs(both, rowwise, colwise))):
+            if name == "grouped":  # rows (columns) past the used padded rows are not written
+                g, w = _used(g, w, i, rowwise, colwise, used)
+            assert_bytes_equal(g, w, f"{name} {what} buffer {i}")
+
+
+def _used(g, w, i, rowwise, colwise, used):
+    """The written part of fast buffer i of a grouped quantization: row-wise data [R, C] and fast
+    scales [nck, R] (R = padded rows); column-wise data [C, R] and fast scales [R/128, C]."""
+    row_copy = rowwise and i < 2
+    if row_copy:
+        return (g[:used], w[:used]) if i % 2 == 0 else (g[:, :used], w[:, :used])
+    return (g[:, :used], w[:, :used]) if i % 2 == 0 else (g[:used // 128], w[:used // 128])
+
+
+def test_quantize_fast_only_needs_fast():
+    x = rand_bf16(128, 128)
+    with pytest.raises(ValueError, match="plain"):
+        mxmoe.quantize(x, fast=False, plain=False)
+    q = mxmoe.quantize(x, fast=True, plain=False)
+    with pytest.raises(ValueError, match="plain"):
+        mxmoe.bf16_image(q.rowwise)
