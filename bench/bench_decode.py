@@ -1,6 +1,9 @@
-"""Warp decode (include/mxmoe/decode.h) benchmark: one MoE decode step (router → gate/up+SwiGLU →
-down+combine) with BF16 and MXFP8 weights, against a conventional expert-centric decode step in
-plain PyTorch, both under CUDA graphs, in the same process and run.
+"""Decode benchmark (include/mxmoe/decode.h): one MoE decode step with BF16 and MXFP8 weights, by
+three mxmoe variants — warp decode (router → gate/up+SwiGLU → down+combine), the expert-centric
+step (router → decode_expert_centric: plan, gather, grouped GEMMs, SwiGLU, combine) and
+decode_step (the dispatcher: router, then whichever path the crossover table picks) — against a
+conventional expert-centric decode step in plain PyTorch, all under CUDA graphs, in the same
+process and run.
 
 Baseline (BF16 weights): logits = x·Wrᵀ → softmax/sigmoid top-k (torch) → sort the (token, slot)
 pairs by expert → gather x into segments padded to 16 rows (device-side offsets, no host sync) →
@@ -13,14 +16,17 @@ rep (common.Timer). Time per step = median graph time / STEPS.
 Effective bandwidth = distinct bytes touched per step (weights of the distinct routed experts +
 shared expert + router weights) / time, against the device-to-device copy bandwidth measured in
 the same run (common.copy_bandwidth).
-Verification: mxmoe's timed output against the baseline run on the same routing (mxmoe's ids and
-weights) — for MXFP8, the baseline runs on the dequantized weights of the routed experts —
-relative Frobenius error < VERIFY_TOL (BF16 intermediates in the baseline: ~2^-8 per element).
+Verification: each variant's timed output against the baseline run on the same routing (mxmoe's
+ids and weights) — for MXFP8, the baseline runs on the dequantized weights of the routed experts —
+relative Frobenius error < VERIFY_TOL (BF16 intermediates in the baseline: ~2^-8 per element), or
+< VERIFY_TOL_MX_EC where MXFP8 weights run the expert-centric path (it quantizes x and H to MXFP8:
+~5% expected, docs/notes/decode.md "Expert-centric path").
 Also the fraction of tokens whose expert set agrees with the baseline's own router is printed.
 
-Each line: shape | B | dtype | us | GB/s | % copy | × baseline. At the end, "crossover data" lines:
-the largest B at which mxmoe beats the baseline, per shape and dtype — the values for the table
-in src/host/decode.cpp (kCrossovers).
+Each line: shape | B | dtype | variant | path | us | GB/s | % copy | × baseline. At the end,
+"crossover data" lines: the largest B at which warp decode beats the expert-centric step, per shape
+and dtype — the values for the dispatcher's table in src/host/decode.cpp (kCrossovers) — and
+per shape and dtype the worst decode_step ratio against the baseline over the batches run.
 Usage: python3 bench/bench_decode.py [--json OUT.json] [--shapes Qwen3-30B,...] [--batches 1,2,4]
        [--reps 15] [--quick]
 """
@@ -39,6 +45,8 @@ from common import Timer, check, copy_bandwidth, device_info, load_lib, print_ta
 BF16_W, MXFP8_W = 0, 1
 H_FP32 = 0
 VERIFY_TOL = 0.02
+VERIFY_TOL_MX_EC = 0.10
+WARP, EC, AUTO = "warp", "expert-centric", "decode_step"
 MEM_BUDGET = 80e9   # bytes of weight copies per shape
 STEPS = 8           # decode steps per graph
 PAD = 16            # baseline segment padding (rows)
@@ -58,7 +66,16 @@ def setup_lib(lib):
     lib.mxmoe_decode_gate_up.argtypes = [vp, i32, i32, i32, i32, vp, vp, vp, vp, i32, vp, i32, vp, i32, vp]
     lib.mxmoe_decode_down.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, vp, vp, i32, vp, vp, i32, vp, vp]
     lib.mxmoe_decode_crossover.argtypes = [i32, i32, i32, i32, i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
-    for f in (lib.mxmoe_decode_router, lib.mxmoe_decode_gate_up, lib.mxmoe_decode_down, lib.mxmoe_decode_crossover):
+    i64, pi64 = ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+    lib.mxmoe_decode_prepared_weights_bytes.argtypes = [i32, i32, i32, i32, pi64]
+    lib.mxmoe_decode_prepare_weights.argtypes = [vp, vp, vp, vp, i32, i32, i32, vp, i64, vp]
+    lib.mxmoe_decode_expert_centric.argtypes = [vp, i32, i32, i32, i32] + [vp] * 10 + [i32, vp, vp, i32, vp, vp, i64, vp]
+    lib.mxmoe_decode_step_workspace_bytes.argtypes = [i32, i32, i32, i32, i32, i32, i32, pi64]
+    lib.mxmoe_decode_step.argtypes = ([vp, i32, i32, i32, i32, i32, i32, vp, i32, i32, i32, i32, f32, vp, i32]
+                                      + [vp] * 10 + [vp, vp, vp, vp, i64, ctypes.POINTER(i32), vp])
+    for f in (lib.mxmoe_decode_router, lib.mxmoe_decode_gate_up, lib.mxmoe_decode_down, lib.mxmoe_decode_crossover,
+              lib.mxmoe_decode_prepared_weights_bytes, lib.mxmoe_decode_prepare_weights,
+              lib.mxmoe_decode_expert_centric, lib.mxmoe_decode_step_workspace_bytes, lib.mxmoe_decode_step):
         f.restype = i32
 
 
@@ -79,6 +96,18 @@ def quantize_mx(lib, w):
     check(lib, lib.mxmoe_quantize_mxfp8(ptr(w), E, N, K, ptr(data), ptr(scales), null, null,
                                         null, null, null, null, 0, null))
     return data, scales
+
+
+def prepare_mx(lib, sh, d, sc, shared, n, k):
+    """The expert-centric path's prepared (fast GEMM) form of MX weights [E, n, k] (+ shared)."""
+    nb = ctypes.c_int64(0)
+    check(lib, lib.mxmoe_decode_prepared_weights_bytes(sh.E, n, k, int(shared is not None), ctypes.byref(nb)))
+    buf = torch.empty(nb.value, dtype=torch.uint8, device="cuda")
+    null = ctypes.c_void_p(0)
+    check(lib, lib.mxmoe_decode_prepare_weights(ptr(d), ptr(sc), ptr(shared[0]) if shared else null,
+                                                ptr(shared[1]) if shared else null, sh.E, n, k, ptr(buf),
+                                                nb.value, null))
+    return buf
 
 
 def dequantize_mx(data, scales, experts=None):
@@ -110,7 +139,8 @@ class Weights:
             d1, sc1 = quantize_mx(lib, self.w1)
             d2, sc2 = quantize_mx(lib, self.w2)
             s = (quantize_mx(lib, self.s1), quantize_mx(lib, self.s2)) if sh.shared else (None, None)
-            self.mx = dict(d1=d1, sc1=sc1, d2=d2, sc2=sc2, s1=s[0], s2=s[1])
+            self.mx = dict(d1=d1, sc1=sc1, d2=d2, sc2=sc2, s1=s[0], s2=s[1],
+                           p1=prepare_mx(lib, sh, d1, sc1, s[0], 2 * I, H), p2=prepare_mx(lib, sh, d2, sc2, s[1], H, I))
 
     def args(self, which, dtype):
         """(data, scales, shared_data, shared_scales) pointers for W1 (which=1) or W2."""
@@ -122,23 +152,59 @@ class Weights:
         sh = m["s1"] if which == 1 else m["s2"]
         return ptr(d), ptr(sc), ptr(sh[0]) if sh else ctypes.c_void_p(0), ptr(sh[1]) if sh else ctypes.c_void_p(0)
 
+    def args5(self, which, dtype):
+        """args() plus the prepared form (null for BF16): a DecodeWeights of the C ABI."""
+        p = ctypes.c_void_p(0) if dtype == BF16_W else ptr(self.mx["p1" if which == 1 else "p2"])
+        return self.args(which, dtype) + (p,)
+
 
 class Mxmoe:
-    """Buffers and the three launches of one mxmoe decode step."""
+    """Buffers and the launches of one mxmoe decode step, by variant (WARP, EC, AUTO)."""
 
-    def __init__(self, lib, sh, B):
+    def __init__(self, lib, sh, B, dtype):
         self.lib, self.sh, self.B = lib, sh, B
         self.ids = torch.empty(B, sh.k, dtype=torch.int32, device="cuda")
         self.w = torch.empty(B, sh.k, dtype=torch.float32, device="cuda")
         self.h = torch.empty(B, sh.S, sh.I, dtype=torch.float32, device="cuda")
         self.out = torch.empty(B, sh.H, dtype=torch.bfloat16, device="cuda")
+        nb = ctypes.c_int64(0)  # decode_step's workspace also serves decode_expert_centric
+        check(lib, lib.mxmoe_decode_step_workspace_bytes(sh.H, sh.I, sh.E, sh.k, int(sh.shared), dtype, B,
+                                                         ctypes.byref(nb)))
+        self.ws = torch.empty(nb.value, dtype=torch.uint8, device="cuda")
+        self.path = ctypes.c_int(-1)
 
-    def step(self, x, wr, bias, W, dtype, stream):
+    def step(self, variant, x, wr, bias, W, dtype, stream):
+        if variant == AUTO:
+            return self.step_auto(x, wr, bias, W, dtype, stream)
+        self.router(x, wr, bias, stream)
+        if variant == WARP:
+            return self.step_warp(x, W, dtype, stream)
+        return self.step_ec(x, W, dtype, stream)
+
+    def router(self, x, wr, bias, stream):
         lib, sh, B = self.lib, self.sh, self.B
-        st = ctypes.c_void_p(stream)
         check(lib, lib.mxmoe_decode_router(ptr(x), B, sh.H, ptr(wr), sh.E, sh.k, int(sh.sigmoid), 1,
                                            sh.n_groups, sh.topk_groups, sh.scaling, ptr(bias),
-                                           ptr(self.ids), ptr(self.w), st))
+                                           ptr(self.ids), ptr(self.w), ctypes.c_void_p(stream)))
+
+    def step_ec(self, x, W, dtype, stream):
+        lib, sh, B = self.lib, self.sh, self.B
+        check(lib, lib.mxmoe_decode_expert_centric(ptr(x), B, sh.H, sh.I, dtype, *W.args5(1, dtype),
+                                                   *W.args5(2, dtype), sh.E, ptr(self.ids), ptr(self.w), sh.k,
+                                                   ptr(self.out), ptr(self.ws), self.ws.numel(),
+                                                   ctypes.c_void_p(stream)))
+
+    def step_auto(self, x, wr, bias, W, dtype, stream):
+        lib, sh, B = self.lib, self.sh, self.B
+        check(lib, lib.mxmoe_decode_step(ptr(x), B, sh.H, sh.I, sh.E, sh.k, int(sh.shared), ptr(wr),
+                                         int(sh.sigmoid), 1, sh.n_groups, sh.topk_groups, sh.scaling, ptr(bias),
+                                         dtype, *W.args5(1, dtype), *W.args5(2, dtype), ptr(self.ids),
+                                         ptr(self.w), ptr(self.out), ptr(self.ws), self.ws.numel(),
+                                         ctypes.byref(self.path), ctypes.c_void_p(stream)))
+
+    def step_warp(self, x, W, dtype, stream):
+        lib, sh, B = self.lib, self.sh, self.B
+        st = ctypes.c_void_p(stream)
         d, s, sd, ss = W.args(1, dtype)
         check(lib, lib.mxmoe_decode_gate_up(ptr(x), B, sh.H, sh.I, dtype, d, s, sd, ss, sh.E, ptr(self.ids),
                                             sh.k, ptr(self.h), H_FP32, st))
@@ -219,9 +285,9 @@ def expert_bytes(sh, dtype):
     return 3 * sh.I * sh.H * per_elem
 
 
-def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover):
+def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_auto):
     H, E = sh.H, sh.E
-    per_copy = E * 3 * sh.I * H * (2 + 1 + 1 / 32)
+    per_copy = E * 3 * sh.I * H * (2 + 1 + 1 / 32 + 1 + 1 / 128)  # BF16, MX, prepared fast form
     copies = int(max(2, min(4, MEM_BUDGET // per_copy)))
     Ws = [Weights(sh, lib, True, 1234 + c) for c in range(copies)]
     wr = torch.randn(E, H, device="cuda", dtype=torch.bfloat16) / math.sqrt(H)
@@ -240,13 +306,13 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover):
         g_base = capture(baseline_steps, stream)
         t_base = timer(lambda: g_base.replay()) / STEPS
         base_ids, _ = torch_route(sh, x, wr, bias)
-        win_at = {}
-        for dtype in (BF16_W, MXFP8_W):
-            M = Mxmoe(lib, sh, B)
+        times = {}
+        for dtype, variant in [(d, v) for d in (BF16_W, MXFP8_W) for v in (WARP, EC, AUTO)]:
+            M = Mxmoe(lib, sh, B, dtype)
 
             def mx_steps():
                 for s in range(STEPS):
-                    M.step(x, wr, bias, Ws[s % copies], dtype, stream.cuda_stream)
+                    M.step(variant, x, wr, bias, Ws[s % copies], dtype, stream.cuda_stream)
 
             g = capture(mx_steps, stream)
             t = timer(lambda: g.replay()) / STEPS
@@ -269,23 +335,30 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover):
                 s2 = dequantize_mx(*m["s2"]) if sh.shared else None
                 ref = torch_step(sh, x, wr, bias, w1, w2, s1, s2, remap[ids.long()].to(torch.int32), wts)
             err = rel_err(M.out, ref)
-            ok = err < VERIFY_TOL
+            path = {WARP: 0, EC: 1, AUTO: M.path.value}[variant]
+            path_name = "warp" if path == 0 else "expert-centric"
+            ok = err < (VERIFY_TOL_MX_EC if dtype == MXFP8_W and path == 1 else VERIFY_TOL)
             agree = (torch.sort(ids, -1)[0] == torch.sort(base_ids, -1)[0]).all(-1).float().mean().item()
             distinct = torch.unique(ids).numel()
             nbytes = distinct * expert_bytes(sh, dtype) + (expert_bytes(sh, dtype) if sh.shared else 0) + E * H * 2
             gbs = nbytes / (t * 1e-6) / 1e9
             name = "bf16" if dtype == BF16_W else "mxfp8"
-            rows.append([sh.name, B, name, f"{t:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_bw:.1f}",
+            rows.append([sh.name, B, name, variant, path_name, f"{t:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_bw:.1f}",
                          f"{t_base / t:.2f}", f"{t_base:.1f}", f"{err:.4f}" + ("" if ok else " FAIL"), f"{agree:.2f}"])
-            results.append(dict(shape=sh.name, batch=B, dtype=name, us=t, baseline_us=t_base, gbs=gbs,
-                                pct_copy=100 * gbs / copy_bw, speedup=t_base / t, distinct_experts=distinct,
-                                bytes=nbytes, rel_err=err, verified=ok, routing_agreement=agree))
-            win_at[name] = t < t_base
+            results.append(dict(shape=sh.name, batch=B, dtype=name, variant=variant, path=path_name, us=t,
+                                baseline_us=t_base, gbs=gbs, pct_copy=100 * gbs / copy_bw, speedup=t_base / t,
+                                distinct_experts=distinct, bytes=nbytes, rel_err=err, verified=ok,
+                                routing_agreement=agree))
+            times[variant] = t
+            if variant == AUTO:
+                prev = worst_auto.get((sh.name, name))
+                if prev is None or t_base / t < prev[0]:
+                    worst_auto[(sh.name, name)] = (t_base / t, B, path_name)
             if not ok:
-                print(f"VERIFY FAILED: {sh.name} B={B} {name}: rel err {err:.4f} >= {VERIFY_TOL}", file=sys.stderr)
+                print(f"VERIFY FAILED: {sh.name} B={B} {name} {variant}: rel err {err:.4f}", file=sys.stderr)
             del g, M
-        for name, won in win_at.items():
-            crossover.setdefault((sh.name, name), []).append((B, won))
+            if variant == AUTO:  # warp decode against the expert-centric step: the dispatcher's choice
+                crossover.setdefault((sh.name, name), []).append((B, times[WARP] < times[EC]))
         del g_base
         torch.cuda.synchronize()
     del Ws
@@ -310,13 +383,15 @@ def main():
     if args.quick:
         shapes, batches = shapes[:1], [1, 8, 64]
     print(f"device: {device_info()}  copy bandwidth: {copy_bw:.0f} GB/s")
-    rows, results, crossover = [], [], {}
+    rows, results, crossover, worst_auto = [], [], {}, {}
     for sh in shapes:
-        run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover)
-    print_table("warp decode step (router + gate/up + down) vs conventional PyTorch decode step, CUDA graphs",
-                ["shape", "B", "weights", "us", "GB/s", "% copy", "x baseline", "baseline us", "rel err", "routing agree"],
-                rows)
-    print("\ncrossover data (for kCrossovers in src/host/decode.cpp): largest B with mxmoe faster than the baseline")
+        run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_auto)
+    print_table("mxmoe decode step (warp decode, expert-centric, decode_step) vs conventional PyTorch decode step, "
+                "CUDA graphs",
+                ["shape", "B", "weights", "variant", "path", "us", "GB/s", "% copy", "x baseline", "baseline us",
+                 "rel err", "routing agree"], rows)
+    print("\ncrossover data (for kCrossovers in src/host/decode.cpp): largest B with warp decode faster than the "
+          "expert-centric step (below the first B where it is slower)")
     table = {}
     for (shape, name), wins in crossover.items():
         faster = [B for B, w in wins if w]
@@ -329,8 +404,14 @@ def main():
         print(f"  {shape:16s} {name:6s}: warp decode wins up to B = {best} (wins at {faster}); "
               f"table now: {mb.value} ({'measured' if ms.value else 'not yet measured'})")
         table[f"{shape}/{name}"] = best
+    print(f"\ndecode_step against the baseline, worst over B in {batches}:")
+    worst = {}
+    for (shape, name), (ratio, B, path_name) in worst_auto.items():
+        print(f"  {shape:16s} {name:6s}: worst decode_step ratio {ratio:.2f}x the baseline at B = {B} ({path_name})"
+              + ("" if ratio >= 1.0 else "  SLOWER than the baseline"))
+        worst[f"{shape}/{name}"] = dict(ratio=ratio, batch=B, path=path_name)
     write_json(args.json, dict(device=device_info(), copy_gbs=copy_bw, steps_per_graph=STEPS, results=results,
-                               crossover=table))
+                               crossover=table, worst_decode_step=worst))
     if not all(r["verified"] for r in results):
         sys.exit(1)
 

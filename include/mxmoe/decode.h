@@ -52,6 +52,7 @@
 // All calls are asynchronous on `stream`, check their arguments on the host before any CUDA call
 // (mxmoe::Error naming the argument) and never synchronise with the host.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -87,6 +88,10 @@ struct DecodeWeights {
   const uint8_t* scales = nullptr;        // E8M0 [E, N, K/32] (MXFP8 only)
   const void* shared_data = nullptr;      // BF16 or E4M3 [N, K], or null: no shared expert
   const uint8_t* shared_scales = nullptr; // E8M0 [N, K/32] (MXFP8 with a shared expert)
+  // MXFP8 only, read only by the expert-centric path (decode_expert_centric, decode_step): the
+  // fast-mode GEMM form of these weights, made once by decode_prepare_weights. Null otherwise
+  // (the warp-decode kernels ignore it; it must be null for BF16 weights).
+  const void* prepared = nullptr;
 };
 
 // topk_ids int32 [B, k], topk_weights FP32 [B, k] (both 4-byte aligned).
@@ -121,5 +126,82 @@ struct DecodeCrossover {
 // a default (not measured).
 DecodeCrossover decode_crossover(const DecodeShape& shape, DecodeWeightDtype dtype);
 DecodePath choose_decode_path(const DecodeShape& shape, DecodeWeightDtype dtype, int batch);
+
+// ---- the expert-centric decode step (above the crossover) ---------------------------------------
+// One decode step of a layer for B tokens with the training layer's launches (DESIGN.md §3),
+// same contract as decode_gate_up + decode_down (x, the routing, the weights → out; a shared
+// expert is slot k with weight 1, summed after the routed experts):
+//   moe_plan(topk_ids) → gather x into the padded per-expert layout (moe_gather_rows, or
+//   quantize_mxfp8_gather for MXFP8) → GU = m_grouped GEMM(x_p, W1) (BF16) → H = moe_swiglu(GU)
+//   (BF16) [→ quantize H (MXFP8)] → Y = m_grouped GEMM(H, W2) (BF16) → moe_combine.
+//   Shared expert: the same chain with one group (a moe_plan of the all-zero ids [B, 1], so its
+//   offsets are {0, roundup(B, 128)}) whose GEMM2 writes FP32 Ys [B, H], the combine's addend:
+//     out[t, n] = bf16( (Σ_{j<k} w[t, j] · Y[row(t, j), n]) + Ys[t, n] )
+//   summed in FP32 in slot order j = 0..k−1, then the shared term, rounded once.
+// Numerics:
+//   * BF16 weights: exact-mode GEMMs (GemmMode::kExact) on BF16 "images" that are the tensors
+//     themselves (the gathered BF16 x rows, the BF16 weights, the BF16 H): plain BF16 × BF16
+//     products accumulated in FP32, no quantization anywhere. Against warp decode the extra
+//     roundings are GU, H and Y stored in BF16 (2^-8 relative each) where warp decode keeps h in
+//     FP32 and never stores g, u or a slot's product.
+//   * MXFP8 weights: fast-mode GEMMs (GemmMode::kFast, FP8 wgmma, 1×128 promotion) on the
+//     prepared weights (decode_prepare_weights: the given MX tensors dequantized exactly to BF16
+//     and re-quantized with RCEIL into the fast form; the dequantized values are unchanged except
+//     where the fast form's 128-chunk rebasing drops an element below E4M3's normal range, as in
+//     the training layer, and for blocks with scale bytes outside [3, 246]). Above the crossover
+//     the ACTIVATIONS ARE QUANTIZED: x and H are MXFP8-quantized row-wise (RCEIL, fast form) per
+//     step, as in the training layer's fast mode — unlike warp decode, which keeps x in BF16 and h
+//     in FP32. Expect an output error of about 6% relative (Frobenius) against the FP64 reference
+//     on Gaussian data (E4M3 keeps 3 mantissa bits; docs/notes/decode.md "Expert-centric path").
+//   * Deterministic (no atomics; fixed orders). Batch invariance: every output row of the grouped
+//     GEMMs depends only on its own A row and the expert's weights (row-wise quantization, the
+//     same K order in every tile), the combine sums a token's slots in a fixed order, so a token's
+//     output does not depend on the other tokens (tests/gpu/test_decode_gpu.cpp checks it).
+// Out-of-range ids are dropped by moe_plan (they contribute nothing; warp decode clamps them).
+// Sizes: as warp decode, and H, I multiples of 32 for both dtypes (the GEMMs' N and K);
+// num_experts <= kMaxGemmExperts.
+// workspace: device memory of at least decode_expert_centric_workspace_bytes(batch, …) bytes,
+// 256-byte aligned; a workspace sized for a larger batch serves every smaller one. It is sized for
+// the worst-case routing (moe_plan_capacity(B, k, E) = roundup(B·k + E·127, 128) padded rows), so
+// no step reads anything back to the host; the GEMMs and the element-wise kernels touch only the
+// rows in use. Asynchronous on `stream`, no host synchronisation, no host read of device data:
+// capturable in a CUDA graph. Arguments are checked before any CUDA call.
+
+// Bytes of the prepared form of one MXFP8 projection [E, N, K] (+ shared [N, K]).
+size_t decode_prepared_weights_bytes(int num_experts, int n, int k, bool shared_expert);
+// Writes the prepared (fast GEMM) form of the MXFP8 weights w ([E, N, K], + shared [N, K] when
+// w.shared_data is set) into `prepared` (256-byte aligned, decode_prepared_weights_bytes bytes);
+// then set w.prepared = prepared. Once per weight tensor, not per step: it allocates a temporary
+// BF16 buffer of at most ~256 MB (or one expert) with cudaMallocAsync on `stream` and frees it
+// there. Asynchronous; w must stay unchanged until it has run.
+void decode_prepare_weights(const DecodeWeights& w, int num_experts, int n, int k, void* prepared,
+                            size_t prepared_bytes, cudaStream_t stream = nullptr);
+
+size_t decode_expert_centric_workspace_bytes(int batch, int hidden, int inter, int num_experts,
+                                             int top_k, bool shared_expert, DecodeWeightDtype dtype);
+// w1, w2 as for decode_gate_up / decode_down (MXFP8: with .prepared set); a shared expert is
+// given in both or neither. out BF16 [B, H].
+void decode_expert_centric(const __nv_bfloat16* x, int batch, int hidden, int inter,
+                           const DecodeWeights& w1, const DecodeWeights& w2, int num_experts,
+                           const int32_t* topk_ids, const float* topk_weights, int top_k,
+                           __nv_bfloat16* out, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream = nullptr);
+
+// ---- one decode step, dispatched ----------------------------------------------------------------
+// decode_router, then warp decode (decode_gate_up with FP32 h, decode_down) when
+// choose_decode_path(shape, w1.dtype, batch) says so (batch <= the crossover), else
+// decode_expert_centric. The router runs inside, so topk_ids [B, k] and topk_weights [B, k]
+// (caller-provided, 4-byte aligned) are outputs: the routing this step used. params.top_k must
+// equal shape.top_k; shape.shared_expert must match w1/w2.shared_data. Both paths' requirements
+// are checked at every batch (MXFP8 weights need .prepared; H, I multiples of 32), so a
+// configuration that runs at one batch runs at every batch. workspace: at least
+// decode_step_workspace_bytes(shape, dtype, batch) bytes, 256-byte aligned (sized for a max batch,
+// it serves every smaller one). Returns the path taken (host-side choice; no device read).
+size_t decode_step_workspace_bytes(const DecodeShape& shape, DecodeWeightDtype dtype, int batch);
+DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& shape,
+                       const __nv_bfloat16* router_w, const RouterParams& params,
+                       const DecodeWeights& w1, const DecodeWeights& w2, int32_t* topk_ids,
+                       float* topk_weights, __nv_bfloat16* out, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream = nullptr);
 
 }  // namespace mxmoe

@@ -33,6 +33,17 @@ void moe_swiglu(const __nv_bfloat16* gu, int64_t rows, int64_t inter, const int3
 void moe_combine(const __nv_bfloat16* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,
                  int64_t tokens, int top_k, const float* addend, __nv_bfloat16* out, cudaStream_t stream = nullptr);
 
+// Row gather into the padded expert layout, in BF16 (the unquantized counterpart of
+// quantize_mxfp8_gather, for exact-mode GEMMs whose A image is the BF16 rows themselves):
+//   out[r, :] = x[row_index[r], :] for r < min(out_rows, *rows_used); a zero row where
+//   row_index[r] < 0 or >= x_rows; rows at or beyond *rows_used are not written.
+// The values are copied exactly, except that −0 comes out as +0 (it is moe_combine with one slot
+// and weight 1, summed from +0). x BF16 [x_rows, cols]; row_index int32 [out_rows]; rows_used
+// optional device int32 scalar (e.g. &padded_offsets[E]; null: all out_rows rows); out BF16
+// [out_rows, cols]. cols % 8 == 0; 16-byte aligned x, out.
+void moe_gather_rows(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                     int64_t out_rows, const int32_t* rows_used, __nv_bfloat16* out, cudaStream_t stream = nullptr);
+
 }  // namespace mxmoe
 
 namespace mxmoe {

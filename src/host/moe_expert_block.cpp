@@ -49,7 +49,7 @@ std::vector<std::pair<std::string, float>> StageTimer::times() const {
   return out;
 }
 
-MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const {
+MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols) {
   MxBuf b;
   if (mode == GemmMode::kFast) {
     b.fast = c.take(size_t(batch * rows * cols));
@@ -59,6 +59,10 @@ MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) cons
     b.scales = c.take(size_t(batch * rows * cols / 32));
   }
   return b;
+}
+
+MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const {
+  return mx_buf(c, mode, batch, rows, cols);
 }
 
 void ExpertBlock::carve(Carver& c) {

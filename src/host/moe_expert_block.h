@@ -49,6 +49,11 @@ class Carver {
   size_t off_ = 0;
 };
 
+// An MX copy of [batch, rows, cols] in the one form a GEMM mode reads (fast: the rebased 1x128
+// form, data [batch, rows, cols] + scales [batch, ceil(cols/128), rows]; exact: plain MX). The
+// quantizers write only the pair that is given.
+MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols);
+
 // Stage marks for profiling (MoeLayer::set_profiling); may be empty.
 using StageMark = std::function<void(const char*)>;
 
@@ -100,8 +105,7 @@ struct ExpertBlock {
   // pre-quantized weight may: MxWeights).
   MxOperand gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot, cudaStream_t stream) const;
 
-  // An MX copy of [batch, rows, cols] in the one form the GEMM mode reads (fast: the rebased 1x128
-  // form; exact: plain MX). The quantizers write only the pair that is given.
+  // mx_buf in this block's GEMM mode.
   MxBuf mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const;
   void carve(Carver& c);  // every buffer above (cap, hidden, inter, experts, mode set before)
 

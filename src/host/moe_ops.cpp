@@ -57,7 +57,27 @@ void moe_combine(const __nv_bfloat16* y, int64_t y_rows, int64_t cols, const int
   check_not_null(fn, "out", out);
   check_aligned(fn, "out", out, 16);
   detail::launch_moe_combine(reinterpret_cast<const uint16_t*>(y), y_rows, cols, row_of, w, tokens, top_k, addend,
-                             reinterpret_cast<uint16_t*>(out), stream);
+                             nullptr, reinterpret_cast<uint16_t*>(out), stream);
+}
+
+// The combine kernel with one slot, no weights and no addend: out[r] = 1·x[row_index[r]] in FP32,
+// rounded to BF16, i.e. the BF16 row itself (−0 becomes +0: the sum starts from +0).
+void moe_gather_rows(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
+                     int64_t out_rows, const int32_t* rows_used, __nv_bfloat16* out, cudaStream_t stream) {
+  const char* fn = "moe_gather_rows";
+  if (x_rows < 0) throw_arg(fn, "x_rows", to_str(x_rows), "must be >= 0");
+  if (cols <= 0 || cols % 8 != 0) throw_arg(fn, "cols", to_str(cols), "must be a positive multiple of 8");
+  if (out_rows < 0) throw_arg(fn, "out_rows", to_str(out_rows), "must be >= 0");
+  if (out_rows == 0) return;
+  check_not_null(fn, "x", x);
+  check_aligned(fn, "x", x, 16);
+  check_not_null(fn, "row_index", row_index);
+  check_aligned(fn, "row_index", row_index, 4);
+  check_aligned(fn, "rows_used", rows_used, 4);
+  check_not_null(fn, "out", out);
+  check_aligned(fn, "out", out, 16);
+  detail::launch_moe_combine(reinterpret_cast<const uint16_t*>(x), x_rows, cols, row_index, nullptr, out_rows, 1,
+                             nullptr, rows_used, reinterpret_cast<uint16_t*>(out), stream);
 }
 
 }  // namespace mxmoe

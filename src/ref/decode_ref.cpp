@@ -186,4 +186,56 @@ void decode_down(const std::vector<double>& h, int batch, int inter, int hidden,
     }
 }
 
+std::vector<double> fast_form_values(const uint16_t* v, int64_t rows, int64_t cols) {
+  return dequantize(rebase_fast(quantize_rows(v, rows, cols, ScaleMode::kRceil)));
+}
+
+std::vector<double> decode_expert_centric(const std::vector<uint16_t>& x_bf16, int batch, int hidden,
+                                          int inter, const ExpertsRef& w1, const ExpertsRef& w2,
+                                          const int32_t* ids, const double* weights, int top_k,
+                                          bool mxfp8) {
+  if (x_bf16.size() != size_t(batch) * hidden)
+    throw std::invalid_argument("decode_ref::decode_expert_centric: x must be [batch, hidden]");
+  if (w2.n != hidden || w2.k != inter)
+    throw std::invalid_argument("decode_ref::decode_expert_centric: w2 experts must be [hidden, inter]");
+  std::vector<double> x(x_bf16.size());
+  if (mxfp8) {
+    x = fast_form_values(x_bf16.data(), batch, hidden);
+  } else {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(x_bf16[i]);
+  }
+  const GateUpRef gu = decode_gate_up(x, batch, hidden, inter, w1, ids, top_k);
+  const int slots = gu.slots;
+  // H as stored (BF16), then its MX values for the fast GEMM2
+  std::vector<uint16_t> hb(gu.h.size());
+  for (size_t i = 0; i < hb.size(); ++i) {
+    const double g = bf16_to_float(bf16_from_double(gu.g[i])), u = bf16_to_float(bf16_from_double(gu.u[i]));
+    hb[i] = bf16_from_double(silu(g) * u);
+  }
+  std::vector<double> h(hb.size());
+  if (mxfp8) {
+    h = fast_form_values(hb.data(), int64_t(batch) * slots, inter);
+  } else {
+    for (size_t i = 0; i < h.size(); ++i) h[i] = bf16_to_float(hb[i]);
+  }
+  std::vector<double> out(size_t(batch) * hidden, 0.0);
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < slots; ++j) {
+      const int32_t id = j < top_k ? ids[size_t(b) * top_k + j] : -1;
+      const std::vector<double>& w = expert_rows(w2, id, top_k, j);
+      const double* hr = &h[(size_t(b) * slots + j) * inter];
+      for (int n = 0; n < hidden; ++n) {
+        const double* wr = &w[size_t(n) * inter];
+        double y = 0;
+        for (int i = 0; i < inter; ++i) y += hr[i] * wr[i];
+        if (j < top_k) {
+          out[size_t(b) * hidden + n] += weights[size_t(b) * top_k + j] * bf16_to_float(bf16_from_double(y));
+        } else {
+          out[size_t(b) * hidden + n] += y;
+        }
+      }
+    }
+  return out;
+}
+
 }  // namespace mxmoe::ref

@@ -63,4 +63,20 @@ void decode_down(const std::vector<double>& h, int batch, int inter, int hidden,
 
 double silu(double g);
 
+// The expert-centric step's recipe (include/mxmoe/decode.h, "the expert-centric decode step") on
+// the values the GPU computes with, FP64 sums: x_bf16 [B, H] (BF16 bits) is used as it is
+// (mxfp8 = false) or as its row-wise RCEIL fast-form MX values (mxfp8 = true: quantize_rows,
+// rebase_fast, dequantize); g and u are rounded to BF16 (GU), h = silu(g)·u to BF16 (H), then
+// for mxfp8 H is replaced by its row-wise fast-form MX values; each routed slot's down product is
+// rounded to BF16 (Y), the shared slot's is not (FP32 on the GPU); out[b, n] = Σ_j w_j·Y_j + Ys
+// (FP64, not rounded). w1, w2: the weight values the GEMMs read (BF16 values, or for MXFP8 the
+// prepared fast form's values).
+std::vector<double> decode_expert_centric(const std::vector<uint16_t>& x_bf16, int batch, int hidden,
+                                          int inter, const ExpertsRef& w1, const ExpertsRef& w2,
+                                          const int32_t* ids, const double* weights, int top_k,
+                                          bool mxfp8);
+// The values of the row-wise RCEIL fast form of v [rows, cols] (BF16 bits): what the GPU's
+// quantizers give a fast-mode GEMM.
+std::vector<double> fast_form_values(const uint16_t* v, int64_t rows, int64_t cols);
+
 }  // namespace mxmoe::ref

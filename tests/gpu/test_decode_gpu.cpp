@@ -485,3 +485,408 @@ TEST(DecodeGpu, CudaGraphCaptureAndReplay) {
     cudaStreamDestroy(stream);
   }
 }
+
+// ---- the expert-centric step and the dispatcher (decode_expert_centric, decode_step) ----------
+// Data: x Gaussian (σ 1, BF16), so that MXFP8 quantization of x is not exact; weights as above,
+// every expert filled (the small shapes have E = 16). Routing is made here (distinct experts per
+// token, weights in (0.05, 1)), so empty experts and one expert taking every token are chosen,
+// not hoped for. Each output is checked against two CPU oracles fed the same ids and weights:
+//  * ref::decode_expert_centric (the recipe: same quantized x, weights and H as the GPU; GU, H, Y
+//    stored in BF16; FP64 sums): per token, relative error <= 2e-2. What separates the GPU from
+//    it is FP32 (tensor-core) accumulation, ~2^-13 relative per 128-chunk in fast mode, and the
+//    rare BF16 (then E4M3) rounding flip of an intermediate that this causes; one flip of an h
+//    element moves a token's output by about 2^-3/√(S·I) ≈ 0.4% relative (S·I = 1280 here).
+//  * the FP64 decode reference (warp decode's oracle, unquantized x and h):
+//    BF16 weights: an element-wise bound derived from the precision (below, ec_bf16_tolerance);
+//    MXFP8 weights: relative Frobenius error <= 0.10 and per token <= 0.15. The recipe's own error
+//    against FP64 is measured on the CPU at 4.6% for this data model
+//    (DecodeRef.ExpertCentricRecipeErrorAgainstFp64: E4M3 keeps 3 mantissa bits, x and H are
+//    quantized); 0.10 leaves ~2x.
+namespace {
+
+const char* path_name(DecodePath p) { return p == DecodePath::kWarpDecode ? "warp decode" : "expert-centric"; }
+
+std::vector<uint16_t> gaussian_bf16(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (auto& e : v) e = ref::float_to_bf16(g(rng));
+  return v;
+}
+
+void fill_all_experts(Layer& L, std::mt19937& rng) {
+  std::vector<int32_t> all(size_t(L.c.E));
+  for (int e = 0; e < L.c.E; ++e) all[size_t(e)] = e;
+  L.w1->ensure(all, rng);
+  L.w2->ensure(all, rng);
+}
+
+// The values the expert-centric GEMMs read: BF16 as given; MXFP8 the prepared fast form of the
+// given MX values (their exact BF16 image, re-quantized: decode_prepare_weights).
+ref::ExpertsRef gemm_values(const ExpertTensor& t) {
+  if (t.dtype == DecodeWeightDtype::kBF16) return t.ref;
+  auto conv = [&](const std::vector<double>& v) {
+    std::vector<uint16_t> img(v.size());
+    for (size_t i = 0; i < v.size(); ++i) img[i] = ref::bf16_from_double(v[i]);
+    return ref::fast_form_values(img.data(), t.N, t.K);
+  };
+  ref::ExpertsRef r;
+  r.n = t.ref.n;
+  r.k = t.ref.k;
+  for (const auto& e : t.ref.experts) r.experts.push_back(e.empty() ? e : conv(e));
+  if (!t.ref.shared.empty()) r.shared = conv(t.ref.shared);
+  return r;
+}
+
+// Weights with the prepared forms (MXFP8) the expert-centric path needs.
+struct EcWeights {
+  std::unique_ptr<DevBuf<uint8_t>> p1, p2;
+  DecodeWeights w1, w2;
+  explicit EcWeights(const Layer& L) : w1(L.w1->weights()), w2(L.w2->weights()) {
+    if (L.dtype != DecodeWeightDtype::kMXFP8) return;
+    const Config& c = L.c;
+    const size_t b1 = decode_prepared_weights_bytes(c.E, 2 * c.I, c.H, c.shared);
+    const size_t b2 = decode_prepared_weights_bytes(c.E, c.H, c.I, c.shared);
+    p1 = std::make_unique<DevBuf<uint8_t>>(b1);
+    p2 = std::make_unique<DevBuf<uint8_t>>(b2);
+    decode_prepare_weights(w1, c.E, 2 * c.I, c.H, p1->p, b1);
+    decode_prepare_weights(w2, c.E, c.H, c.I, p2->p, b2);
+    w1.prepared = p1->p;
+    w2.prepared = p2->p;
+  }
+};
+
+// Routing made on the host: token b takes k distinct experts from [first, first + span) (a
+// rotating window), weights in (0.05, 1).
+void make_routing(int B, int k, int first, int span, std::mt19937& rng, std::vector<int32_t>* ids,
+                  std::vector<float>* w) {
+  ids->assign(size_t(B) * k, 0);
+  w->assign(size_t(B) * k, 0.0f);
+  std::uniform_int_distribution<int> start(0, span - 1);
+  std::uniform_real_distribution<float> wd(0.05f, 1.0f);
+  for (int b = 0; b < B; ++b) {
+    const int s = start(rng);
+    for (int j = 0; j < k; ++j) {
+      (*ids)[size_t(b) * k + j] = first + (s + j) % span;
+      (*w)[size_t(b) * k + j] = wd(rng);
+    }
+  }
+}
+
+// Device buffers of one expert-centric call (workspace sized for max_batch >= B).
+struct EcCall {
+  const Layer& L;
+  const EcWeights& W;
+  int B;
+  DevBuf<uint16_t> x, out;
+  DevBuf<int32_t> ids;
+  DevBuf<float> w;
+  DevBuf<uint8_t> ws;
+  EcCall(const Layer& layer, const EcWeights& weights, int b, int max_batch)
+      : L(layer), W(weights), B(b), x(size_t(b) * layer.c.H), out(size_t(b) * layer.c.H, 0xFF),
+        ids(size_t(b) * layer.c.k), w(size_t(b) * layer.c.k),
+        ws(decode_expert_centric_workspace_bytes(max_batch, layer.c.H, layer.c.I, layer.c.E, layer.c.k,
+                                                 layer.c.shared, layer.dtype)) {}
+  void run(cudaStream_t s = nullptr) {
+    decode_expert_centric(reinterpret_cast<const __nv_bfloat16*>(x.p), B, L.c.H, L.c.I, W.w1, W.w2, L.c.E, ids.p,
+                          w.p, L.c.k, reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, ws.n, s);
+  }
+};
+
+// Per-token relative error (L2 over the token's H outputs).
+::testing::AssertionResult per_token_close(const char* what, const std::vector<double>& got,
+                                           const std::vector<double>& want, int B, int H, double bound) {
+  for (int b = 0; b < B; ++b) {
+    double num = 0, den = 0;
+    for (int n = 0; n < H; ++n) {
+      const size_t i = size_t(b) * H + n;
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-300));
+    if (!(rel <= bound))
+      return ::testing::AssertionFailure() << what << ": token " << b << " relative error " << rel << " > " << bound
+                                           << " (seed " << fresh_seed() << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+double rel_frobenius(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// Element-wise bound of the BF16 expert-centric path against the FP64 reference (derivation):
+//  * exact-mode GEMM on BF16 × BF16 (exact products): per k16 wgmma step at most
+//    152·2^-23·max(|acc_in|, max|p|) <= 152·2^-23·Σ|p| (tests/gpu/test_gemm_gpu.cpp), so over K
+//    at most a_K·Σ|p| with a_K = (K/16)·152·2^-23 = 19·K·2^-24.
+//  * GU stored in BF16: Δg = a_H·g_abs + 2^-8·(|g| + a_H·g_abs); Δu likewise.
+//  * SwiGLU in FP32 (|silu'| <= 1.1; < 2^-20 relative for its roundings), H stored in BF16:
+//    Δh = p + 2^-20·(|h| + p) + 2^-8·(|h| + p), p = 1.1·Δg·(|u| + Δu) + |silu(g)|·Δu.
+//  * GEMM2: Δy_j[n] = Σ_i Δh_i·|w2[n, i]| + a_I·Σ_i (|h_i| + Δh_i)·|w2[n, i]|, then BF16 Y for a
+//    routed slot: + 2^-8·(|y_j| + Δy_j); the shared slot's Y is FP32 (no rounding).
+//  * combine in FP32 (S + 1 additions) and BF16 out:
+//    Δ = Σ_j |w_j|·Δy_j + γ_{S+1}·Σ_j |w_j|·(|y_j| + Δy_j), then + 2^-8·(|out| + Δ).
+std::vector<double> ec_bf16_tolerance(const Layer& L, const ref::GateUpRef& gr, const std::vector<int32_t>& ids,
+                                      const std::vector<float>& w, int B) {
+  const Config& c = L.c;
+  const int S = L.slots();
+  const double aH = 19.0 * c.H * kU, aI = 19.0 * c.I * kU, e8 = std::ldexp(1.0, -8);
+  std::vector<double> dh(gr.h.size());
+  for (size_t i = 0; i < dh.size(); ++i) {
+    const double dg = aH * gr.g_abs[i] + e8 * (std::fabs(gr.g[i]) + aH * gr.g_abs[i]);
+    const double du = aH * gr.u_abs[i] + e8 * (std::fabs(gr.u[i]) + aH * gr.u_abs[i]);
+    const double p = 1.1 * dg * (std::fabs(gr.u[i]) + du) + std::fabs(ref::silu(gr.g[i])) * du;
+    dh[i] = p + std::ldexp(std::fabs(gr.h[i]) + p, -20) + e8 * (std::fabs(gr.h[i]) + p);
+  }
+  std::vector<double> tol(size_t(B) * c.H);
+  for (int b = 0; b < B; ++b)
+    for (int n = 0; n < c.H; ++n) {
+      double d = 0, mag = 0, out = 0;
+      for (int j = 0; j < S; ++j) {
+        const std::vector<double>& w2 =
+            j < c.k ? L.w2->ref.experts[size_t(ids[size_t(b) * c.k + j])] : L.w2->ref.shared;
+        const double wj = j < c.k ? double(w[size_t(b) * c.k + j]) : 1.0;
+        const double* h = &gr.h[(size_t(b) * S + j) * c.I];
+        const double* eh = &dh[(size_t(b) * S + j) * c.I];
+        const double* wr = &w2[size_t(n) * c.I];
+        double y = 0, prop = 0, habs = 0;
+        for (int i = 0; i < c.I; ++i) {
+          y += h[i] * wr[i];
+          prop += eh[i] * std::fabs(wr[i]);
+          habs += (std::fabs(h[i]) + eh[i]) * std::fabs(wr[i]);
+        }
+        double dy = prop + aI * habs;
+        if (j < c.k) dy += e8 * (std::fabs(y) + dy);
+        d += std::fabs(wj) * dy;
+        mag += std::fabs(wj) * (std::fabs(y) + dy);
+        out += wj * y;
+      }
+      const double t = d + gamma_n(S + 1) * mag;
+      tol[size_t(b) * c.H + n] = t + e8 * (std::fabs(out) + t);
+    }
+  return tol;
+}
+
+// One expert-centric call against both oracles, then a rerun for bitwise determinism.
+void check_expert_centric(const Layer& L, const EcWeights& W, int B, const std::vector<int32_t>& ids,
+                          const std::vector<float>& w, std::mt19937& rng) {
+  const Config& c = L.c;
+  SCOPED_TRACE(std::string(c.name) + " " + dtype_name(L.dtype) + " B=" + std::to_string(B));
+  const std::vector<uint16_t> xs = gaussian_bf16(int64_t(B) * c.H, rng);
+  EcCall call(L, W, B, B + 9);  // a workspace for a larger batch serves this one
+  call.x.upload(xs);
+  call.ids.upload(ids);
+  call.w.upload(w);
+  call.run();
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint16_t> o1 = call.out.download();
+  const std::vector<double> got = to_double_bf16(o1);
+  const bool mx = L.dtype == DecodeWeightDtype::kMXFP8;
+  const std::vector<double> wd(w.begin(), w.end());
+
+  const std::vector<double> recipe = ref::decode_expert_centric(xs, B, c.H, c.I, gemm_values(*L.w1),
+                                                                gemm_values(*L.w2), ids.data(), wd.data(), c.k, mx);
+  EXPECT_TRUE(per_token_close("vs recipe reference", got, recipe, B, c.H, 2e-2));
+
+  const ref::GateUpRef gr = ref::decode_gate_up(to_double_bf16(xs), B, c.H, c.I, L.w1->ref, ids.data(), c.k);
+  std::vector<double> exact;
+  ref::decode_down(gr.h, B, c.I, c.H, L.w2->ref, ids.data(), wd.data(), c.k, &exact, nullptr);
+  const double rel = rel_frobenius(got, exact);
+  std::printf("[expert-centric] %s %s B=%d: relative Frobenius error vs FP64 %.4f\n", c.name, dtype_name(L.dtype), B,
+              rel);
+  if (mx) {
+    EXPECT_LT(rel, 0.10);
+    EXPECT_TRUE(per_token_close("vs FP64 reference", got, exact, B, c.H, 0.15));
+  } else {
+    EXPECT_TRUE(close("out vs FP64 reference", got, exact, ec_bf16_tolerance(L, gr, ids, w, B), c.H));
+  }
+
+  // Determinism: a second run (output poisoned) gives the same bits.
+  MXMOE_ASSERT_CUDA(cudaMemset(call.out.p, 0xFF, call.out.n * 2));
+  call.run();
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_TRUE(call.out.download() == o1) << "out differs between runs";
+}
+
+void expert_centric_shapes(const Config& cfg, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    Layer L(cfg, d, rng);
+    fill_all_experts(L, rng);
+    const EcWeights W(L);
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    for (int B : {1, 7, 64, 200}) {
+      // experts [0, E − 3) only: the last three are always empty (their weights are never read)
+      make_routing(B, cfg.k, 0, cfg.E - 3, rng, &ids, &w);
+      check_expert_centric(L, W, B, ids, w, rng);
+    }
+    // One window of k experts for every token: those k experts take all 200 tokens (two 128-row
+    // tiles each), the other E − k are empty.
+    make_routing(200, cfg.k, 5, cfg.k, rng, &ids, &w);
+    check_expert_centric(L, W, 200, ids, w, rng);
+  }
+}
+
+}  // namespace
+
+TEST(DecodeGpu, ExpertCentricSoftmaxShape) {
+  MXMOE_REQUIRE_GPU();
+  expert_centric_shapes(kQwenSmall, fresh_seed() + 5);
+}
+
+TEST(DecodeGpu, ExpertCentricSharedExpertShape) {
+  MXMOE_REQUIRE_GPU();
+  expert_centric_shapes(kDsSmall, fresh_seed() + 6);
+}
+
+// Token b alone (B = 1) and inside a batch of 37 give identical output bits: the grouped GEMMs'
+// rows are independent (row-wise quantization, the same K order in every tile), the combine sums a
+// token's slots in a fixed order.
+TEST(DecodeGpu, ExpertCentricBatchInvariance) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 7);
+  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
+    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d));
+      Layer L(cfg, d, rng);
+      fill_all_experts(L, rng);
+      const EcWeights W(L);
+      const int B = 37;
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      make_routing(B, cfg.k, 0, cfg.E, rng, &ids, &w);
+      const std::vector<uint16_t> xs = gaussian_bf16(int64_t(B) * cfg.H, rng);
+      EcCall big(L, W, B, B);
+      big.x.upload(xs);
+      big.ids.upload(ids);
+      big.w.upload(w);
+      big.run();
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      const auto out = big.out.download();
+      const size_t H = size_t(cfg.H), k = size_t(cfg.k);
+      for (int b : {0, 1, 5, 17, 36}) {
+        EcCall one(L, W, 1, 1);
+        one.x.upload(std::vector<uint16_t>(xs.begin() + b * H, xs.begin() + (b + 1) * H));
+        one.ids.upload(std::vector<int32_t>(ids.begin() + b * k, ids.begin() + (b + 1) * k));
+        one.w.upload(std::vector<float>(w.begin() + b * k, w.begin() + (b + 1) * k));
+        one.run();
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        const auto out1 = one.out.download();
+        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, H * 2), 0) << "out, token " << b;
+      }
+    }
+  }
+}
+
+// decode_expert_centric captured once in a CUDA graph, replayed with new tokens and new routing
+// written into the same buffers: each replay equals an eager run on those inputs, bit for bit.
+TEST(DecodeGpu, ExpertCentricCudaGraphReplayWithNewTokens) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 8);
+  for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+    SCOPED_TRACE(dtype_name(d));
+    Layer L(kDsSmall, d, rng);
+    fill_all_experts(L, rng);
+    const EcWeights W(L);
+    const int B = 64;
+    EcCall g(L, W, B, B), eager(L, W, B, B);
+    cudaStream_t stream;
+    MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    g.run(stream);
+    MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      make_routing(B, L.c.k, 0, rep == 2 ? L.c.k : L.c.E, rng, &ids, &w);  // replay 2: k experts take all
+      const std::vector<uint16_t> xs = gaussian_bf16(int64_t(B) * L.c.H, rng);
+      for (EcCall* c : {&g, &eager}) {
+        c->x.upload(xs);
+        c->ids.upload(ids);
+        c->w.upload(w);
+        MXMOE_ASSERT_CUDA(cudaMemset(c->out.p, 0xFF, c->out.n * 2));
+      }
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      eager.run();
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_TRUE(g.out.download() == eager.out.download()) << "replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// decode_step on both sides of the crossover: the path it reports is the dispatcher's choice, its
+// output is bit-identical to that path run by hand on the routing it wrote, and the other path on
+// the same routing agrees (per token: 2e-2 for BF16, whose paths differ by BF16 roundings of GU,
+// H, Y; 0.15 for MXFP8, whose expert-centric path quantizes x and H). Both paths' errors against
+// the FP64 reference are printed.
+TEST(DecodeGpu, DecodeStepPicksThePathAndPathsAgree) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 9);
+  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
+    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+      Layer L(cfg, d, rng);
+      fill_all_experts(L, rng);
+      const EcWeights W(L);
+      const DecodeShape shape{cfg.H, cfg.I, cfg.E, cfg.k, cfg.shared};
+      const int cross = decode_crossover(shape, d).max_batch;
+      for (int B : {cross, cross + 1}) {
+        SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d) + " B=" + std::to_string(B));
+        const std::vector<uint16_t> xs = int_grid_bf16(int64_t(B) * cfg.H, 8, rng);
+        DevBuf<uint16_t> x(xs.size()), out(xs.size(), 0xFF), out_other(xs.size(), 0xFF);
+        x.upload(xs);
+        DevBuf<int32_t> ids(size_t(B) * cfg.k);
+        DevBuf<float> w(size_t(B) * cfg.k);
+        DevBuf<uint8_t> ws(decode_step_workspace_bytes(shape, d, B + 3));
+        const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x.p);
+        const DecodePath p = decode_step(xb, B, shape, reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p),
+                                         L.router_params(), W.w1, W.w2, ids.p, w.p,
+                                         reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, ws.n);
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        EXPECT_EQ(p, choose_decode_path(shape, d, B));
+        EXPECT_EQ(p, B <= cross ? DecodePath::kWarpDecode : DecodePath::kExpertCentric);
+        const std::vector<uint16_t> o_step = out.download();
+
+        // Both paths by hand on decode_step's routing.
+        Step warp(L, xs, B, DecodeHDtype::kFP32);
+        MXMOE_ASSERT_CUDA(cudaMemcpy(warp.ids.p, ids.p, ids.n * 4, cudaMemcpyDeviceToDevice));
+        MXMOE_ASSERT_CUDA(cudaMemcpy(warp.w.p, w.p, w.n * 4, cudaMemcpyDeviceToDevice));
+        warp.gate_up();
+        warp.down();
+        EcCall ec(L, W, B, B);
+        ec.x.upload(xs);
+        MXMOE_ASSERT_CUDA(cudaMemcpy(ec.ids.p, ids.p, ids.n * 4, cudaMemcpyDeviceToDevice));
+        MXMOE_ASSERT_CUDA(cudaMemcpy(ec.w.p, w.p, w.n * 4, cudaMemcpyDeviceToDevice));
+        ec.run();
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        const std::vector<uint16_t> o_warp = warp.out.download(), o_ec = ec.out.download();
+        EXPECT_TRUE(o_step == (p == DecodePath::kWarpDecode ? o_warp : o_ec))
+            << "decode_step's output is not that of " << path_name(p);
+        const std::vector<double> gw = to_double_bf16(o_warp), ge = to_double_bf16(o_ec);
+        EXPECT_TRUE(per_token_close("expert-centric vs warp decode", ge, gw, B, cfg.H,
+                                    d == DecodeWeightDtype::kMXFP8 ? 0.15 : 2e-2));
+        const std::vector<int32_t> hid = ids.download();
+        const std::vector<float> hw = w.download();
+        const std::vector<double> wd(hw.begin(), hw.end());
+        const ref::GateUpRef gr = ref::decode_gate_up(to_double_bf16(xs), B, cfg.H, cfg.I, L.w1->ref, hid.data(), cfg.k);
+        std::vector<double> exact;
+        ref::decode_down(gr.h, B, cfg.I, cfg.H, L.w2->ref, hid.data(), wd.data(), cfg.k, &exact, nullptr);
+        std::printf("[decode_step] %s %s B=%d (%s): rel. Frobenius error vs FP64: warp decode %.5f, expert-centric %.5f\n",
+                    cfg.name, dtype_name(d), B, path_name(p), rel_frobenius(gw, exact), rel_frobenius(ge, exact));
+        EXPECT_LT(rel_frobenius(gw, exact), 1e-2);
+      }
+    }
+  }
+}

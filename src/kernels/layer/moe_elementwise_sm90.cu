@@ -3,7 +3,8 @@
 //            16-byte store), grid-stride. Bytes: 4 (read) + 2 (write) per output.
 //   combine: out[t] = Σ_j w[t,j]·y[row_of[t,j]] (+ addend); one thread per 8 columns of a token,
 //            the k source rows read with 16-byte loads, FP32 sums in slot order, one BF16 store.
-//            Bytes: 2·k (read) + 2 (write) per output (+4 with the addend).
+//            Bytes: 2·k (read) + 2 (write) per output (+4 with the addend). With k = 1, no
+//            weights and an optional device count of used rows it is also moe_gather_rows.
 // Both are memory-bound; no atomics; every output has one writer and a fixed summation order.
 // Tests: tests/gpu/test_moe_ops_gpu.cpp (against plain loops on the host).
 #include <algorithm>
@@ -57,8 +58,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const uint16_t* __res
                                                            int64_t cols, const int32_t* __restrict__ row_of,
                                                            const float* __restrict__ w, int64_t tokens, int top_k,
                                                            const float* __restrict__ addend,
+                                                           const int32_t* __restrict__ tokens_used,
                                                            uint16_t* __restrict__ out) {
-  const int64_t vec_per_row = cols / 8, total = tokens * vec_per_row;
+  const int64_t used = tokens_used ? min(tokens, int64_t(__ldg(tokens_used))) : tokens;
+  const int64_t vec_per_row = cols / 8, total = used * vec_per_row;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = v / vec_per_row, c = (v - t * vec_per_row) * 8;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -209,10 +212,11 @@ void launch_moe_swiglu(const uint16_t* gu, int64_t rows, int64_t inter, const in
 }
 
 void launch_moe_combine(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,
-                        int64_t tokens, int top_k, const float* addend, uint16_t* out, cudaStream_t stream) {
+                        int64_t tokens, int top_k, const float* addend, const int32_t* tokens_used, uint16_t* out,
+                        cudaStream_t stream) {
   if (tokens == 0) return;
   combine_kernel<<<grid_for(tokens * cols / 8), kThreads, 0, stream>>>(y, y_rows, cols, row_of, w, tokens, top_k,
-                                                                       addend, out);
+                                                                       addend, tokens_used, out);
   MXMOE_CHECK_LAUNCH("moe_combine");
 }
 

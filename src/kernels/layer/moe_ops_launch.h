@@ -20,8 +20,10 @@ void launch_moe_combine_backward(const uint16_t* dout, const uint16_t* y, int64_
                                  cudaStream_t stream);  // dy or row_w may be null (not written)
 void launch_moe_router_backward(const float* logits, const float* dw, int64_t tokens, const RouterLaunch& p,
                                 float* dlogits, cudaStream_t stream);
+// tokens_used: optional device int32 scalar; tokens at or beyond it are not written (moe_gather_rows).
 void launch_moe_combine(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,
-                        int64_t tokens, int top_k, const float* addend, uint16_t* out, cudaStream_t stream);
+                        int64_t tokens, int top_k, const float* addend, const int32_t* tokens_used, uint16_t* out,
+                        cudaStream_t stream);
 
 // Batch-invariant router GEMMs (src/kernels/layer/moe_router_gemm_sm90.cu): one thread's fmaf
 // chain in increasing k per output, so a token's row does not depend on how many tokens there are.
