@@ -299,16 +299,29 @@ def sum_slots(ys3, w=None):
 
 
 def swiglu(gu, inter):
-    return (F.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(torch.bfloat16)
+    """bf16(silu(G)·U), computed in FP32 (as moe_swiglu), in few passes."""
+    h = torch.empty(gu.shape[0], inter, dtype=torch.bfloat16, device=gu.device)
+    return torch.mul(F.silu(gu[:, :inter].float()), gu[:, inter:], out=h)
 
 
 def swiglu_backward(gu, dh, inter):
-    g, u, d = gu[:, :inter].float(), gu[:, inter:].float(), dh.float()
-    s = torch.sigmoid(g)
+    """dG = dH·U·silu'(G), dU = dH·silu(G), FP32, each rounded once to BF16 (as moe_swiglu_backward)."""
+    g = gu[:, :inter].float()
     dgu = torch.empty_like(gu)
-    dgu[:, :inter] = (d * u * (s * (1.0 + g * (1.0 - s)))).to(torch.bfloat16)
-    dgu[:, inter:] = (d * (g * s)).to(torch.bfloat16)
+    torch.mul(dh, F.silu(g), out=dgu[:, inter:])
+    dgu[:, :inter].copy_(torch.ops.aten.silu_backward(dh.float().mul_(gu[:, inter:]), g))
     return dgu
+
+
+def slot_dots(ys3, dout):
+    """dw[t, j] = dOut[t]·Y[t, j], FP32 accumulation: a batched GEMV with FP32 output (bmm's out_dtype,
+    CUDA only) or, where that is missing, an FP32 product and sum."""
+    if ys3.is_cuda:
+        try:
+            return torch.bmm(ys3, dout.unsqueeze(-1), out_dtype=torch.float32).squeeze(-1)
+        except (RuntimeError, TypeError, NotImplementedError):
+            pass
+    return (ys3.float() * dout.float().unsqueeze(1)).sum(-1)
 
 
 def route(x, wr, k):
@@ -395,14 +408,15 @@ class EpBaseline:
         El, k, H, I, T, M = self.El, self.k, self.H, self.I, st["T"], st["M"]
         dout = dout.to(torch.bfloat16).contiguous()
         dev = dout.device
-        dw = (st["ys"].view(T, k, H).float() * dout.float().unsqueeze(1)).sum(-1)  # [T, k] FP32
+        dw = slot_dots(st["ys"].view(T, k, H), dout)  # [T, k] FP32
         recv_dout = self.comm.a2a(take(dout, st["tok"]), st["n_recv"], st["n_send"])
         if M > 0:
             flat = st["row_of"].reshape(-1).long()
             idx = torch.where(flat >= 0, flat, torch.full_like(flat, M))
             row_w = torch.zeros(M + 1, dtype=torch.float32, device=dev).scatter_(0, idx, st["recv_w"].reshape(-1))[:M]
             src = st["row_index"].long().clamp(min=0)  # pad rows: weight 0
-            dy = (recv_dout.index_select(0, src).float() * row_w.unsqueeze(1)).to(torch.bfloat16)
+            dy = torch.mul(recv_dout.index_select(0, src), row_w.unsqueeze(1),
+                           out=torch.empty(M, H, dtype=torch.bfloat16, device=dev))  # bf16(w·dOut)
             dyq = self.ops.quantize(dy)
             dh = self.ops.grouped_gemm(dyq.rowwise, st["w2_col"], st["padded"])  # [M, I]
             dw2 = self.ops.grouped_gemm_wgrad(dyq.colwise, st["h_col"], st["padded"])  # [El, H, I]

@@ -52,6 +52,7 @@ struct LayerCase {
   mxmoe::GemmMode mode;
   int num_ctas;
   bool graph = false, timed = false;
+  const char* tag = nullptr;  // timed cases: the case name of bench/bench_ep_layer_a2a.py at these shapes
 };
 
 int64_t tokens_of(const LayerCase& c, int rank, int world) {
@@ -466,6 +467,11 @@ class CaseRun {
                 "compute-only %.3f ms; overlap efficiency compute-only / layer = %.3f; single-GPU MoeLayer on all "
                 "%lld tokens fwd+bwd %.3f ms\n",
                 ctx_, fwd, bwd, comm_ms, compute_ms, compute_ms / double(fwd + bwd), (long long)T_all, median(tr));
+  if (c_.tag)  // the format of bench/bench_ep_layer_a2a.py's "a2a-baseline" lines (same shapes and T)
+    std::printf("[rank %d] ep-layer %s H=%d I=%d E=%d k=%d T=%lld %s: fwd ms %.3f fwd+bwd ms %.3f | compute-only "
+                "fwd+bwd ms %.3f\n",
+                r, c_.tag, H, I, E, k, (long long)T, c_.mode == mxmoe::GemmMode::kFast ? "fast" : "exact", fwd,
+                fwd + bwd, compute_ms);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaEventDestroy(e2));
@@ -539,8 +545,10 @@ int main() {
       {"E=32R k=4 H=256 I=128 exact last-rank-empty", 256, 128, 32, 4, 200, true, GemmMode::kExact, 4},
       {"E=32R k=1 H=256 I=128 fast", 256, 128, 32, 1, 222, false, GemmMode::kFast, 8},
       {"graph E=8R k=4 H=256 I=128 fast", 256, 128, 8, 4, 301, false, GemmMode::kFast, 8, true},
-      {"timed E=8R k=8 H=1024 I=512 fast T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kFast, 32, false, true},
-      {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 32, false, true},
+      {"timed E=8R k=8 H=1024 I=512 fast T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kFast, 32, false, true,
+       "small"},
+      {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 32, false, true,
+       "small"},
   };
   bool all_ok = true;
   const char* current = "bad setups";
