@@ -44,7 +44,8 @@ is checked against the real step.
 Timing: warm-up, CUDA events, median of --reps, a barrier before each rep: forward, forward +
 backward, and the same "compute-only". One line per case per rank:
   [rank r] a2a-baseline <case> H=.. I=.. E=.. k=.. T=.. fast: fwd ms .. fwd+bwd ms .. | compute-only fwd ms .. fwd+bwd ms .. | ...
-The matching line of mxmoe's EP layer (tests/ep/ep_layer_test.cu, timed fast case = case "small"):
+The matching lines of mxmoe's EP layer (tests/ep/ep_layer_test.cu: its timed fast case = case "small";
+its opt-in DSV3-size timed case, MXMOE_EP_LAYER_DSV3=only, = case "dsv3"):
   [rank r] ep-layer small H=1024 I=512 E=16 k=8 T=.. fast: fwd ms .. fwd+bwd ms .. | compute-only fwd+bwd ms ..
 
 Usage (one process per GPU, spawned here; NCCL_NVLS_ENABLE=0 is forced; each rank under a watchdog):
@@ -80,8 +81,9 @@ CASES = {
     "tiny": Case("tiny", 256, 128, lambda R: 8 * R, 4, 300, True, False, False),
     # = ep_layer_test's timed fast case: H 1024, I 512, E = 8R, k 8, T_r = 2000 - 37r
     "small": Case("small", 1024, 512, lambda R: 8 * R, 8, 2000, True, False, False),
-    # DeepSeek-V3-like: 32 experts in all, top-8, 4096 tokens per rank
-    "dsv3": Case("dsv3", 7168, 2048, lambda R: 32, 8, 4096, False, False, False),
+    # DeepSeek-V3-like: 32 experts in all, top-8, T_r = 4096 - 37r (= ep_layer_test's opt-in timed case,
+    # MXMOE_EP_LAYER_DSV3=1 or =only)
+    "dsv3": Case("dsv3", 7168, 2048, lambda R: 32, 8, 4096, True, False, False),
 }
 SELFTEST_CASES = {
     "st-uniform": Case("st-uniform", 64, 32, lambda R: 4 * R, 2, 45, True, False, False),
@@ -668,10 +670,10 @@ def run_case(case, args, rank, world, ops, comm, dev):
         f"{res['host_syncs_per_step']} | NVLink MB/step out {rows_out * (4 * H + 8 * k) / 1e6:.1f} in "
         f"{slots_in * 4 * H / 1e6:.1f} | ops {ops.name} | {'PASS' if ok else 'FAIL'}")
     if rank == 0:
-        if case.name == "small":
-            how = ("mxmoe's EP layer at these shapes: the line '[rank r] ep-layer small ... fwd+bwd ms' of "
-                   "scripts/ep_launch.sh 2 build/mxmoe_ep_layer_test (its timed fast case, T_r = 2000 - 37r; "
-                   "its inputs come from another generator, same distributions)")
+        if case.name in ("small", "dsv3"):
+            how = (f"mxmoe's EP layer at these shapes and T: the line '[rank r] ep-layer {case.name} ... fwd+bwd ms' "
+                   f"of {'' if case.name == 'small' else 'MXMOE_EP_LAYER_DSV3=only '}scripts/ep_launch.sh {world} "
+                   "build/mxmoe_ep_layer_test (inputs from another generator, same distributions)")
         else:
             how = ("no EpMoeLayer case at these shapes in tests/ep/ep_layer_test.cu; compare with the prediction "
                    "in docs/notes/ep.md")

@@ -67,6 +67,12 @@ if [ "${MXMOE_EP:-0}" = 1 ] && [ $build_rc -eq 0 ] && [ -x $BUILD/mxmoe_ep_test 
   if [ "$ngpu" -ge 2 ]; then  # the torch.distributed all_to_all baseline on the same bytes (issue 7)
     NCCL_NVLS_ENABLE=0 timeout 180 python3 bench/bench_ep_a2a.py --world "$ngpu" 2>&1 | tee -a "$OUT/ep.log" |
       grep -E "GB/s|rror" | cut -c1-200
+    # mxmoe's EP layer at DeepSeek-V3-like size (E = 32, H = 7168, T_r = 4096 - 37r), timing only: the
+    # "ep-layer dsv3" line, to compare with the baseline's "a2a-baseline dsv3" lines below
+    NCCL_NVLS_ENABLE=0 MXMOE_EP_LAYER_DSV3=only MXMOE_EP_TIMEOUT=240 timeout 270 \
+      scripts/ep_launch.sh "$ngpu" $BUILD/mxmoe_ep_layer_test 2>&1 | tee -a "$OUT/ep.log" |
+      grep -E "FAIL|ERROR|timing|ep-layer|rc=|exited" | cut -c1-400
+    echo "EP layer dsv3 timing R=$ngpu rc=${PIPESTATUS[0]}" | tee -a "$OUT/ep.log"
     # the EP *layer* baseline: torch.distributed all_to_all around mxmoe's single-GPU ops, fwd+bwd,
     # checked against a BF16 reference (issue 7's ">= 1.5x"; compare its "a2a-baseline ... fwd+bwd ms"
     # lines with the "ep-layer small" lines above). Needs the PyTorch binding: MXMOE_PYTHON=1.
