@@ -407,7 +407,7 @@ class EpBaseline:
 
     # ---- backward
     def backward(self, st, dout, w1, w2):
-        El, k, H, I, T, M = self.El, self.k, self.H, self.I, st["T"], st["M"]
+        k, H, I, T, M = self.k, self.H, self.I, st["T"], st["M"]
         dout = dout.to(torch.bfloat16).contiguous()
         dev = dout.device
         dw = slot_dots(st["ys"].view(T, k, H), dout)  # [T, k] FP32
