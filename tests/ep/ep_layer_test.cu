@@ -18,12 +18,18 @@
 // forward / backward medians, the per-stage split into communication and compute, and the overlap
 // efficiency compute / layer time; set-up errors (a missing bf16_rows window, ranks disagreeing on
 // cfg.inter, one rank with a bad cfg.inter) must throw on every rank.
+// Timed cases also print "[rank r] ep-layer <case> H=.. I=.. E=.. k=.. T=.. fast: fwd ms .. fwd+bwd ms .." in
+// the format of bench/bench_ep_layer_a2a.py (the torch.distributed all_to_all baseline, same shapes and T).
+// MXMOE_EP_LAYER_DSV3=1 adds (=only: runs just) a DeepSeek-V3-like timed case (H 7168, I 2048, E 32, k 8,
+// T_r = 4096 - 37r) with inputs from a fast approximate-normal generator and no reference check.
 // Exit: 0 all pass, 1 a check failed, 2 an error.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -52,6 +58,8 @@ struct LayerCase {
   mxmoe::GemmMode mode;
   int num_ctas;
   bool graph = false, timed = false;
+  const char* tag = nullptr;  // timed cases: the case name of bench/bench_ep_layer_a2a.py at these shapes
+  bool timing_only = false;   // no reference check (opt-in DSV3-size timing, MXMOE_EP_LAYER_DSV3)
 };
 
 int64_t tokens_of(const LayerCase& c, int rank, int world) {
@@ -68,10 +76,27 @@ Inputs make_inputs(const LayerCase& c, int world, int64_t total_tokens, uint32_t
   const int64_t H = c.hidden, I = c.inter, E = int64_t(c.experts_per_rank) * world;
   std::mt19937 rng(seed * 2654435761u + salt * 97u + uint32_t(c.hidden * 31 + c.top_k));
   std::normal_distribution<float> g(0.f, 1.f);
-  auto fill = [&](std::vector<uint16_t>& v, size_t n, float scale) {
+  std::function<void(std::vector<uint16_t>&, size_t, float)> fill = [&](std::vector<uint16_t>& v, size_t n,
+                                                                         float scale) {
     v.resize(n);
     for (auto& e : v) e = bf16_bits(g(rng) * scale);
   };
+  if (c.timing_only) {  // ~1.5 G values at DSV3 size: a fast approximate normal (Irwin-Hall of 4 uniforms)
+    uint64_t st = (uint64_t(seed) << 32) ^ (uint64_t(salt) * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
+    fill = [&st](std::vector<uint16_t>& v, size_t n, float scale) {
+      v.resize(n);
+      for (auto& e : v) {
+        float u = 0.f;
+        for (int i = 0; i < 4; ++i) {
+          st ^= st << 13;
+          st ^= st >> 7;
+          st ^= st << 17;
+          u += float(st >> 40) * (1.0f / 16777216.0f);
+        }
+        e = bf16_bits((u - 2.0f) * 1.7320508f * scale);  // mean 0, variance 1 before scale
+      }
+    };
+  }
   Inputs in;
   fill(in.x, size_t(total_tokens * H), 1.0f);
   fill(in.dout, size_t(total_tokens * H), 0.5f);
@@ -193,6 +218,14 @@ class CaseRun {
     dw2_ = std::make_unique<Dev<float>>(size_t(El) * H * I);
 
     bool ok = true;
+    if (c_.timing_only) {  // correctness is the other cases' job; one warm step, then timing
+      ep_step();
+      comm_->check(st_);
+      timing();
+      std::printf("%s: timed only (no reference check)\n", ctx_);
+      CK(cudaStreamDestroy(st));
+      return true;
+    }
     const StepOut want = reference(in);
     ep_step();
     const StepOut got = ep_results();
@@ -466,6 +499,11 @@ class CaseRun {
                 "compute-only %.3f ms; overlap efficiency compute-only / layer = %.3f; single-GPU MoeLayer on all "
                 "%lld tokens fwd+bwd %.3f ms\n",
                 ctx_, fwd, bwd, comm_ms, compute_ms, compute_ms / double(fwd + bwd), (long long)T_all, median(tr));
+  if (c_.tag)  // the format of bench/bench_ep_layer_a2a.py's "a2a-baseline" lines (same shapes and T)
+    std::printf("[rank %d] ep-layer %s H=%d I=%d E=%d k=%d T=%lld %s: fwd ms %.3f fwd+bwd ms %.3f | compute-only "
+                "fwd+bwd ms %.3f\n",
+                r, c_.tag, H, I, E, k, (long long)T, c_.mode == mxmoe::GemmMode::kFast ? "fast" : "exact", fwd,
+                fwd + bwd, compute_ms);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaEventDestroy(e2));
@@ -539,15 +577,26 @@ int main() {
       {"E=32R k=4 H=256 I=128 exact last-rank-empty", 256, 128, 32, 4, 200, true, GemmMode::kExact, 4},
       {"E=32R k=1 H=256 I=128 fast", 256, 128, 32, 1, 222, false, GemmMode::kFast, 8},
       {"graph E=8R k=4 H=256 I=128 fast", 256, 128, 8, 4, 301, false, GemmMode::kFast, 8, true},
-      {"timed E=8R k=8 H=1024 I=512 fast T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kFast, 32, false, true},
-      {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 32, false, true},
+      {"timed E=8R k=8 H=1024 I=512 fast T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kFast, 32, false, true,
+       "small"},
+      {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 32, false, true,
+       "small"},
   };
+  // Opt-in (MXMOE_EP_LAYER_DSV3=1: after the cases above; =only: alone): a DeepSeek-V3-like timed case,
+  // E = 32 at R = 2, T_r = 4096 - 37r, timing only: bench/bench_ep_layer_a2a.py's case "dsv3".
+  const char* dsv3 = std::getenv("MXMOE_EP_LAYER_DSV3");
+  const bool dsv3_only = dsv3 && std::string(dsv3) == "only";
+  std::vector<LayerCase> run_cases;
+  if (!dsv3_only) run_cases.assign(std::begin(cases), std::end(cases));
+  if (dsv3 && std::string(dsv3) != "0")
+    run_cases.push_back({"timed E=32 k=8 H=7168 I=2048 fast T0=4096", 7168, 2048, 32 / w.size, 8, 4096, false,
+                         GemmMode::kFast, 32, false, true, "dsv3", true});
   bool all_ok = true;
   const char* current = "bad setups";
   try {
-    all_ok &= bad_setups(w, 100);
+    if (!dsv3_only) all_ok &= bad_setups(w, 100);
     int index = 0;
-    for (const LayerCase& c : cases) {
+    for (const LayerCase& c : run_cases) {
       current = c.name;
       CaseRun run(w, c, index++);
       all_ok &= run.run();
