@@ -43,14 +43,17 @@ def splits(ids, world, experts_per_rank):
     return dispatch.tolist(), combine.tolist()
 
 
-def timed(fn, reps, device):
-    for _ in range(3):
+def timed(fn, reps, device, warmup=3):
+    """Median ms of fn over reps, after warmup calls; every rank starts each rep together (barrier)
+    with its device idle (also used by bench_ep_layer_a2a.py)."""
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         if device == "cuda":
             torch.cuda.synchronize()
             dist.barrier()
+            torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fn()

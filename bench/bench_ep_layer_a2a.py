@@ -31,8 +31,7 @@ backward (a torch.autograd.Function around 2-5; the router is differentiated by 
 
 Not bound in mxmoe.ops, done in plain torch instead (printed in the output): SwiGLU forward and
 backward; dY = w·dOut gathering (the C++ layer fuses it into quantize_mxfp8_gather_scaled); the
-combine sums and dw. The binding's quantize writes the plain MX form next to the fast form (no
-fast-only flag is bound), the C++ layer writes the fast form alone.
+combine sums and dw. Quantization writes the fast form alone (plain=False), as the C++ layer does.
 
 Correctness (every case unless --no-check): every rank regenerates every rank's tokens and all
 experts from the shared seed and runs a plain-PyTorch BF16 reference of the same layer on all
@@ -60,10 +59,8 @@ import faulthandler
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import zlib
 from collections import namedtuple
 
@@ -73,6 +70,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_ep_a2a import timed as timed_ms  # noqa: E402  (same barrier + CUDA-event median)
 
 # name -> H, I, experts (total, from R), top-k, tokens of rank 0, ragged (rank r has tokens0 - 37 r,
 # as tests/ep/ep_layer_test.cu), skew (every token to rank 0's experts), last rank empty
@@ -106,7 +105,7 @@ SELFTEST_CASES = {
 BOUNDS = {"out": 0.10, "dx": 0.10, "dW1": 0.12, "dW2": 0.12, "dWr": 0.20}
 
 NOT_BOUND = ("SwiGLU fwd+bwd: torch; dY = w*dOut gather: torch (C++ fuses it into quantize_gather_scaled); "
-             "combine sums and dw: torch; quantize: plain + fast forms written (no fast-only flag bound)")
+             "combine sums and dw: torch")
 
 MxT = namedtuple("MxT", "data scales fast_data fast_scales")
 Quant = namedtuple("Quant", "rowwise colwise")
@@ -131,10 +130,10 @@ class RealOps:
         self.m = mxmoe
 
     def quantize(self, x):
-        return self.m.quantize(x, rowwise=True, colwise=True, fast=True)
+        return self.m.quantize(x, rowwise=True, colwise=True, fast=True, plain=False)
 
     def quantize_gather(self, x, row_index):
-        return self.m.quantize_gather(x, row_index, rowwise=True, colwise=True, fast=True)
+        return self.m.quantize_gather(x, row_index, rowwise=True, colwise=True, fast=True, plain=False)
 
     def moe_plan(self, ids, experts):
         return self.m.moe_plan(ids, experts)
@@ -550,26 +549,7 @@ def rel(a, b):
 # ---- one case on one rank ------------------------------------------------------------------------
 
 def timed(fn, reps, warmup, device):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            dist.barrier()
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return timed_ms(fn, reps, device, warmup)
 
 
 def run_case(case, args, rank, world, ops, comm, dev):
