@@ -18,8 +18,9 @@
 //    tiles in shared memory and leave by one TMA store per direction; scale bytes (plain, or the
 //    chunk-major fast ones) are stored directly. 2-3 stages, 97-113 KB, 2 CTAs per SM. See
 //    "Staged kernel" below for the barrier protocol.
-//  - two-group (both directions of dense and gather inputs, plain alone or fast alone): the
-//    staged kernel's helpers in one 512-thread CTA per SM, one warp group per direction.
+//  - two-group (both plain copies of dense and gather inputs): the staged kernel's helpers in one
+//    512-thread CTA per SM, one warp group per direction. (The fast form alone is faster on the
+//    staged kernel, run 42.)
 //  - register-store (plain + fast together, or everything with MXMOE_QUANT_STAGED=0): the
 //    row-wise pass from each thread's own slots (4 lanes per block, shuffles), 8-byte stores; the
 //    column-wise pass through shared memory with 16-byte stores of whole 128-byte lines; 3 stages
@@ -764,8 +765,8 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
 //   thread 0 waits until the stores of tile k-2 have read staging k % 2; C; refill with tile
 //   k + S; convert → staging k % 2; fence.proxy.async; B; thread 0 issues both TMA stores and
 //   commits one bulk group per tile (empty when there is nothing to store, so the group count
-//   stays one per tile). Same helpers, so the same bytes as the staged kernel (plain copies, or
-//   the fast form alone with kFast). Dense and gather inputs only (grouped ones stay on the staged
+//   stays one per tile). Same helpers, so the same bytes as the staged kernel. Plain copies of
+//   dense and gather inputs only (grouped inputs and the fast form alone stay on the staged
 //   kernel, see launch_staged).
 // Run 32 (bench_quant --quick): 74.1 / 78.1 / 74.7% of copy on 16384x7168 / 65536x2048 /
 // 32768x2880 and 79.7% on weights 128x1536x2048, against 72.7 / 76.2 / 72.8 / 75.1% for the
@@ -777,7 +778,7 @@ struct WsLayout {
   static constexpr int kBytes = kOut + 4 * kOutTileBytes;       // 192 KB
 };
 
-template <bool kFast, RowMap kMap>
+template <RowMap kMap>
 __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel(
     const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap row_map,
     const __grid_constant__ CUtensorMap col_map) {
@@ -828,13 +829,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
       uint8_t* row_out = smem + L::kOut + (k & 1) * 2 * kOutTileBytes;
       uint8_t* col_out = row_out + kOutTileBytes;
       if (valid) {
-        if constexpr (kRowGroup) rowwise_staged<kFast>(p, t, in, row_out);
-        else colwise_staged<kFast>(p, t, in, col_out);
+        if constexpr (kRowGroup) rowwise_staged<false>(p, t, in, row_out);
+        else colwise_staged<false>(p, t, in, col_out);
       }
       device::fence_proxy_async_shared_cta();
       __syncthreads();  // B: the staging is complete
       if (valid && kMap == RowMap::kGather && t.out_valid < kTileRows) {
-        copy_out_partial<true, true, kFast, kWsThreads>(p, t, row_out, col_out);
+        copy_out_partial<true, true, false, kWsThreads>(p, t, row_out, col_out);
       } else if (valid && threadIdx.x == 0) {
         device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
         device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
@@ -883,7 +884,8 @@ void launch(const QuantizeParams& p, cudaStream_t stream) {
 }
 
 // MXMOE_QUANT_TWO_GROUP=0 (read on every call, so that one process can time both) runs both
-// plain copies on the 256-thread staged kernel instead of the two-group kernel.
+// plain copies on the 256-thread staged kernel instead of the two-group kernel (the fast form
+// alone is always on the staged kernel).
 bool use_two_group() {
   const char* e = std::getenv("MXMOE_QUANT_TWO_GROUP");
   return e == nullptr || std::strcmp(e, "0") != 0;
@@ -909,10 +911,14 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
                                     kTileCols, kTileRows, sw);
   // Expert-grouped inputs stay on the staged kernel: run 32 measured the two-group kernel at 63.8%
   // of copy there against 72.2% (thread 0's binary search for the next tile stalls the only CTA of
-  // the SM at the ring barrier, where two CTAs per SM hide it).
-  if constexpr (kRow && kCol && kMap != RowMap::kGrouped) {
+  // the SM at the ring barrier, where two CTAs per SM hide it). The fast form alone also stays on
+  // the staged kernel: run 42 measured it at 81.1 / 81.7 / 79.6% of copy on 16384x7168 /
+  // 65536x2048 / 32768x2880, 85.1 / 84.6% on weights and 36.5% on a gather, against 75.5 / 76.1 /
+  // 72.8, 79.9 / 80.3 and 32.2% for the two-group kernel (half the output bytes leave the two
+  // staging tiles less busy, and two CTAs per SM beat one).
+  if constexpr (kRow && kCol && kMap != RowMap::kGrouped && !kFast) {
     if (use_two_group()) {
-      constexpr auto kernel = quantize_mxfp8_two_group_kernel<kFast, kMap>;
+      constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap>;
       constexpr int kSmem = WsLayout::kBytes;
       kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kWsThreads), kWsThreads, kSmem, stream>>>(
           p, g, row_map, col_map);
