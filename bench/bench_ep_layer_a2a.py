@@ -71,7 +71,7 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ep_a2a import timed as timed_ms  # noqa: E402  (same barrier + CUDA-event median)
+from bench_ep_a2a import timed  # noqa: E402  (same barrier + CUDA-event median)
 
 # name -> H, I, experts (total, from R), top-k, tokens of rank 0, ragged (rank r has tokens0 - 37 r,
 # as tests/ep/ep_layer_test.cu), skew (every token to rank 0's experts), last rank empty
@@ -548,10 +548,6 @@ def rel(a, b):
 
 # ---- one case on one rank ------------------------------------------------------------------------
 
-def timed(fn, reps, warmup, device):
-    return timed_ms(fn, reps, device, warmup)
-
-
 def run_case(case, args, rank, world, ops, comm, dev):
     H, I, E, k = case.hidden, case.inter, case.experts(world), case.top_k
     if E % world:
@@ -630,11 +626,11 @@ def run_case(case, args, rank, world, ops, comm, dev):
     res["passed"] = bool(ok)
 
     reps, warm = args.reps, args.warmup
-    t_f = timed(lambda: step(False), reps, warm, dev)
-    t_fb = timed(lambda: step(True), reps, warm, dev)
+    t_f = timed(lambda: step(False), reps, dev, warm)
+    t_fb = timed(lambda: step(True), reps, dev, warm)
     step(True, "record")  # what compute-only replays (same inputs, so the same routing)
-    c_f = timed(lambda: step(False, "replay"), reps, warm, dev)
-    c_fb = timed(lambda: step(True, "replay"), reps, warm, dev)
+    c_f = timed(lambda: step(False, "replay"), reps, dev, warm)
+    c_fb = timed(lambda: step(True, "replay"), reps, dev, warm)
     sent, _ = comm.log[0]  # this rank's counts: bytes that cross NVLink per step
     rows_out = sum(sent[d][El] for d in range(world) if d != rank)
     slots_in = sum(sum(sent[d][:El]) for d in range(world) if d != rank)

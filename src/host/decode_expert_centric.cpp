@@ -67,13 +67,7 @@ struct Chain {
   void carve(detail::Carver& c, int64_t batch, int64_t hidden, int64_t inter) {
     cap = moe_plan_capacity(batch, top_k, experts);
     if (shared) zero_ids = c.take_n<int32_t>(size_t(batch));
-    plan.counts = c.take_n<int32_t>(size_t(experts));
-    plan.offsets = c.take_n<int32_t>(size_t(experts + 1));
-    plan.padded_offsets = c.take_n<int32_t>(size_t(experts + 1));
-    plan.row_of = c.take_n<int32_t>(size_t(batch * top_k));
-    plan.row_index = c.take_n<int32_t>(size_t(cap));
-    plan_ws_bytes = moe_plan_workspace_bytes(batch, top_k, experts);
-    plan_ws = c.take(plan_ws_bytes);
+    detail::carve_plan(c, batch, top_k, experts, cap, plan, plan_ws, plan_ws_bytes);
     if (mx) {
       xq = detail::mx_buf(c, GemmMode::kFast, 1, cap, hidden);
       hq = detail::mx_buf(c, GemmMode::kFast, 1, cap, inter);

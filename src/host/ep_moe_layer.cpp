@@ -108,13 +108,7 @@ struct EpMoeLayer::Impl {
     home_token = c.take_n<int32_t>(size_t(maxT * k));
     home_row_w = c.take_n<float>(size_t(maxT * k));
     y_home = c.take_n<__nv_bfloat16>(size_t(maxT * k * H));
-    plan.counts = c.take_n<int32_t>(size_t(El));
-    plan.offsets = c.take_n<int32_t>(size_t(El + 1));
-    plan.padded_offsets = c.take_n<int32_t>(size_t(El + 1));
-    plan.row_of = c.take_n<int32_t>(size_t(recv_rows * k));
-    plan.row_index = c.take_n<int32_t>(size_t(cap));
-    plan_ws_bytes = moe_plan_workspace_bytes(recv_rows, k, El);
-    plan_ws = c.take(plan_ws_bytes);
+    detail::carve_plan(c, recv_rows, k, El, cap, plan, plan_ws, plan_ws_bytes);
     dw_recv = c.take_n<float>(size_t(recv_rows * k));
     blk.cap = cap;
     blk.hidden = H;

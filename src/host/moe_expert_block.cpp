@@ -49,6 +49,17 @@ std::vector<std::pair<std::string, float>> StageTimer::times() const {
   return out;
 }
 
+void carve_plan(Carver& c, int64_t tokens, int top_k, int experts, int64_t capacity, MoePlan& plan,
+                void*& ws, size_t& ws_bytes) {
+  plan.counts = c.take_n<int32_t>(size_t(experts));
+  plan.offsets = c.take_n<int32_t>(size_t(experts + 1));
+  plan.padded_offsets = c.take_n<int32_t>(size_t(experts + 1));
+  plan.row_of = c.take_n<int32_t>(size_t(tokens * top_k));
+  plan.row_index = c.take_n<int32_t>(size_t(capacity));
+  ws_bytes = moe_plan_workspace_bytes(tokens, top_k, experts);
+  ws = c.take(ws_bytes);
+}
+
 MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols) {
   MxBuf b;
   if (mode == GemmMode::kFast) {

@@ -18,6 +18,7 @@
 #include "mxmoe/decode.h"
 
 #include "mxmoe/gemm.h"
+#include "mxmoe/moe_plan.h"
 #include "mxmoe/quantize.h"
 
 namespace mxmoe::detail {
@@ -53,6 +54,11 @@ class Carver {
 // form, data [batch, rows, cols] + scales [batch, ceil(cols/128), rows]; exact: plain MX). The
 // quantizers write only the pair that is given.
 MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols);
+
+// A routing plan's buffers (moe_plan.h) for `tokens` tokens of top_k slots over `experts` experts
+// with `capacity` padded rows, and moe_plan's scratch (ws, ws_bytes).
+void carve_plan(Carver& c, int64_t tokens, int top_k, int experts, int64_t capacity, MoePlan& plan,
+                void*& ws, size_t& ws_bytes);
 
 // Stage marks for profiling (MoeLayer::set_profiling); may be empty.
 using StageMark = std::function<void(const char*)>;

@@ -45,13 +45,7 @@ struct MoeLayer::Impl {
     const int64_t T = cfg.max_tokens, H = cfg.hidden, E = cfg.num_experts, k = cfg.routing.top_k;
     ids = c.take_n<int32_t>(size_t(T * k));
     weights = c.take_n<float>(size_t(T * k));
-    plan.counts = c.take_n<int32_t>(size_t(E));
-    plan.offsets = c.take_n<int32_t>(size_t(E + 1));
-    plan.padded_offsets = c.take_n<int32_t>(size_t(E + 1));
-    plan.row_of = c.take_n<int32_t>(size_t(T * k));
-    plan.row_index = c.take_n<int32_t>(size_t(cap));
-    plan_ws_bytes = moe_plan_workspace_bytes(T, int(k), int(E));
-    plan_ws = c.take(plan_ws_bytes);
+    detail::carve_plan(c, T, int(k), int(E), cap, plan, plan_ws, plan_ws_bytes);
     blk.cap = cap;
     blk.hidden = H;
     blk.inter = cfg.inter;
