@@ -8,6 +8,9 @@ x baseline (fwd+bwd) | peak memory GB | output check. The baseline's routing log
 mxmoe's, so both route the same tokens to the same experts up to FP32 ties; mxmoe's output and
 dx are checked against the baseline's within MXFP8's error (relative Frobenius < 0.1).
 Writes --json and a PNG chart next to it. Usage: python3 bench/bench_layer.py [--json OUT.json] [--quick]
+[--shapes NAME,...] [--modes fast,exact] [--variant ENV=VAL[,ENV=VAL...]]...
+--variant adds, per mode, a row of mxmoe run with those environment variables set (e.g.
+MXMOE_GEMM_TILE=192), in the same process, for A/B comparisons against the default row.
 """
 import argparse
 import ctypes
@@ -88,7 +91,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="T = 4096, uniform routing only")
+    ap.add_argument("--shapes", default=None, help="comma-separated subset of: " + ", ".join(s[0] for s in SHAPES))
+    ap.add_argument("--modes", default="fast,exact", help="comma-separated subset of: fast, exact")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="ENV=VAL[,ENV=VAL...]: also run each mode with these environment variables set")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        want = args.shapes.split(",")
+        unknown = [w for w in want if w not in [s[0] for s in SHAPES]]
+        if unknown:
+            sys.exit(f"bench_layer: unknown --shapes {unknown}; known: {[s[0] for s in SHAPES]}")
+        shapes = [s for s in SHAPES if s[0] in want]
+    mode_ids = {"fast": 0, "exact": 1}
+    modes = args.modes.split(",")
+    if any(m not in mode_ids for m in modes):
+        sys.exit(f"bench_layer: --modes takes fast and/or exact, got {args.modes!r}")
+    variants = [None]  # None: the environment as it is
+    for v in args.variant:
+        pairs = [kv.split("=", 1) for kv in v.split(",")]
+        if any(len(kv) != 2 or not kv[0] for kv in pairs):
+            sys.exit(f"bench_layer: --variant takes ENV=VAL[,ENV=VAL...], got {v!r}")
+        variants.append(dict(pairs))
     require_gpu()
     lib = load_lib()
     setup(lib)
@@ -97,7 +121,7 @@ def main():
     results = {"device": device_info(), "tokens": T, "rows": []}
     table = []
     torch.manual_seed(0)
-    for name, H, I, E, k, scoring, scaling in SHAPES:
+    for name, H, I, E, k, scoring, scaling in shapes:
         for skewed in ([False] if args.quick else [False, True]):
             dev = "cuda"
             x = (torch.randn(T, H, device=dev) + (0.5 if skewed else 0.0)).to(torch.bfloat16)
@@ -138,7 +162,12 @@ def main():
                                         peak_gb=base_peak))
 
             # ---- mxmoe, fast and exact
-            for mode, mname in ((0, "mxmoe fast"), (1, "mxmoe exact")):
+            runs = [(mode_ids[m], f"mxmoe {m}", v) for m in modes for v in variants]
+            for mode, mname, env in runs:
+                if env:
+                    mname += " [" + ",".join(f"{a}={b}" for a, b in env.items()) + "]"
+                saved = {a: os.environ.get(a) for a in (env or {})}
+                os.environ.update(env or {})  # read by the library per call (getenv)
                 h = ctypes.c_void_p()
                 check(lib, lib.mxmoe_layer_create(H, I, E, k, scoring, 1, 1, scaling,
                                                   ptr(bias) if scoring == 1 else None, mode, T, ctypes.byref(h)))
@@ -178,6 +207,11 @@ def main():
                                             verified=ok, stages_ms=stages))
                 print_table(f"{name} {routing} {mname}: stages of one step (CUDA events)", ["stage", "ms"],
                             [[sn, f"{sm:.3f}"] for sn, sm in stages])
+                for a, b in saved.items():
+                    if b is None:
+                        os.environ.pop(a, None)
+                    else:
+                        os.environ[a] = b
             del params, base_out, base_dx
             torch.cuda.empty_cache()
 
