@@ -8,9 +8,11 @@ x baseline (fwd+bwd) | peak memory GB | output check. The baseline's routing log
 mxmoe's, so both route the same tokens to the same experts up to FP32 ties; mxmoe's output and
 dx are checked against the baseline's within MXFP8's error (relative Frobenius < 0.1).
 Writes --json and a PNG chart next to it. Usage: python3 bench/bench_layer.py [--json OUT.json] [--quick]
-[--shapes NAME,...] [--modes fast,exact] [--variant ENV=VAL[,ENV=VAL...]]...
+[--shapes NAME,...] [--modes fast,exact] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
 --variant adds, per mode, a row of mxmoe run with those environment variables set (e.g.
 MXMOE_GEMM_TILE=192), in the same process, for A/B comparisons against the default row.
+--kernels also prints, per mxmoe row, the GPU time of every kernel of one step (torch.profiler's
+CUDA activity, which sees the library's launches too): the split behind each profiled stage.
 """
 import argparse
 import ctypes
@@ -93,6 +95,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="T = 4096, uniform routing only")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of: " + ", ".join(s[0] for s in SHAPES))
     ap.add_argument("--modes", default="fast,exact", help="comma-separated subset of: fast, exact")
+    ap.add_argument("--kernels", action="store_true", help="per-kernel GPU times of one step (torch.profiler)")
     ap.add_argument("--variant", action="append", default=[],
                     help="ENV=VAL[,ENV=VAL...]: also run each mode with these environment variables set")
     args = ap.parse_args()
@@ -113,6 +116,8 @@ def main():
         if any(len(kv) != 2 or not kv[0] for kv in pairs):
             sys.exit(f"bench_layer: --variant takes ENV=VAL[,ENV=VAL...], got {v!r}")
         variants.append(dict(pairs))
+    if args.kernels:
+        from torch.profiler import ProfilerActivity, profile
     require_gpu()
     lib = load_lib()
     setup(lib)
@@ -196,6 +201,20 @@ def main():
                 step()
                 stages = stage_times(lib, h)
                 check(lib, lib.mxmoe_layer_set_profiling(h, 0))
+                if args.kernels:
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        step()
+                        torch.cuda.synchronize()
+                    per = {}
+                    for ev in prof.events():
+                        if ev.device_type == torch.autograd.DeviceType.CUDA:
+                            n = ev.name if len(ev.name) <= 90 else ev.name[:87] + "..."
+                            c, us = per.get(n, (0, 0.0))
+                            per[n] = (c + 1, us + ev.time_range.elapsed_us())
+                    rows_k = sorted(per.items(), key=lambda kv: -kv[1][1])
+                    print_table(f"{name} {routing} {mname}: GPU kernels of one step (torch.profiler)",
+                                ["kernel", "calls", "ms"], [[n, c, f"{us / 1e3:.3f}"] for n, (c, us) in rows_k])
                 ws = lib.mxmoe_layer_workspace_bytes(h)
                 peak = (ws + sum(t.numel() * t.element_size() for t in (x, wr, w1, w2, out, dx, dwr, dw1, dw2, dout))) / 1e9
                 check(lib, lib.mxmoe_layer_destroy(h))
