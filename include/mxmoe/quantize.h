@@ -60,7 +60,8 @@ void quantize_mxfp8_grouped(const __nv_bfloat16* x, int64_t x_rows, int64_t cols
 //   row_index  int32 [out_rows], device memory: output row r is x[row_index[r]], or a zero row
 //              (pad) where row_index[r] < 0; an index >= x_rows also reads as a zero row.
 //   rows_used  optional int32 scalar in device memory (e.g. &padded_offsets[E]): rows at or beyond
-//              *rows_used are not written. A multiple of 128, at most out_rows. Never read by the host.
+//              *rows_used are not written. A multiple of 128, at most out_rows. Never read by the host;
+//              read once per launch on the device, so it must not change while the call runs.
 //   out_rows % 128 == 0 (a worst-case capacity). Outputs as for quantize_mxfp8_grouped.
 void quantize_mxfp8_gather(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const int32_t* row_index,
                            int64_t out_rows, const int32_t* rows_used, const MxOut* rowwise,

@@ -216,43 +216,67 @@ TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
 
 namespace {
 
+// The reference quantization of x_used [used, cols] both ways (and the fast forms when `fast`).
+struct UsedRef {
+  ref::MxMatrix rows, cols;
+  ref::FastMatrix rows_fast, cols_fast;
+};
+
+UsedRef used_ref(const uint16_t* x_used, int64_t used, int64_t cols, bool fast) {
+  UsedRef r{ref::quantize_rows(x_used, used, cols, ScaleMode::kRceil),
+            ref::quantize_cols(x_used, used, cols, ScaleMode::kRceil), {}, {}};
+  if (fast) {
+    r.rows_fast = ref::rebase_fast(r.rows);
+    r.cols_fast = ref::rebase_fast(r.cols);
+  }
+  return r;
+}
+
 // Rows [0, used) of a row-wise [out_rows, cols] and a column-wise [cols, out_rows] output (both
-// with their fast forms when `fast`) against the reference quantization of x_used [used, cols].
+// with their fast forms when `fast`) against the reference quantization `want` of the used rows.
 // col_fast_scales: also the column-wise fast scales (whole 128-row chunks of `used` only).
 // plain = false: the fast form alone was asked for; the plain buffers must keep their poison.
-void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBufs& cw, bool fast,
-                      const uint16_t* x_used, int64_t used, int64_t out_rows, int64_t cols, bool col_fast_scales,
-                      bool plain = true) {
-  const auto rref = ref::quantize_rows(x_used, used, cols, ScaleMode::kRceil);
-  const auto cref = ref::quantize_cols(x_used, used, cols, ScaleMode::kRceil);
-  const auto d = rw.data.download(), s = rw.scales.download();
-  const auto cd = cw.data.download(), cs = cw.scales.download();
-  if (plain) {
-    EXPECT_TRUE(bytes_equal((what + " rowwise data").c_str(), d.data(), cols, rref.data.data(), cols, used, cols));
-    EXPECT_TRUE(bytes_equal((what + " rowwise scales").c_str(), s.data(), cols / 32, rref.scales.data(), cols / 32,
-                            used, cols / 32));
-    EXPECT_TRUE(bytes_equal((what + " colwise data").c_str(), cd.data(), out_rows, cref.data.data(), used, cols, used));
-    EXPECT_TRUE(bytes_equal((what + " colwise scales").c_str(), cs.data(), out_rows / 32, cref.scales.data(),
-                            used / 32, cols, used / 32));
-  } else {
-    const auto poisoned = [](const std::vector<uint8_t>& v) {
-      return std::all_of(v.begin(), v.end(), [](uint8_t b) { return b == 0xA5; });
-    };
-    EXPECT_TRUE(poisoned(d) && poisoned(s) && poisoned(cd) && poisoned(cs))
-        << what << ": fast-only quantization wrote a plain copy";
+// row / col = false: that direction was not asked for; all its buffers must keep their poison.
+void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBufs& cw, bool fast, const UsedRef& want,
+                      int64_t used, int64_t out_rows, int64_t cols, bool col_fast_scales, bool plain = true,
+                      bool row = true, bool col = true) {
+  const auto poisoned = [](const DevBuf<uint8_t>& b) {
+    const auto v = b.download();
+    return std::all_of(v.begin(), v.end(), [](uint8_t x) { return x == 0xA5; });
+  };
+  const auto untouched = [&](const CopyBufs& c) {
+    return poisoned(c.data) && poisoned(c.scales) && poisoned(c.fast_data) && poisoned(c.fast_scales);
+  };
+  EXPECT_TRUE(row || untouched(rw)) << what << ": the row-wise copy was not asked for but written";
+  EXPECT_TRUE(col || untouched(cw)) << what << ": the column-wise copy was not asked for but written";
+  EXPECT_TRUE(plain || (poisoned(rw.data) && poisoned(rw.scales) && poisoned(cw.data) && poisoned(cw.scales)))
+      << what << ": fast-only quantization wrote a plain copy";
+  if (row && plain) {
+    EXPECT_TRUE(bytes_equal((what + " rowwise data").c_str(), rw.data.download().data(), cols, want.rows.data.data(),
+                            cols, used, cols));
+    EXPECT_TRUE(bytes_equal((what + " rowwise scales").c_str(), rw.scales.download().data(), cols / 32,
+                            want.rows.scales.data(), cols / 32, used, cols / 32));
+  }
+  if (col && plain) {
+    EXPECT_TRUE(bytes_equal((what + " colwise data").c_str(), cw.data.download().data(), out_rows,
+                            want.cols.data.data(), used, cols, used));
+    EXPECT_TRUE(bytes_equal((what + " colwise scales").c_str(), cw.scales.download().data(), out_rows / 32,
+                            want.cols.scales.data(), used / 32, cols, used / 32));
   }
   if (!fast) return;
-  const auto rfast = ref::rebase_fast(rref), cfast = ref::rebase_fast(cref);
-  const auto fd = rw.fast_data.download(), fs = rw.fast_scales.download();
-  EXPECT_TRUE(bytes_equal((what + " rowwise fast_data").c_str(), fd.data(), cols, rfast.data.data(), cols, used, cols));
-  EXPECT_TRUE(bytes_equal((what + " rowwise fast_scales").c_str(), fs.data(), out_rows, rfast.scales.data(), used,
-                          cdiv(cols, 128), used));
-  const auto cfd = cw.fast_data.download();
-  EXPECT_TRUE(bytes_equal((what + " colwise fast_data").c_str(), cfd.data(), out_rows, cfast.data.data(), used, cols, used));
-  if (col_fast_scales) {
-    const auto cfs = cw.fast_scales.download();
-    EXPECT_TRUE(bytes_equal((what + " colwise fast_scales").c_str(), cfs.data(), cols, cfast.scales.data(), cols,
-                            used / 128, cols));
+  if (row) {
+    EXPECT_TRUE(bytes_equal((what + " rowwise fast_data").c_str(), rw.fast_data.download().data(), cols,
+                            want.rows_fast.data.data(), cols, used, cols));
+    EXPECT_TRUE(bytes_equal((what + " rowwise fast_scales").c_str(), rw.fast_scales.download().data(), out_rows,
+                            want.rows_fast.scales.data(), used, cdiv(cols, 128), used));
+  }
+  if (col) {
+    EXPECT_TRUE(bytes_equal((what + " colwise fast_data").c_str(), cw.fast_data.download().data(), out_rows,
+                            want.cols_fast.data.data(), used, cols, used));
+    if (col_fast_scales) {
+      EXPECT_TRUE(bytes_equal((what + " colwise fast_scales").c_str(), cw.fast_scales.download().data(), cols,
+                              want.cols_fast.scales.data(), cols, used / 128, cols));
+    }
   }
 }
 
@@ -289,7 +313,8 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   for (int g = 0; g < G; ++g)
     for (int32_t j = 0; j < counts[g]; ++j)
       std::copy_n(&x[size_t((offs[g] + j) * cols)], cols, &xp[size_t((padded[g] + j) * cols)]);
-  if (used > 0) expect_used_rows("grouped", rw, cw, fast, xp.data(), used, out_rows, cols, true, plain);
+  if (used > 0)
+    expect_used_rows("grouped", rw, cw, fast, used_ref(xp.data(), used, cols, fast), used, out_rows, cols, true, plain);
   // Nothing at or beyond padded[G] is written: the poison must survive (in the data asked for).
   const std::vector<uint8_t> poison_row(size_t(cols), 0xA5);
   const auto d = (plain ? rw.data : rw.fast_data).download();
@@ -327,57 +352,107 @@ TEST(QuantizeGpu, GroupedRaggedEmptyAndOverloaded) {
 
 namespace {
 
+// The gather's x [x_rows, cols] and output row space [out_rows, cols]. The default: about one tile
+// per CTA. A long walk (out_rows in the thousands) gives every CTA many tiles, so that the row
+// indices and scales fetched one tile ahead cross many tiles, and tiles past rows_used.
+struct GatherShape {
+  int64_t x_rows = 1000, cols = 2880, out_rows = 1536;
+};
+
+// One gather's fresh random inputs, on the device, and its reference; check() launches it (any
+// kernel, directions, forms) into newly poisoned outputs and compares them with the reference.
 // scaled: quantize_mxfp8_gather_scaled with a per-row scale (random magnitudes, signs, zeros,
-// powers of two, and a few large enough to overflow BF16 to Inf); the reference applies
-// bf16_rn(scale · x) on the host first.
+// powers of two, and a few large enough to overflow BF16 to Inf; NaN on one used row, which turns
+// its blocks NaN); the reference applies bf16_rn(scale · x) on the host first. Rows without x data
+// (pads, out-of-range indices, rows at or past rows_used) get a NaN scale, which must never be
+// used. Row 0 reads the last row of x, row 1 the first.
 // used: rows at and past it are not written (1248: the last tile is cut, which the staged kernel
-// copies out by hand instead of by a TMA store).
-// plain = false (with fast): the fast form alone.
-void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng, bool plain = true) {
-  SCOPED_TRACE(std::string(scaled ? "gather_scaled" : "gather") + (fast ? (plain ? " with fast form" : " fast form only") : "") +
-               " used=" + std::to_string(used));
-  const int64_t x_rows = 1000, cols = 2880, out_rows = 1536;
-  auto x = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
-  // Output row r: a random token, a pad (-1), or an out-of-range index (reads as a zero row).
-  std::vector<int32_t> idx(static_cast<size_t>(out_rows), 0);
-  for (auto& v : idx) {
-    const uint32_t k = rng() % 10;
-    v = k == 0 ? -1 : (k == 1 ? int32_t(x_rows + rng() % 5) : int32_t(rng() % x_rows));
-  }
-  DevBuf<uint16_t> dx(x.size());
-  dx.upload(x);
-  DevBuf<int32_t> didx(idx.size()), dused(1);
-  didx.upload(idx);
-  dused.upload(std::vector<int32_t>{int32_t(used)});
-  std::vector<float> scale(static_cast<size_t>(out_rows));
-  std::normal_distribution<float> gs(0.0f, 1.0f);
-  for (auto& v : scale) {
-    const uint32_t k = rng() % 10;
-    v = k == 0 ? 0.0f : k == 1 ? -0.5f : k == 2 ? 0x1p100f : k == 3 ? std::ldexp(1.0f, int(rng() % 9) - 4) : gs(rng);
-  }
-  for (int64_t r = used; r < out_rows; ++r) scale[size_t(r)] = std::nanf("");  // never read
-  DevBuf<float> dscale(scale.size());
-  dscale.upload(scale);
-  CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
-  const MxOut ro = rw.out(fast, plain), co = cw.out(fast, plain);
-  const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dx.p);
-  if (scaled) quantize_mxfp8_gather_scaled(xp, x_rows, cols, didx.p, dscale.p, out_rows, dused.p, &ro, &co);
-  else quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, &ro, &co);
-  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-  std::vector<uint16_t> xg(size_t(used * cols), 0);
-  for (int64_t r = 0; r < used; ++r)
-    if (idx[size_t(r)] >= 0 && idx[size_t(r)] < x_rows)
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint16_t v = x[size_t(idx[size_t(r)] * cols + c)];
-        xg[size_t(r * cols + c)] = scaled ? ref::float_to_bf16(scale[size_t(r)] * ref::bf16_to_float(v)) : v;
+// copies out by hand instead of by a TMA store; 0: nothing is written); -1: rows_used is null (every
+// row is used).
+class GatherProblem {
+ public:
+  GatherProblem(bool scaled, int64_t used, GatherShape shape, std::mt19937& rng)
+      : scaled_(scaled), used_null_(used < 0), used_(used < 0 ? shape.out_rows : used), s_(shape),
+        dx_(size_t(shape.x_rows * shape.cols)), didx_(size_t(shape.out_rows)), dused_(1),
+        dscale_(size_t(shape.out_rows)) {
+    const int64_t x_rows = s_.x_rows, cols = s_.cols, out_rows = s_.out_rows;
+    const auto x = random_bf16(x_rows, cols, Dist::kHeavyTailed, rng);
+    // Output row r: a random token, a pad (-1), or an out-of-range index (reads as a zero row).
+    std::vector<int32_t> idx(static_cast<size_t>(out_rows), 0);
+    for (auto& v : idx) {
+      const uint32_t k = rng() % 10;
+      v = k == 0 ? -1 : (k == 1 ? int32_t(x_rows + rng() % 5) : int32_t(rng() % x_rows));
+    }
+    idx[0] = int32_t(x_rows - 1);
+    idx[1] = 0;
+    const auto takes_x = [&](int64_t r) { return r < used_ && idx[size_t(r)] >= 0 && idx[size_t(r)] < x_rows; };
+    std::vector<float> scale(static_cast<size_t>(out_rows));
+    std::normal_distribution<float> gs(0.0f, 1.0f);
+    for (auto& v : scale) {
+      const uint32_t k = rng() % 10;
+      v = k == 0 ? 0.0f : k == 1 ? -0.5f : k == 2 ? 0x1p100f : k == 3 ? std::ldexp(1.0f, int(rng() % 9) - 4) : gs(rng);
+    }
+    for (int64_t r = 0; r < out_rows; ++r)
+      if (!takes_x(r)) scale[size_t(r)] = std::nanf("");  // never read
+    for (int64_t r = used_ / 2; r < used_; ++r)
+      if (takes_x(r)) {
+        scale[size_t(r)] = std::nanf("");  // a used row: NaN blocks
+        break;
       }
-  expect_used_rows("gather", rw, cw, fast, xg.data(), used, out_rows, cols, false, plain);
-  const auto d = (plain ? rw.data : rw.fast_data).download(), cd = (plain ? cw.data : cw.fast_data).download();
-  for (int64_t r = used; r < out_rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
-  for (int64_t c = 0; c < cols; ++c)  // column-wise: whole 16-row groups, so check from the next multiple of 16
-    for (int64_t r = (used + 15) / 16 * 16; r < out_rows; ++r)
-      ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written past rows_used";
+    dx_.upload(x);
+    didx_.upload(idx);
+    dused_.upload(std::vector<int32_t>{int32_t(used_)});
+    dscale_.upload(scale);
+    std::vector<uint16_t> xg(size_t(used_ * cols), 0);
+    for (int64_t r = 0; r < used_; ++r)
+      if (takes_x(r))
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint16_t v = x[size_t(idx[size_t(r)] * cols + c)];
+          xg[size_t(r * cols + c)] = scaled ? ref::float_to_bf16(scale[size_t(r)] * ref::bf16_to_float(v)) : v;
+        }
+    if (used_ > 0) want_ = used_ref(xg.data(), used_, cols, true);
+  }
+
+  // plain = false (with fast): the fast form alone. row / col: the directions asked for.
+  void check(bool fast, bool plain, bool row = true, bool col = true) const {
+    SCOPED_TRACE(std::string(scaled_ ? "gather_scaled" : "gather") +
+                 (fast ? (plain ? " with fast form" : " fast form only") : "") + " used=" +
+                 (used_null_ ? "null" : std::to_string(used_)) + " out_rows=" + std::to_string(s_.out_rows) +
+                 (row && col ? "" : row ? " rowwise" : " colwise"));
+    const int64_t cols = s_.cols, out_rows = s_.out_rows;
+    CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
+    const MxOut ro = rw.out(fast, plain), co = cw.out(fast, plain);
+    const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dx_.p);
+    const int32_t* rows_used = used_null_ ? nullptr : dused_.p;
+    const MxOut *rop = row ? &ro : nullptr, *cop = col ? &co : nullptr;
+    if (scaled_)
+      quantize_mxfp8_gather_scaled(xp, s_.x_rows, cols, didx_.p, dscale_.p, out_rows, rows_used, rop, cop);
+    else
+      quantize_mxfp8_gather(xp, s_.x_rows, cols, didx_.p, out_rows, rows_used, rop, cop);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    if (used_ > 0) expect_used_rows("gather", rw, cw, fast, want_, used_, out_rows, cols, false, plain, row, col);
+    const auto d = (plain ? rw.data : rw.fast_data).download(), cd = (plain ? cw.data : cw.fast_data).download();
+    for (int64_t r = used_; r < out_rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
+    for (int64_t c = 0; c < cols; ++c)  // column-wise: whole 16-row groups, so check from the next multiple of 16
+      for (int64_t r = (used_ + 15) / 16 * 16; r < out_rows; ++r)
+        ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written past rows_used";
+  }
+
+ private:
+  bool scaled_, used_null_;
+  int64_t used_;
+  GatherShape s_;
+  DevBuf<uint16_t> dx_;
+  DevBuf<int32_t> didx_, dused_;
+  DevBuf<float> dscale_;
+  UsedRef want_;
+};
+
+// A fresh gather problem, launched once (both directions).
+void run_gather(bool scaled, bool fast, int64_t used, std::mt19937& rng, bool plain = true) {
+  GatherProblem(scaled, used, GatherShape{}, rng).check(fast, plain);
 }
 
 }  // namespace
@@ -409,6 +484,40 @@ TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
   run_gather_all(true, rng);
+}
+
+// Every CTA walks many tiles (8192 x 2880: 1472 tiles, ~5.6 per CTA, ~11 on the two-group kernel),
+// so the row indices and scales fetched one tile ahead cross tiles with data, a tile cut by
+// rows_used and then only tiles past it (used = 5024), or every tile (rows_used null): every kernel,
+// both directions and each one alone, plain and fast form alone (and plain + fast, on the
+// register-store kernel). And rows_used = 0: nothing is written, on every kernel.
+TEST(QuantizeGpu, GatherLongWalksAndEdgeRows) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const GatherShape long_walk{3000, 2880, 8192};
+  struct Dirs {
+    bool row, col;
+    const char* name;
+  };
+  const Dirs dirs[] = {{true, true, "both directions"}, {true, false, "rowwise"}, {false, true, "colwise"}};
+  for (bool scaled : {false, true}) {
+    for (int64_t used : {int64_t(5024), int64_t(-1)}) {
+      const GatherProblem g(scaled, used, long_walk, rng);
+      g.check(true, true);
+      for (const Dirs& d : dirs)
+        on_every_kernel(d.row && d.col, d.name, [&](const std::string& l) {
+          SCOPED_TRACE(l);
+          g.check(false, true, d.row, d.col);
+          g.check(true, false, d.row, d.col);
+        });
+    }
+    const GatherProblem none(scaled, 0, GatherShape{}, rng);
+    on_every_kernel(true, "rows_used = 0", [&](const std::string& l) {
+      SCOPED_TRACE(l);
+      none.check(false, true);
+      none.check(true, false);
+    });
+  }
 }
 
 namespace {

@@ -9,7 +9,8 @@
 //
 // Persistent CTAs of 256 threads walk [128 rows, 128 cols] BF16 tiles (32 KB) through a ring of
 // cp.async stages (each thread loads 8 rows' 16-byte vectors of the tile, rows past the data
-// zero-filled). A tile is exactly one fast 128-chunk in both directions. Three kernels:
+// zero-filled; a gather's row indices and row scales are fetched one tile ahead into registers, see
+// "gather: ... one tile ahead"). A tile is exactly one fast 128-chunk in both directions. Three kernels:
 //  - staged (the default for the plain MX copies alone and for the fast form alone, one
 //    direction, or both of grouped inputs): a row-wise thread owns two whole 32-blocks of one row
 //    (no shuffles; the fast form's chunk exponent takes one shuffle with the other half of the
@@ -26,7 +27,7 @@
 //    column-wise pass through shared memory with 16-byte stores of whole 128-byte lines; 3 stages
 //    (96 KB).
 // Registers: at most 128 a thread (2 CTAs per SM; two-group: 512 threads, 1 CTA), no spills
-// (checked with -Xptxas -v; fast-only staged 80-128, two-group 128).
+// (checked with -Xptxas -v; fast-only staged 93-128, two-group 128).
 // Roofline: memory-bound. Bytes per element: read 2; write 1 + 1/32 per copy (+1 + 1/128 fast).
 // Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
 #include <algorithm>
@@ -95,9 +96,10 @@ struct Tile {
   const int32_t* gather = nullptr;   // row_index of tile row 0 (gather)
 };
 
-// Grouped tiles: binary search of the tile's first row over the padded offsets.
+// Grouped tiles: binary search of the tile's first row over the padded offsets. Gather tiles: `used`
+// is *rows_used clamped to rows_out (gather_rows_used, read once per CTA); other maps ignore it.
 template <RowMap kMap>
-__device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid& g, uint32_t id) {
+__device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid& g, uint32_t id, int64_t used) {
   Tile t;
   t.b = int32_t(g.per_batch.div(id));
   const uint32_t in_b = id - uint32_t(t.b) * g.per_batch.d;
@@ -117,7 +119,6 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid&
     t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
     t.src_valid = t.out_valid;
   } else if constexpr (kMap == RowMap::kGather) {
-    const int64_t used = p.rows_used ? min64(__ldg(p.rows_used), p.rows_out) : p.rows_out;
     t.out_valid = int32_t(max64(0, min64(kTileRows, used - t.r0)));
     t.src_valid = t.out_valid;
     t.gather = p.row_index + t.r0;
@@ -143,13 +144,22 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid&
 // end is empty. Grouped maps read it from the ring slot k % kSlots that thread 0 filled when the
 // tile's loads were issued (the binary search runs once per tile).
 template <RowMap kMap, int kSlots>
-__device__ __forceinline__ Tile cta_tile(const QuantizeParams& p, const TileGrid& g, const Tile* ring, uint32_t k) {
+__device__ __forceinline__ Tile cta_tile(const QuantizeParams& p, const TileGrid& g, const Tile* ring, uint32_t k,
+                                         int64_t used) {
   if constexpr (kMap == RowMap::kGrouped) {
     return ring[k % kSlots];
   } else {
     const uint32_t id = blockIdx.x + k * gridDim.x;
-    return id < uint32_t(g.num_tiles) ? tile_at<kMap>(p, g, id) : Tile{};
+    return id < uint32_t(g.num_tiles) ? tile_at<kMap>(p, g, id, used) : Tile{};
   }
+}
+
+// Gather: the used rows, *rows_used clamped to rows_out. The host contract (quantize.h) keeps
+// *rows_used fixed during the launch, so every CTA reads it once, before its first tile.
+template <RowMap kMap>
+__device__ __forceinline__ int64_t gather_rows_used(const QuantizeParams& p) {
+  if constexpr (kMap != RowMap::kGather) return 0;  // unused
+  return p.rows_used ? min64(__ldg(p.rows_used), p.rows_out) : p.rows_out;
 }
 
 // Where a tile's outputs start; offsets inside a tile fit in 32 bits (host checks the sizes).
@@ -183,11 +193,49 @@ __device__ __forceinline__ TileOut tile_out(const QuantizeParams& p, const Tile&
 //    spreads them over the 8 16-byte bank groups.
 __device__ __forceinline__ int swz_vec(int row, int vec) { return vec ^ ((row & 7) ^ (2 * ((row >> 4) & 3))); }
 
+// ---- gather: row indices and row scales fetched one tile ahead ---------------------------------
+// Issuing a gather tile's loads needs its rows' indices, and the row scaling (gather_scaled) their
+// scales: global loads that, fetched just before use, stalled every thread for their latency once
+// per tile. Each thread instead fetches them into registers one tile ahead, and at the tile they
+// move between lanes by shuffles (no shared memory, no barrier: each warp fetches exactly the 16
+// tile rows it loads). Warp w (of the loading 256 threads) loads tile rows 16 i + 2 w + b, i < 8,
+// b = lane / 16 (load_tile_async); lane l holds the value of row 16 (l % 8) + 2 w + (l / 8) % 2 (lanes
+// 16-31 repeat lanes 0-15), so the value of a thread's row i is in lane 8 b + i.
+//   index:       row_index of the lane's row in the next tile to be issued (-1 past its valid rows)
+//   scale:       gather_scaled: row_scale of the lane's row in the next tile to be converted, 0 for a
+//                row without x data (whose zero-filled slots then stay +0: bf16(0 · +0) = +0);
+//   scale_index: gather_scaled: row_index of the lane's row in the tile after that one, so that the
+//                scale load, which depends on it, is one tile ahead as well.
+// Every kernel issues its tiles' loads once each, in order, and converts them once each, in order,
+// so one register per value is the whole pipeline (no ring, whatever the number of stages).
+struct GatherAhead {
+  int64_t used = 0;
+  int32_t index = -1;
+  int32_t scale_index = -1;
+  float scale = 0.0f;
+};
+
+__device__ __forceinline__ int ahead_row() {
+  return 16 * (threadIdx.x % 8) + 2 * (threadIdx.x % kThreads / 32) + (threadIdx.x / 8) % 2;
+}
+__device__ __forceinline__ int ahead_lane(int i) { return 8 * (threadIdx.x % 32 / 16) + i; }
+
+// Reads only rows below the tile's src_valid, and row_scale only for rows that take x data.
+__device__ __forceinline__ int32_t fetch_row_index(const Tile& t) {
+  const int r = ahead_row();
+  return r < t.src_valid ? __ldg(t.gather + r) : -1;
+}
+__device__ __forceinline__ float fetch_row_scale(const QuantizeParams& p, const Tile& t, int32_t row) {
+  return row >= 0 && row < p.x_rows ? __ldg(p.row_scale + t.r0 + ahead_row()) : 0.0f;
+}
+
 // Each thread copies 8 vectors of 8 BF16 (rows i*16 + tid/16, columns (tid%16)*8) into a stage
 // with cp.async; rows without source data (past the matrix, or group padding) are zero-filled.
-// The row-wise pass later reads back exactly these slots, so it needs no barrier.
+// The row-wise pass later reads back exactly these slots, so it needs no barrier. Gather: the row
+// indices come from GatherAhead::index (fetched for this tile); every lane of the warp must call.
 template <RowMap kMap>
-__device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const Tile& t, uint4* stage) {
+__device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const Tile& t, uint4* stage,
+                                                int32_t ahead_index) {
   const int vec = threadIdx.x % kVecPerRow;
   const bool col_ok = t.c0 + vec * 8 < p.cols;
   const int32_t cols = int32_t(p.cols);
@@ -197,7 +245,7 @@ __device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const T
     bool ok = col_ok && r < t.src_valid;
     const uint16_t* src;
     if constexpr (kMap == RowMap::kGather) {
-      const int32_t row = ok ? __ldg(t.gather + r) : -1;
+      const int32_t row = __shfl_sync(0xFFFFFFFFu, ahead_index, ahead_lane(i));  // -1 past src_valid
       ok = ok && row >= 0 && row < p.x_rows;
       src = p.x + int64_t(row) * p.cols + t.c0 + vec * 8;
     } else {
@@ -209,25 +257,60 @@ __device__ __forceinline__ void load_tile_async(const QuantizeParams& p, const T
 }
 
 // Gather with row_scale: each thread rescales, in place, the vectors it loaded itself, before either
-// pass reads them: v = bf16_rn(row_scale[r] · v), the rounding of moe_combine_backward's dY. Only
-// rows that hold x data are touched (pads and rows past the valid ones keep their zeros, and their
-// row_scale entries are never read). The row-wise pass reads back exactly these slots and the
-// column-wise pass reads after the tile barrier, so no extra barrier is needed.
-__device__ __forceinline__ void scale_own_slots(const QuantizeParams& p, const Tile& t, uint4* stage) {
+// pass reads them: v = bf16_rn(row_scale[r] · v), the rounding of moe_combine_backward's dY. The
+// scales come from GatherAhead::scale (fetched for this tile): a row without x data (a pad, an index
+// out of range, a row past the valid ones) has scale 0 and zero-filled slots, which stay +0, as if
+// untouched; its row_scale entry is never read. Columns past the matrix are skipped (their zeros
+// must stay finite: the fast chunk exponent reads them). The row-wise pass reads back exactly these
+// slots and the column-wise pass reads after the tile barrier, so no extra barrier is needed. Every
+// lane of the warp must call.
+__device__ __forceinline__ void scale_own_slots(const QuantizeParams& p, const Tile& t, uint4* stage,
+                                                float ahead_scale) {
   const int vec = threadIdx.x % kVecPerRow;
-  if (t.c0 + vec * 8 >= p.cols) return;
+  const bool col_ok = t.c0 + vec * 8 < p.cols;
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
     const int r = i * kRowsPerPass + threadIdx.x / kVecPerRow;
-    if (r >= t.src_valid) continue;
-    const int32_t row = __ldg(t.gather + r);
-    if (row < 0 || row >= p.x_rows) continue;
-    const float s = __ldg(p.row_scale + t.r0 + r);
+    const float s = __shfl_sync(0xFFFFFFFFu, ahead_scale, ahead_lane(i));
+    if (!col_ok) continue;
     uint4& v = stage[r * kVecPerRow + swz_vec(r, vec)];
     v.x = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.x), s * dev::bf16_hi(v.x));
     v.y = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.y), s * dev::bf16_hi(v.y));
     v.z = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.z), s * dev::bf16_hi(v.z));
     v.w = dev::pack_bf16x2_rn(s * dev::bf16_lo(v.w), s * dev::bf16_hi(v.w));
+  }
+}
+
+// Before the first issue: the values of tile 0 (and tile 1's indices for the scales).
+template <RowMap kMap, class TileK>
+__device__ __forceinline__ void gather_ahead_start(const QuantizeParams& p, GatherAhead& a, TileK tile_k) {
+  if constexpr (kMap == RowMap::kGather) {
+    a.index = fetch_row_index(tile_k(0u));
+    if (p.row_scale != nullptr) {
+      a.scale = fetch_row_scale(p, tile_k(0u), a.index);
+      a.scale_index = fetch_row_index(tile_k(1u));
+    }
+  }
+}
+
+// Gather, at tile k: after its loads were issued, the next tile's indices; after its row scaling
+// (gather_scaled), the scales of tile k + 1 and the indices of tile k + 2. The loads land while the
+// tile is converted, one tile before their values are used.
+template <RowMap kMap, class TileK>
+__device__ __forceinline__ void gather_ahead_issued(const QuantizeParams& p, GatherAhead& a, TileK tile_k, uint32_t k) {
+  if constexpr (kMap == RowMap::kGather) a.index = fetch_row_index(tile_k(k + 1));
+}
+
+// The row scaling of tile k (gather_scaled; `valid`: the tile has rows to write), then the scales
+// one tile ahead.
+template <RowMap kMap, class TileK>
+__device__ __forceinline__ void gather_scale_tile(const QuantizeParams& p, GatherAhead& a, TileK tile_k, uint32_t k,
+                                                  const Tile& t, bool valid, uint4* stage) {
+  if constexpr (kMap == RowMap::kGather) {
+    if (p.row_scale == nullptr) return;
+    if (valid) scale_own_slots(p, t, stage, a.scale);
+    a.scale = fetch_row_scale(p, tile_k(k + 1), a.scale_index);
+    a.scale_index = fetch_row_index(tile_k(k + 2));
   }
 }
 
@@ -412,18 +495,22 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
   // kStages slots (slot k % kStages holds tile k from its issue until it has been converted).
   constexpr bool kGrouped = kMap == RowMap::kGrouped;
   __shared__ Tile s_tiles[kGrouped ? kStages : 1];
-  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, kStages>(p, g, s_tiles, k); };
+  GatherAhead ahead;  // gather: row indices (and scales) one tile ahead
+  ahead.used = gather_rows_used<kMap>(p);
+  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, kStages>(p, g, s_tiles, k, ahead.used); };
   auto issue = [&](uint32_t k) {  // loads of this CTA's k-th tile, one commit group per tile
     if constexpr (kGrouped) {
       const uint32_t id = first + k * step;
       __syncthreads();  // the slot's previous tile (k - kStages) has been converted
-      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id) : Tile{};
+      if (threadIdx.x == 0) s_tiles[k % kStages] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id, 0) : Tile{};
       __syncthreads();
     }
     const Tile t = tile_k(k);
-    if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % kStages) * kStageVecs);
+    if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % kStages) * kStageVecs, ahead.index);
+    gather_ahead_issued<kMap>(p, ahead, tile_k, k);
     dev::cp_async_commit_group();  // empty groups keep the count uniform
   };
+  gather_ahead_start<kMap>(p, ahead, tile_k);
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
@@ -434,9 +521,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
     dev::cp_async_wait_group<kCol ? kStages - 2 : kStages - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
     uint4* stage = stages + (k % kStages) * kStageVecs;
-    if constexpr (kMap == RowMap::kGather) {
-      if (p.row_scale != nullptr && t.out_valid > 0) scale_own_slots(p, t, stage);
-    }
+    gather_scale_tile<kMap>(p, ahead, tile_k, k, t, t.out_valid > 0, stage);
     // Whole tiles (the common case) run without per-store bounds checks: straight-line code
     // that the compiler can interleave across the 8 vectors / 4 columns of a thread.
     const bool valid = t.out_valid > 0;  // uniform across the CTA
@@ -685,20 +770,24 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   Tile* s_tiles = reinterpret_cast<Tile*>(smem + L::kTiles);
   trap_unless_staging_aligned(smem);
   const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
-  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, s_tiles, k); };
+  GatherAhead ahead;  // gather: row indices (and scales) one tile ahead
+  ahead.used = gather_rows_used<kMap>(p);
+  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, s_tiles, k, ahead.used); };
   // Loads of this CTA's k-th tile into stage k % S, one commit group per tile (empty groups keep the
   // count uniform). Grouped: thread 0 places the tile in the ring slot first; every thread has
   // copied slot k % S's previous tile (k - S) into registers before barrier B of its iteration.
   auto issue = [&](uint32_t k) {
     if constexpr (kGrouped) {
       const uint32_t id = first + k * step;
-      if (threadIdx.x == 0) s_tiles[k % S] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id) : Tile{};
+      if (threadIdx.x == 0) s_tiles[k % S] = id < num_tiles ? tile_at<RowMap::kGrouped>(p, g, id, 0) : Tile{};
       __syncthreads();
     }
     const Tile t = tile_k(k);
-    if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % S) * kStageVecs);
+    if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % S) * kStageVecs, ahead.index);
+    gather_ahead_issued<kMap>(p, ahead, tile_k, k);
     dev::cp_async_commit_group();
   };
+  gather_ahead_start<kMap>(p, ahead, tile_k);
 #pragma unroll
   for (int k = 0; k < S; ++k) issue(k);
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
@@ -706,9 +795,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
     const Tile t = tile_k(k);
     uint4* stage = stages + (k % S) * kStageVecs;
     const bool valid = t.out_valid > 0;  // uniform across the CTA
-    if constexpr (kMap == RowMap::kGather) {
-      if (p.row_scale != nullptr && valid) scale_own_slots(p, t, stage);
-    }
+    gather_scale_tile<kMap>(p, ahead, tile_k, k, t, valid, stage);
     __syncthreads();  // A: tile k is visible to every thread
     if constexpr (kRow && kCol) {
       // Both passes' inputs (64 registers) do not fit beside the rest, so the row-wise pass runs
@@ -792,14 +879,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
   trap_unless_staging_aligned(smem);
   const bool row_group = threadIdx.x < kThreads;  // loads + row-wise pass; else column-wise pass
   const uint32_t num_tiles = uint32_t(g.num_tiles);
-  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, nullptr, k); };
+  GatherAhead ahead;  // gather: row indices (and scales) one tile ahead, in the loading warps
+  ahead.used = gather_rows_used<kMap>(p);
+  auto tile_k = [&](uint32_t k) { return cta_tile<kMap, S>(p, g, nullptr, k, ahead.used); };
   auto issue = [&](uint32_t k) {
     if (row_group) {
       const Tile t = tile_k(k);
-      if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % S) * kStageVecs);
+      if (t.out_valid > 0) load_tile_async<kMap>(p, t, stages + (k % S) * kStageVecs, ahead.index);
+      gather_ahead_issued<kMap>(p, ahead, tile_k, k);
       dev::cp_async_commit_group();
     }
   };
+  if (row_group) gather_ahead_start<kMap>(p, ahead, tile_k);
 #pragma unroll
   for (int k = 0; k < S; ++k) issue(k);
   // The loop is written once per group (kRowGroup), so that each group's inputs are the only
@@ -812,9 +903,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
       const bool valid = t.out_valid > 0;  // uniform across the CTA
       if constexpr (kRowGroup) {
         dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
-        if constexpr (kMap == RowMap::kGather) {
-          if (p.row_scale != nullptr && valid) scale_own_slots(p, t, stage);
-        }
+        gather_scale_tile<kMap>(p, ahead, tile_k, k, t, valid, stage);
       }
       __syncthreads();  // A: tile k is visible to every thread
       using In = std::conditional_t<kRowGroup, RowVecs, ColWords>;
