@@ -112,6 +112,10 @@ class EpComm {
   int rank() const;
   int world_size() const;
   int local_experts() const;        // E / R
+  int device() const;               // the CUDA device of this rank (the constructor's cudaSetDevice):
+                                    // every call below must run with it current, on a stream of it,
+                                    // with device pointers on it (checked: mxmoe::Error naming the
+                                    // argument, 'current device' or 'stream')
   const EpConfig& config() const;
   const EpWindowLayout& layout() const;
 

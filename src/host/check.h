@@ -58,6 +58,42 @@ inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
   }
 }
 
+// A call bound to one GPU (EpComm, EpMoeLayer): the current device and the stream's device must be
+// `device`, and each named pointer that is device memory must be that device's. Without this, work
+// set up on another device fails late and far away: a test process whose stream and inputs were
+// made before EpComm's cudaSetDevice died with an illegal address at an unrelated launch
+// (docs/notes/ep.md, "The DeepSeek-V3-size case"). Host, managed and unregistered pointers are not
+// judged here.
+inline void check_current_device(const char* fn, int device) {
+  int current = -1;
+  check_cuda(cudaGetDevice(&current), fn, "cudaGetDevice");
+  if (current != device)
+    throw_arg(fn, "current device", to_str(current),
+              "must be the communicator's device " + to_str(device) + " (cudaSetDevice before the call)");
+}
+inline void check_on_device(const char* fn, int device, cudaStream_t stream, std::initializer_list<NamedPtr> ptrs) {
+  check_current_device(fn, device);
+  // While capturing, only capture-safe queries: cudaStreamGetDevice (cuStreamGetDevice) is refused
+  // during a capture and would invalidate it (NVIDIA/cccl#9119), so the stream and pointer checks
+  // run on eager calls only.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), fn, "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return;
+  int of_stream = -1;
+  check_cuda(cudaStreamGetDevice(stream, &of_stream), fn, "cudaStreamGetDevice");
+  if (of_stream != device)
+    throw_arg(fn, "stream", "a stream of device " + to_str(of_stream),
+              "must belong to the communicator's device " + to_str(device));
+  for (const NamedPtr& q : ptrs) {
+    if (q.p == nullptr) continue;
+    cudaPointerAttributes at{};
+    check_cuda(cudaPointerGetAttributes(&at, q.p), fn, "cudaPointerGetAttributes");
+    if (at.type == cudaMemoryTypeDevice && at.device != device)
+      throw_arg(fn, q.name, "memory of device " + to_str(at.device),
+                "must be on the communicator's device " + to_str(device));
+  }
+}
+
 }  // namespace mxmoe::detail
 
 // Check the return code of a CUDA runtime call.

@@ -78,6 +78,22 @@ EpUniqueId id_from_file(const std::string& path, int rank, double timeout_s) {
   }
 }
 
+// Makes `device` current for a scope (the host-blocking collectives: their NCCL calls go to the
+// legacy stream of the current device, which must be the communicator's).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MXMOE_CUDA_CHECK(kFn, cudaGetDevice(&saved_));
+    if (saved_ != device) MXMOE_CUDA_CHECK(kFn, cudaSetDevice(device));
+  }
+  ~DeviceGuard() { cudaSetDevice(saved_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
 }  // namespace
 
 struct EpComm::Impl {
@@ -145,6 +161,7 @@ struct EpComm::Impl {
     for (int i = 0; i < n; ++i) mine[size_t(i)] = values[i];
     mine[size_t(n)] = local_error.empty() ? 0 : 1;
     mine[size_t(n + 1)] = local_error.empty() ? int64_t(world) : int64_t(rank);
+    DeviceGuard on_device(device);  // a caller may have made another device current (its local error)
     int64_t* d = nullptr;
     MXMOE_CUDA_CHECK(kFn, cudaMalloc(&d, 3 * size_t(m) * sizeof(int64_t)));
     std::vector<int64_t> h(3 * size_t(m));
@@ -292,6 +309,7 @@ EpComm::~EpComm() {
 int EpComm::rank() const { return impl_->rank; }
 int EpComm::world_size() const { return impl_->world; }
 int EpComm::local_experts() const { return impl_->cfg.num_experts / impl_->world; }
+int EpComm::device() const { return impl_->device; }
 const EpConfig& EpComm::config() const { return impl_->cfg; }
 const EpWindowLayout& EpComm::layout() const { return impl_->layout; }
 const int32_t* EpComm::recv_local_ids() const { return impl_->local_ids; }
@@ -313,6 +331,8 @@ void EpComm::dispatch(const uint8_t* x_data, const uint8_t* x_scales, const int3
     detail::check_aligned(fn, "x_data", x_data, 16);
     detail::check_aligned(fn, "topk_ids", topk_ids, 4);
   }
+  detail::check_on_device(fn, impl_->device, stream,
+                          {{"x_data", x_data}, {"x_scales", x_scales}, {"topk_ids", topk_ids}});
   detail::launch_ep_dispatch(impl_->dev, impl_->args(tokens), c.num_ctas, x_data, x_scales, topk_ids, stream);
   impl_->last_tokens = tokens;
 }
@@ -332,6 +352,7 @@ void EpComm::combine_send(const __nv_bfloat16* y, int64_t y_rows, const int32_t*
   }
   detail::check_not_null(fn, "row_of", row_of);
   detail::check_aligned(fn, "row_of", row_of, 4);
+  detail::check_on_device(fn, impl_->device, stream, {{"y", y}, {"row_of", row_of}});
   detail::launch_ep_combine(impl_->dev, impl_->args(tokens), c.num_ctas, y, y_rows, row_of, stream);
 }
 
@@ -349,6 +370,7 @@ void EpComm::combine(const __nv_bfloat16* y, int64_t y_rows, const int32_t* row_
     detail::check_not_null(fn, "out", out);
     detail::check_aligned(fn, "out", out, 16);
   }
+  detail::check_on_device(fn, impl_->device, stream, {{"topk_weights", topk_weights}, {"out", out}});
   combine_send(y, y_rows, row_of, tokens, stream);
   const EpConfig& c = impl_->cfg;
   if (tokens > 0)
@@ -372,6 +394,8 @@ void EpComm::dispatch_bf16(const __nv_bfloat16* x, const int32_t* topk_ids, cons
     detail::check_aligned(fn, "topk_ids", topk_ids, 4);
     detail::check_aligned(fn, "topk_weights", topk_weights, 4);
   }
+  detail::check_on_device(fn, impl_->device, stream,
+                          {{"x", x}, {"topk_ids", topk_ids}, {"topk_weights", topk_weights}});
   detail::launch_ep_dispatch_bf16(impl_->dev, impl_->args(tokens), c.num_ctas, x, topk_weights, topk_ids, stream);
   impl_->last_tokens = tokens;
 }
@@ -390,6 +414,7 @@ void EpComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t
   if (bytes == 0) return;
   detail::check_not_null("EpComm::all_gather", "send", send);
   detail::check_not_null("EpComm::all_gather", "recv", recv);
+  detail::check_on_device("EpComm::all_gather", impl_->device, stream, {{"send", send}, {"recv", recv}});
   MXMOE_NCCL_CHECK(impl_->comm, ncclAllGather(send, recv, bytes, ncclUint8, impl_->comm, stream));
 }
 
@@ -412,6 +437,8 @@ void EpComm::gather_recv_mx(const int32_t* row_index, int64_t out_rows, const in
     detail::check_not_null(fn, "scales", scales);
   }
   if (rows_used != nullptr) detail::check_aligned(fn, "rows_used", rows_used, 4);
+  detail::check_on_device(fn, impl_->device, stream,
+                          {{"row_index", row_index}, {"rows_used", rows_used}, {"data", data}, {"scales", scales}});
   const EpConfig& c = impl_->cfg;
   detail::launch_ep_gather_recv_mx(recv_records(), impl_->layout.record_bytes, int64_t(impl_->world) * c.max_tokens,
                                    c.hidden, row_index, out_rows, rows_used, data, scales, stream);

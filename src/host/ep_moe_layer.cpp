@@ -16,7 +16,10 @@
 //     kernel (moe_combine_backward_scales) on the same dOut and Y rows.
 #include "mxmoe/ep_moe_layer.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -97,6 +100,11 @@ struct EpMoeLayer::Impl {
   detail::RouterBlock router;
   detail::StageTimer timer{"EpMoeLayer"};
   int64_t tokens = -1;             // of the last forward
+  // MXMOE_EP_DEBUG_SYNC (read at construction; 0 = off, the default): >= 1 synchronises the device
+  // after every stage (checkpoint) and throws naming the first stage whose work failed, or whose
+  // device barrier timed out; 2 also prints each stage as it completes (stderr), so a hang shows
+  // the last stage reached. Skipped while the stream is being captured.
+  int debug_sync = 0;
 
   size_t carve(uint8_t* base) {
     detail::Carver c(base);
@@ -124,7 +132,30 @@ struct EpMoeLayer::Impl {
     return c.bytes();
   }
 
-  void mark(const char* stage, cudaStream_t stream) { timer.mark(stage, stream); }
+  void checkpoint(const char* stage, cudaStream_t stream) {
+    if (debug_sync <= 0) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) return;
+    const std::string where = "mxmoe::EpMoeLayer: rank " + to_str(rank) + ": MXMOE_EP_DEBUG_SYNC: stage '" + stage +
+                              "' (everything before it completed): ";
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+      throw CudaError(where + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    try {
+      comm->check(stream);  // the device barriers' timeout flags, NCCL's asynchronous errors
+    } catch (const std::exception& x) {
+      throw CudaError(where + x.what());
+    }
+    if (debug_sync >= 2) std::fprintf(stderr, "[EpMoeLayer rank %d] done: %s\n", rank, stage);
+  }
+  // A profiling mark (the stage `stage` ends here; "" = a start mark) and a debug checkpoint.
+  void mark(const char* stage, cudaStream_t stream, const char* checkpoint_name = nullptr) {
+    timer.mark(stage, stream);
+    checkpoint(checkpoint_name ? checkpoint_name : stage, stream);
+  }
+  detail::StageMark marker(cudaStream_t stream) {
+    return [this, stream](const char* stage) { mark(stage, stream); };
+  }
   const int32_t* rows_used() const { return plan.padded_offsets + El; }
 };
 
@@ -134,7 +165,8 @@ EpMoeLayer::EpMoeLayer(const EpMoeLayerConfig& cfg, EpComm& comm) : impl_(new Im
     std::string err;
     try {
       check_local(cfg, comm);
-    } catch (const Error& e) {
+      detail::check_current_device(kFn, comm.device());  // the workspace goes to the current device
+    } catch (const std::exception& e) {
       err = e.what();
     }
     // Every rank must use the same layer config; a bad one anywhere stops every rank.
@@ -154,6 +186,7 @@ EpMoeLayer::EpMoeLayer(const EpMoeLayerConfig& cfg, EpComm& comm) : impl_(new Im
     m.comm = &comm;
     m.R = comm.world_size();
     m.rank = comm.rank();
+    if (const char* dbg = std::getenv("MXMOE_EP_DEBUG_SYNC")) m.debug_sync = std::atoi(dbg);
     m.El = cfg.num_experts / m.R;
     m.k = cfg.routing.top_k;
     m.maxT = cfg.max_tokens;
@@ -197,10 +230,13 @@ void EpMoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bflo
   detail::check_device_ptrs(fn, {{"wr", wr}, {"w1", w1}, {"w2", w2}});
   if (T > 0)
     detail::check_device_ptrs(fn, {{"x", x}, {"out", out}});
+  detail::check_on_device(fn, m.comm->device(), stream, {{"x", x}, {"wr", wr}, {"w1", w1}, {"w2", w2}, {"out", out}});
   m.timer.restart(stream);
+  m.checkpoint("forward entry (the caller's work before it)", stream);
   // 1-2. routing of this rank's tokens
   if (T > 0) {
     m.router.forward(x, T, wr, stream);
+    m.checkpoint("router logits (batch-invariant GEMM)", stream);
     moe_topk(m.router.logits, T, int(E), c.routing, m.ids, m.weights, stream);
   }
   m.mark("router GEMM (batch-invariant) + top-k", stream);
@@ -209,6 +245,7 @@ void EpMoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bflo
   m.mark("dispatch (BF16 rows)", stream);
   // 4. plan over the received records, gather + quantize both ways (col: the W1 wgrad operand)
   moe_plan(m.comm->recv_local_ids(), m.recv_rows, k, m.El, m.cap, m.plan_ws, m.plan_ws_bytes, m.plan, stream);
+  m.checkpoint("local plan (moe_plan)", stream);
   const MxOut xr = m.blk.x_row.out(), xc = m.blk.x_col.out();
   quantize_mxfp8_gather(m.comm->recv_bf16_rows(), m.recv_rows, H, m.plan.row_index, m.cap, m.rows_used(), &xr, &xc,
                         ScaleMode::kRceil, stream);
@@ -217,7 +254,7 @@ void EpMoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bflo
   m.blk.quantize_weights(w1, w2, stream);
   m.mark("quantize W1, W2 (both ways)", stream);
   // 6-8. GEMM1, SwiGLU + quantize, GEMM2 (MoeLayer's launches)
-  m.blk.forward(m.plan.padded_offsets, stream, m.timer.marker(stream));
+  m.blk.forward(m.plan.padded_offsets, stream, m.marker(stream));
   // 9. rows back to the tokens' ranks; keep them (dw in backward) and sum in slot order
   m.comm->combine_send(m.blk.y, m.cap, m.plan.row_of, T, stream);
   m.mark("combine (rows to owners)", stream);
@@ -243,11 +280,14 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
   detail::check_device_ptrs(fn, {{"wr", wr}, {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}});
   if (T > 0)
     detail::check_device_ptrs(fn, {{"dout", dout}, {"x", x}, {"dx", dx}});
-  m.mark("", stream);
+  detail::check_on_device(fn, m.comm->device(), stream,
+                          {{"dout", dout}, {"x", x}, {"wr", wr}, {"dx", dx}, {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}});
+  m.mark("", stream, "backward entry (the caller's work since forward)");
   // 1. at the owner: dw = dOut · Y(t, j) on the kept rows, then the router's backward
   if (T > 0) {
     moe_combine_backward_scales(dout, m.y_home, T * k, H, nullptr, m.home_token, m.home_row, m.weights, T, k,
                                 m.home_row_w, m.dw, stream);
+    m.checkpoint("bwd: dw (routing-weight grad)", stream);
     m.router.backward(x, T, wr, m.ids, m.dw, c.routing, dwr, stream);
   } else {
     MXMOE_CUDA_CHECK(fn, cudaMemsetAsync(dwr, 0, size_t(E * H) * 4, stream));
@@ -265,7 +305,7 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
                                m.rows_used(), &dyr, &dyc, ScaleMode::kRceil, stream);
   m.mark("bwd: row weights + gather-quantize dY", stream);
   // 4. W2 dgrad + wgrad, SwiGLU backward + quantize, W1 dgrad + wgrad (MoeLayer's launches)
-  m.blk.backward(m.plan.padded_offsets, dw1, dw2, stream, m.timer.marker(stream));
+  m.blk.backward(m.plan.padded_offsets, dw1, dw2, stream, m.marker(stream));
   // 5. dX rows back to the owners, summed in slot order plus the router's part
   m.comm->combine_send(m.blk.dxp, m.cap, m.plan.row_of, T, stream);
   m.mark("bwd: combine (dX rows to owners)", stream);

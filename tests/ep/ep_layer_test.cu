@@ -22,6 +22,10 @@
 // the format of bench/bench_ep_layer_a2a.py (the torch.distributed all_to_all baseline, same shapes and T).
 // MXMOE_EP_LAYER_DSV3=1 adds (=only: runs just) a DeepSeek-V3-like timed case (H 7168, I 2048, E 32, k 8,
 // T_r = 4096 - 37r) with inputs from a fast approximate-normal generator and no reference check.
+// MXMOE_EP_LAYER_CASE=<text> runs only the cases whose name contains <text> (no set-up checks), each
+// as the first thing the process does (the situation of the DSV3-only run, at any size).
+// MXMOE_EP_DEBUG_SYNC=1 (or 2) prints and synchronises at each step of a case here, and makes
+// EpMoeLayer synchronise after each of its stages, naming the first that failed (ep_moe_layer.cpp).
 // Exit: 0 all pass, 1 a check failed, 2 an error.
 #include <cmath>
 #include <cstdint>
@@ -178,6 +182,13 @@ class CaseRun {
   }
 
   bool run() {
+    int dev = -1;  // everything below must land on this rank's GPU (ep_test::world_from_env sets it)
+    CK(cudaGetDevice(&dev));
+    if (dev != w_.local_rank) {
+      std::printf("%s: FAIL: current device %d at the start of the case, expected LOCAL_RANK %d\n", ctx_, dev,
+                  w_.local_rank);
+      return false;
+    }
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     st_ = st;
@@ -188,6 +199,7 @@ class CaseRun {
     w1_ = std::make_unique<Dev<uint16_t>>(in.w1.size());
     w2_ = std::make_unique<Dev<uint16_t>>(in.w2.size());
     upload(in);
+    note("inputs on the GPU");
 
     // The single-GPU layer on all tokens.
     auto rc = layer_config<mxmoe::MoeLayerConfig>(T_all);
@@ -198,6 +210,7 @@ class CaseRun {
     ref_dwr_ = std::make_unique<Dev<float>>(size_t(E * H));
     ref_dw1_ = std::make_unique<Dev<float>>(size_t(E) * 2 * I * H);
     ref_dw2_ = std::make_unique<Dev<float>>(size_t(E) * H * I);
+    note("single-GPU reference layer built");
 
     // The EP layer.
     mxmoe::EpConfig ec;
@@ -209,18 +222,22 @@ class CaseRun {
     ec.timeout_s = 20.0;
     ec.bf16_rows = true;
     comm_ = ep_test::make_comm(w_, ec, index_);
+    note("EpComm built");
     layer_ = std::make_unique<mxmoe::EpMoeLayer>(layer_config<mxmoe::EpMoeLayerConfig>(maxT), *comm_);
+    note("EpMoeLayer built");
     out_ = std::make_unique<Dev<uint16_t>>(size_t(std::max<int64_t>(T, 1) * H));
     dx_ = std::make_unique<Dev<uint16_t>>(size_t(std::max<int64_t>(T, 1) * H));
     dwr_ = std::make_unique<Dev<float>>(size_t(E * H));
     dwr_all_ = std::make_unique<Dev<float>>(size_t(R) * E * H);
     dw1_ = std::make_unique<Dev<float>>(size_t(El) * 2 * I * H);
     dw2_ = std::make_unique<Dev<float>>(size_t(El) * H * I);
+    note("output buffers allocated; next: the first EP step");
 
     bool ok = true;
     if (c_.timing_only) {  // correctness is the other cases' job; one warm step, then timing
       ep_step();
       comm_->check(st_);
+      note("warm EP step (forward + backward) done; next: timing");
       timing();
       std::printf("%s: timed only (no reference check)\n", ctx_);
       CK(cudaStreamDestroy(st));
@@ -259,6 +276,14 @@ class CaseRun {
   std::unique_ptr<mxmoe::EpMoeLayer> layer_;
   double worst_ratio_ = 0;
   bool identical_last_ = true;
+  const bool debug_ = ep_test::env_int("MXMOE_EP_DEBUG_SYNC", 0) > 0;
+
+  // MXMOE_EP_DEBUG_SYNC: synchronise and say how far the case got (a fault then names its step).
+  void note(const char* reached) {
+    if (!debug_) return;
+    CK(cudaDeviceSynchronize());
+    std::printf("%s: reached: %s\n", ctx_, reached);
+  }
 
   // The fields MoeLayerConfig and EpMoeLayerConfig share.
   template <class Cfg>
@@ -451,6 +476,7 @@ class CaseRun {
         tb.push_back(b);
       }
     }
+    note("timed reps done; next: the per-stage run");
     layer_->set_profiling(true);
     ep_step();
     const auto stages = layer_->stage_times();
@@ -485,6 +511,7 @@ class CaseRun {
                                   .c_str()
                             : "");
     }
+    note("per-stage run done; next: the single-GPU layer's timing");
     for (int rep = 0; rep < 5; ++rep) {  // the single-GPU layer on all R ranks' tokens, for orientation
       CK(cudaEventRecord(e0, st_));
       ref_step();
@@ -562,6 +589,125 @@ bool bad_setups(const World& w, int index) {
   return ok;
 }
 
+// Calls on the wrong GPU must throw mxmoe::Error naming what is wrong, before anything is launched
+// (every rank makes the same mistake, so no rank is left waiting in a barrier): the layer built with
+// another current device (last rank only: every rank throws), forward on a stream of another GPU,
+// with x on another GPU, with another current device, backward on a stream of another GPU; a good
+// step still runs between and after. Needs two visible GPUs. Why: the DSV3-only run made its
+// stream and inputs on GPU 0 in every process and rank 1 died with an illegal address at an
+// unrelated launch (docs/notes/ep.md, "The DeepSeek-V3-size case").
+bool wrong_device_setups(const World& w, int index) {
+  int ndev = 0;
+  CK(cudaGetDeviceCount(&ndev));
+  if (ndev < 2) {
+    std::printf("[rank %d] wrong device: SKIP (one GPU visible)\n", w.rank);
+    return true;
+  }
+  const int mine = w.local_rank, other = (w.local_rank + 1) % ndev;
+  const int H = 128, I = 64, El = 4, E = El * w.size, k = 2;
+  const int64_t T = 64;
+  mxmoe::EpConfig ec;
+  ec.hidden = H;
+  ec.top_k = k;
+  ec.num_experts = E;
+  ec.max_tokens = T;
+  ec.num_ctas = 2;
+  ec.timeout_s = 20.0;
+  ec.bf16_rows = true;
+  mxmoe::EpMoeLayerConfig lc;
+  lc.hidden = H;
+  lc.inter = I;
+  lc.num_experts = E;
+  lc.routing.top_k = k;
+  lc.max_tokens = T;
+  auto comm = ep_test::make_comm(w, ec, index);
+
+  std::mt19937 rng(w.seed * 2654435761u + 7u + uint32_t(w.rank));
+  std::normal_distribution<float> g(0.f, 1.f);
+  auto dev_random = [&](size_t n, float scale) {
+    std::vector<uint16_t> h(n);
+    for (auto& e : h) e = bf16_bits(g(rng) * scale);
+    auto d = std::make_unique<Dev<uint16_t>>(n);
+    d->up(h);
+    return d;
+  };
+  auto x = dev_random(size_t(T * H), 1.0f), dout = dev_random(size_t(T * H), 0.5f);
+  auto wr = dev_random(size_t(E) * H, 0.2f), w1 = dev_random(size_t(El) * 2 * I * H, 0.1f);
+  auto w2 = dev_random(size_t(El) * H * I, 0.1f);
+  Dev<uint16_t> out(size_t(T * H)), dx(size_t(T * H));
+  Dev<float> dwr(size_t(E) * H), dw1(size_t(El) * 2 * I * H), dw2(size_t(El) * H * I);
+  cudaStream_t st = nullptr, st_other = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CK(cudaSetDevice(other));
+  CK(cudaStreamCreateWithFlags(&st_other, cudaStreamNonBlocking));
+  auto x_other = std::make_unique<Dev<uint16_t>>(size_t(T * H));
+  CK(cudaSetDevice(mine));
+
+  bool ok = true;
+  auto expect = [&](const char* what, const std::function<void()>& call, const char* must_name) {
+    std::string msg;
+    try {
+      call();
+    } catch (const mxmoe::Error& e) {
+      msg = e.what();
+    }
+    int dev = -1;
+    CK(cudaGetDevice(&dev));
+    const bool fine = !msg.empty() && msg.find(must_name) != std::string::npos && dev == mine;
+    std::printf("[rank %d] wrong device (%s): %s (%s)\n", w.rank, what, fine ? "PASS" : "FAIL",
+                msg.empty() ? "no error thrown" : msg.c_str());
+    ok &= fine;
+  };
+  const bool last = w.rank == w.size - 1;
+  expect("layer built with another current device on the last rank",
+         [&] {
+           if (last) CK(cudaSetDevice(other));
+           struct Back {
+             int d;
+             ~Back() { cudaSetDevice(d); }
+           } back{mine};
+           mxmoe::EpMoeLayer bad(lc, *comm);
+         },
+         last ? "argument 'current device'" : "rejected its arguments");
+
+  mxmoe::EpMoeLayer layer(lc, *comm);
+  auto bf = [](const Dev<uint16_t>& d) { return reinterpret_cast<const __nv_bfloat16*>(d.p); };
+  auto forward = [&](const Dev<uint16_t>& xin, cudaStream_t s) {
+    layer.forward(bf(xin), T, bf(*wr), bf(*w1), bf(*w2), reinterpret_cast<__nv_bfloat16*>(out.p), s);
+  };
+  auto backward = [&](cudaStream_t s) {
+    layer.backward(bf(*dout), bf(*x), bf(*wr), reinterpret_cast<__nv_bfloat16*>(dx.p), dwr.p, dw1.p, dw2.p, s);
+  };
+  expect("forward on a stream of another GPU", [&] { forward(*x, st_other); }, "argument 'stream'");
+  expect("forward with x on another GPU", [&] { forward(*x_other, st); }, "argument 'x'");
+  expect("forward with another current device",
+         [&] {
+           CK(cudaSetDevice(other));
+           struct Back {
+             int d;
+             ~Back() { cudaSetDevice(d); }
+           } back{mine};
+           forward(*x, st);
+         },
+         "argument 'current device'");
+  forward(*x, st);  // a good step: nothing above launched anything
+  expect("backward on a stream of another GPU", [&] { backward(st_other); }, "argument 'stream'");
+  backward(st);
+  comm->check(st);
+  const std::vector<uint16_t> got = out.down(size_t(T * H));
+  bool finite = true;
+  for (uint16_t v : got) finite &= (v & 0x7F80u) != 0x7F80u;
+  std::printf("[rank %d] wrong device: a good step afterwards: %s\n", w.rank, finite ? "PASS (out finite)" : "FAIL");
+  ok &= finite;
+
+  CK(cudaStreamDestroy(st));
+  CK(cudaSetDevice(other));
+  x_other.reset();
+  CK(cudaStreamDestroy(st_other));
+  CK(cudaSetDevice(mine));
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -591,10 +737,24 @@ int main() {
   if (dsv3 && std::string(dsv3) != "0")
     run_cases.push_back({"timed E=32 k=8 H=7168 I=2048 fast T0=4096", 7168, 2048, 32 / w.size, 8, 4096, false,
                          GemmMode::kFast, 32, false, true, "dsv3", true});
+  const char* only = std::getenv("MXMOE_EP_LAYER_CASE");
+  if (only != nullptr) {
+    std::vector<LayerCase> picked;
+    for (const LayerCase& c : run_cases)
+      if (std::string(c.name).find(only) != std::string::npos) picked.push_back(c);
+    if (picked.empty()) {
+      std::printf("[rank %d] ERROR: MXMOE_EP_LAYER_CASE=\"%s\" matches no case\n", w.rank, only);
+      return 2;
+    }
+    run_cases = picked;
+  }
+  const bool setups = !dsv3_only && only == nullptr;
   bool all_ok = true;
   const char* current = "bad setups";
   try {
-    if (!dsv3_only) all_ok &= bad_setups(w, 100);
+    if (setups) all_ok &= bad_setups(w, 100);
+    current = "wrong device";
+    if (setups) all_ok &= wrong_device_setups(w, 102);
     int index = 0;
     for (const LayerCase& c : run_cases) {
       current = c.name;

@@ -91,6 +91,10 @@ inline bool world_from_env(World& w) {
                 w.size);
     return false;
   }
+  // This rank's GPU from the start: anything made before EpComm's own cudaSetDevice (a stream,
+  // inputs, a reference layer) would otherwise land on GPU 0 in every process. That is what killed
+  // the DSV3-only run on rank 1 with an illegal address (docs/notes/ep.md).
+  CK(cudaSetDevice(w.local_rank));
   w.id_file = std::getenv("MXMOE_EP_ID_FILE");
   if (w.size > 1 && w.id_file == nullptr) {
     std::fprintf(stderr, "[rank %d] MXMOE_EP_ID_FILE is not set: start with scripts/ep_launch.sh\n", w.rank);
