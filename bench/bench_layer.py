@@ -206,15 +206,20 @@ def main():
                     with profile(activities=[ProfilerActivity.CUDA]) as prof:
                         step()
                         torch.cuda.synchronize()
-                    per = {}
-                    for ev in prof.events():
-                        if ev.device_type == torch.autograd.DeviceType.CUDA:
-                            n = ev.name if len(ev.name) <= 90 else ev.name[:87] + "..."
-                            c, us = per.get(n, (0, 0.0))
-                            per[n] = (c + 1, us + ev.time_range.elapsed_us())
-                    rows_k = sorted(per.items(), key=lambda kv: -kv[1][1])
-                    print_table(f"{name} {routing} {mname}: GPU kernels of one step (torch.profiler)",
-                                ["kernel", "calls", "ms"], [[n, c, f"{us / 1e3:.3f}"] for n, (c, us) in rows_k])
+                    kern = sorted((ev.time_range.start, ev.time_range.elapsed_us(), ev.name) for ev in prof.events()
+                                  if ev.device_type == torch.autograd.DeviceType.CUDA)
+                    def short(n):  # drop return type, namespaces and parameter list; keep template arguments
+                        n = n.replace("void ", "").replace("(anonymous namespace)::", "")
+                        n = n.replace("mxmoe::detail::", "").replace("mxmoe::gemm_sm90::", "")
+                        depth = 0
+                        for i, ch in enumerate(n):
+                            depth += (ch == "<") - (ch == ">")
+                            if ch == "(" and depth == 0 and i > 0:
+                                n = n[:i]
+                                break
+                        return n if len(n) <= 100 else n[:97] + "..."
+                    print_table(f"{name} {routing} {mname}: GPU kernels of one step in launch order (torch.profiler)",
+                                ["#", "kernel", "ms"], [[i, short(n), f"{us / 1e3:.3f}"] for i, (_, us, n) in enumerate(kern)])
                 ws = lib.mxmoe_layer_workspace_bytes(h)
                 peak = (ws + sum(t.numel() * t.element_size() for t in (x, wr, w1, w2, out, dx, dwr, dw1, dw2, dout))) / 1e9
                 check(lib, lib.mxmoe_layer_destroy(h))
