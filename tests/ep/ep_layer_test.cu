@@ -86,8 +86,11 @@ Inputs make_inputs(const LayerCase& c, int world, int64_t total_tokens, uint32_t
     for (auto& e : v) e = bf16_bits(g(rng) * scale);
   };
   if (c.timing_only) {  // ~1.5 G values at DSV3 size: a fast approximate normal (Irwin-Hall of 4 uniforms)
-    uint64_t st = (uint64_t(seed) << 32) ^ (uint64_t(salt) * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
-    fill = [&st](std::vector<uint16_t>& v, size_t n, float scale) {
+    // The generator state lives in the stored lambda (captured by value, mutable): a reference to a
+    // local of this block dangled once the block ended (run 46's inputs were garbage: every token
+    // routed to the same experts of rank 0).
+    const uint64_t st0 = (uint64_t(seed) << 32) ^ (uint64_t(salt) * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
+    fill = [st = st0](std::vector<uint16_t>& v, size_t n, float scale) mutable {
       v.resize(n);
       for (auto& e : v) {
         float u = 0.f;
@@ -496,6 +499,14 @@ class CaseRun {
         }
       }
       rows_out += __builtin_popcountll(owners);
+    }
+    {  // load balance of this rank's tokens: their slots per owner rank (skewed inputs make it obvious)
+      std::vector<int64_t> per_owner(size_t(R), 0);
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] >= 0 && ids[i] / El < R) ++per_owner[size_t(ids[i] / El)];
+      std::string list;
+      for (int q = 0; q < R; ++q) list += (q ? ", " : "") + std::to_string(per_owner[size_t(q)]);
+      std::printf("%s: slots of this rank's %lld tokens per owner rank: [%s]\n", ctx_, (long long)T, list.c_str());
     }
     double comm_ms = 0, compute_ms = 0;
     for (const auto& [name, ms] : stages) {
