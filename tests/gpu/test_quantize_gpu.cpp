@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <memory>
 #include <numeric>
 
 #include "common/gpu_test_util.h"
@@ -501,29 +500,16 @@ TEST(QuantizeGpu, GatherLongWalksAndEdgeRows) {
     const char* name;
   };
   const Dirs dirs[] = {{true, true, "both directions"}, {true, false, "rowwise"}, {false, true, "colwise"}};
-  // Every raster of the gather walk (the bytes must not depend on it): column groups sized by the
-  // host (8 of the 23 column tiles here, the last group 7 wide), 3 and 1 column tiles a group, and
-  // row groups. Each problem's reference is computed once.
-  auto on_every_raster = [](auto&& f) {
-    for (const char* raster : {"", "3", "1", "rows"}) {
-      std::unique_ptr<ScopedEnv> env;
-      if (raster[0] != '\0') env = std::make_unique<ScopedEnv>("MXMOE_QUANT_GATHER_RASTER", raster);
-      SCOPED_TRACE(std::string("MXMOE_QUANT_GATHER_RASTER=") + raster);
-      f();
-    }
-  };
   for (bool scaled : {false, true}) {
     for (int64_t used : {int64_t(5024), int64_t(-1)}) {
       const GatherProblem g(scaled, used, long_walk, rng);
-      on_every_raster([&] {
-        g.check(true, true);
-        for (const Dirs& d : dirs)
-          on_every_kernel(d.row && d.col, d.name, [&](const std::string& l) {
-            SCOPED_TRACE(l);
-            g.check(false, true, d.row, d.col);
-            g.check(true, false, d.row, d.col);
-          });
-      });
+      g.check(true, true);
+      for (const Dirs& d : dirs)
+        on_every_kernel(d.row && d.col, d.name, [&](const std::string& l) {
+          SCOPED_TRACE(l);
+          g.check(false, true, d.row, d.col);
+          g.check(true, false, d.row, d.col);
+        });
     }
     const GatherProblem none(scaled, 0, GatherShape{}, rng);
     on_every_kernel(true, "rows_used = 0", [&](const std::string& l) {

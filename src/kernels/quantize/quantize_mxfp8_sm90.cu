@@ -75,25 +75,10 @@ constexpr int kSmemBytes = kStages * kTileRows * kTileCols * 2;  // 96 KB: 2 CTA
 // at the same time, instead of by CTAs far apart in time.
 constexpr int kGroupRowTiles = 8;
 
-// Gathers walk the other way round: groups of `group_cols` column tiles; inside a group, consecutive
-// tiles walk the column tiles of one row tile, then the next row tile. A token's k output rows lie
-// in k different expert segments, far apart in the row order, so with row groups every one of its
-// k reads of a column slice came from DRAM (run 45: ~3.7 GB of DRAM traffic for 1.9 GB of gathered
-// rows at DeepSeek-V3 size); with column groups the x slice of one group (x_rows · group_cols · 256
-// bytes, sized by the host to stay well inside the L2) is read from DRAM once and then served from
-// the L2 to the other k-1 segments. The 32-byte sectors of the plain row-wise scales (8 column
-// tiles) are still completed by neighbouring tiles when group_cols is 8; the fast form's scales are
-// whole 128-byte lines per tile either way. MXMOE_QUANT_GATHER_RASTER: see gather_group_cols.
-constexpr int64_t kGatherGroupBytes = 16ll << 20;  // x bytes per column group (the H200's L2: 60 MB)
-
 // Tile raster, built on the host: id → (batch entry, row tile, column tile) without divisions.
-// Row groups (kGroupRowTiles): per_group = kGroupRowTiles · tiles_c, last_group_rows = the last
-// group's row tiles. Column groups (gathers, group_cols > 0): per_group = group_cols · tiles_r,
-// last_group_rows = the last group's column tiles.
 struct TileGrid {
   int32_t tiles_r = 0, tiles_c = 0, num_tiles = 0, full_groups = 0;
-  int32_t col_groups = 0;  // 1: column groups (gather maps only)
-  FastDivmod per_batch, per_group, last_group_rows, group_cols;
+  FastDivmod per_batch, per_group, last_group_rows;
 };
 
 // How output rows map to rows of x.
@@ -120,22 +105,14 @@ __device__ __forceinline__ Tile tile_at(const QuantizeParams& p, const TileGrid&
   const uint32_t in_b = id - uint32_t(t.b) * g.per_batch.d;
   const uint32_t grp = g.per_group.div(in_b), rem = in_b - grp * g.per_group.d;
   uint32_t tr_in, tc;
-  if (kMap == RowMap::kGather && g.col_groups) {
-    // column groups: tr_in is the row tile itself, tc the column tile inside group grp
-    const FastDivmod& w = int32_t(grp) < g.full_groups ? g.group_cols : g.last_group_rows;
-    tr_in = w.div(rem);
-    tc = grp * g.group_cols.d + (rem - tr_in * w.d);
-    t.r0 = int32_t(tr_in * kTileRows);
+  if (int32_t(grp) < g.full_groups) {
+    tr_in = rem % kGroupRowTiles;
+    tc = rem / kGroupRowTiles;
   } else {
-    if (int32_t(grp) < g.full_groups) {
-      tr_in = rem % kGroupRowTiles;
-      tc = rem / kGroupRowTiles;
-    } else {
-      tc = g.last_group_rows.div(rem);
-      tr_in = rem - tc * g.last_group_rows.d;
-    }
-    t.r0 = int32_t((grp * kGroupRowTiles + tr_in) * kTileRows);
+    tc = g.last_group_rows.div(rem);
+    tr_in = rem - tc * g.last_group_rows.d;
   }
+  t.r0 = int32_t((grp * kGroupRowTiles + tr_in) * kTileRows);
   t.c0 = int32_t(tc * kTileCols);
   if constexpr (kMap == RowMap::kDense) {
     t.src = p.x + (int64_t(t.b) * p.rows_out + t.r0) * p.cols + t.c0;
@@ -961,33 +938,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
   if (row_group) dev::cp_async_wait_group<0>();
 }
 
-// Column tiles per group of a gather's raster: MXMOE_QUANT_GATHER_RASTER (read on every call, so
-// that one process can time or test several) "rows": 0, row groups like every other map; a number
-// n in [1, 64]: n; unset (or anything else): sized so that a group's x slice is kGatherGroupBytes.
-int gather_group_cols(int64_t x_rows) {
-  const char* e = std::getenv("MXMOE_QUANT_GATHER_RASTER");
-  if (e != nullptr && std::strcmp(e, "rows") == 0) return 0;
-  if (e != nullptr && std::atoi(e) >= 1 && std::atoi(e) <= 64) return std::atoi(e);
-  const int64_t slice = std::max<int64_t>(1, x_rows) * kTileCols * 2;  // x bytes of one column tile
-  return int(std::clamp<int64_t>(kGatherGroupBytes / slice, 1, kGroupRowTiles));
-}
-
 TileGrid make_grid(const QuantizeParams& p) {
   TileGrid g;
   g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
   g.tiles_c = int32_t((p.cols + kTileCols - 1) / kTileCols);
   g.num_tiles = int32_t(p.batch * g.tiles_r * g.tiles_c);  // < 2^31: checked by the host wrapper
-  g.per_batch = FastDivmod(uint32_t(g.tiles_r * g.tiles_c));
-  const int32_t w = p.row_index != nullptr ? gather_group_cols(p.x_rows) : 0;
-  if (w > 0) {
-    g.col_groups = 1;
-    g.full_groups = g.tiles_c / w;
-    g.group_cols = FastDivmod(uint32_t(w));
-    g.per_group = FastDivmod(uint32_t(w * g.tiles_r));
-    g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_c % w)));
-    return g;
-  }
   g.full_groups = g.tiles_r / kGroupRowTiles;
+  g.per_batch = FastDivmod(uint32_t(g.tiles_r * g.tiles_c));
   g.per_group = FastDivmod(uint32_t(kGroupRowTiles * g.tiles_c));
   g.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % kGroupRowTiles)));
   return g;
