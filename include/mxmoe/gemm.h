@@ -77,6 +77,10 @@ struct GemmOptions {
   GemmMode mode = GemmMode::kFast;
   GemmOutDtype out_dtype = GemmOutDtype::kBF16;
   int num_sms = 0;                // persistent CTAs to launch; 0 = every SM of the device
+  int fast_tile_n = 0;            // fast mode's output tile width, 128 or 192 (same bytes either
+                                  // way); 0 = the library's choice: m-grouped 192, k-grouped 192
+                                  // when the reduced-over weight dim k >= 1024, else 128
+                                  // (docs/notes/gemm.md). MXMOE_GEMM_TILE overrides it.
   bool accumulate = false;        // out += result (read, add in FP32, round once, write) instead
                                   // of out = result; pad rows then stay as they were
   cudaStream_t stream = nullptr;

@@ -128,6 +128,9 @@ TEST(GemmArgs, EachBadArgumentIsNamed) {
   { Args x; x.o.mode = static_cast<GemmMode>(7); expect_throw_naming(x, "opts.mode"); }
   { Args x; x.o.out_dtype = static_cast<GemmOutDtype>(9); expect_throw_naming(x, "opts.out_dtype"); }
   { Args x; x.o.num_sms = -1; expect_throw_naming(x, "opts.num_sms"); }
+  { Args x; x.o.fast_tile_n = 256; expect_throw_naming(x, "opts.fast_tile_n"); }
+  { Args x; x.o.fast_tile_n = -1; expect_throw_naming(x, "opts.fast_tile_n"); }
+  { Args x; x.o.fast_tile_n = 192; x.y = nullptr; expect_throw_naming(x, "y"); }  // 192 is valid
   // Fast mode (default) needs the fast form of both operands.
   { Args x; x.a.fast_data = nullptr; expect_throw_naming(x, "a.fast_data"); }
   { Args x; x.a.fast_scales = nullptr; expect_throw_naming(x, "a.fast_scales"); }

@@ -36,6 +36,8 @@ inline void check_grouped_common(const char* fn, int num_experts, int64_t n, int
   if (opts.out_dtype != GemmOutDtype::kBF16 && opts.out_dtype != GemmOutDtype::kFP32)
     throw_arg(fn, "opts.out_dtype", to_str(int(opts.out_dtype)), "must be kBF16 or kFP32");
   if (opts.num_sms < 0) throw_arg(fn, "opts.num_sms", to_str(opts.num_sms), "must be >= 0");
+  if (opts.fast_tile_n != 0 && opts.fast_tile_n != 128 && opts.fast_tile_n != 192)
+    throw_arg(fn, "opts.fast_tile_n", to_str(opts.fast_tile_n), "must be 0 (the library's choice), 128 or 192");
   if (num_experts < 1 || num_experts > kMaxGemmExperts)
     throw_arg(fn, "num_experts", to_str(num_experts),
               "must be in [1, " + to_str(kMaxGemmExperts) + "]");

@@ -974,10 +974,15 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
 //   environment variable MXMOE_GEMM_MULTICAST=1 (or 0) overrides it per call.
 // To measure (docs/notes/gemm.md): the wide tile (below), epilogue overlapped with the next
 // tile's first chunk, multicast of both operands (2×2 clusters).
-//   kConfigFastBlockN: fast mode's tile width. 128 = the kernel above (ping-pong); 192 = wide
-//   tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB. Measured in
-//   run 25: mixed for the forward (128 stays its default), faster for most wgrad shapes
-//   (k_grouped_fast_block_n). MXMOE_GEMM_TILE=192 (or 128) overrides it per call.
+//   kConfigFastBlockN: the m-grouped GEMM's fast tile width. 128 = the kernel above (ping-pong);
+//   192 = wide tiles, one accumulator per math warpgroup (math_fast_single), 5 stages of 40 KB.
+//   Measured (bench_gemm --tile-both, T = 2048/expert, 12 forward cases a run): run 25 0.91-1.11x,
+//   run 39 1.01-1.12x on 11 of 12 (0.92 on DSV3 gate-up skewed); in the layer (bench_layer
+//   --variant MXMOE_GEMM_TILE=192, T = 16384) DeepSeek-V3 EP8 fwd+bwd 2.3-5.5% faster in all four
+//   comparisons of runs 45 and 47, Qwen3-30B +2.4% uniform, -5.3% skewed (run 45, one sample).
+//   So 192 is the m-grouped default since session 6; wgrad picks by k (k_grouped_fast_block_n).
+//   GemmOptions::fast_tile_n sets it per call (expert-centric decode keeps 128, the width its
+//   crossover table was measured with); MXMOE_GEMM_TILE=192 (or 128) overrides both per call.
 //   Wide tiles never multicast (MXMOE_GEMM_MULTICAST is then ignored).
 //   kConfigExactBlockN: exact mode's tile width (BF16 images, math_exact). 256 = m64n256k16 per
 //   math warpgroup (acc 128 registers), 4 stages of 48 KB; 128 = m64n128k16, 6 stages of 32 KB.
@@ -991,7 +996,7 @@ constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
-constexpr int kConfigFastBlockN = 128;
+constexpr int kConfigFastBlockN = 192;
 // Measured and deleted (docs/notes/gemm.md): the ping-pong schedule with scales loaded before the
 // wgmma wait (run 30: 0.91-1.03x) and a 128-wide one-accumulator schedule with the scale products
 // formed under the wgmmas (run 39: 0.77-0.93x on the forward).

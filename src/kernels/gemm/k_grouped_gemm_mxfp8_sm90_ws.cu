@@ -39,7 +39,8 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
 
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
-  const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(exact, gemm_sm90::k_grouped_fast_block_n(k));
+  const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(
+      exact, opts.fast_tile_n != 0 ? opts.fast_tile_n : gemm_sm90::k_grouped_fast_block_n(k));
   const bool multicast = path.multicast;  // 2-CTA clusters sharing dYᵀ
   const int block_n = path.block_n;      // k-tile width (rows of Xᵀ)
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks

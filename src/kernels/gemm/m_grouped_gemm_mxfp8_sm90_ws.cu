@@ -26,7 +26,8 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
   const bool exact = opts.mode == GemmMode::kExact;
-  const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(exact);
+  const gemm_sm90::KernelPath path =
+      gemm_sm90::choose_kernel_path(exact, opts.fast_tile_n != 0 ? opts.fast_tile_n : gemm_sm90::kConfigFastBlockN);
   const bool multicast = path.multicast;
   const int block_n = path.block_n;
   int64_t n_tiles = (n + block_n - 1) / block_n;
