@@ -2,9 +2,12 @@
 // replays the same FP32 fma order), SwiGLU within BF16 rounding of the FP64 value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/gpu_test_util.h"
+#include "kernels/layer/moe_ops_launch.h"
 #include "mxmoe/moe_ops.h"
 #include "mxmoe/moe_plan.h"
 #include "mxmoe/quantize.h"
@@ -205,4 +208,44 @@ TEST(MoeOpsGpu, FusedDyQuantizeEqualsTwoStep) {
   EXPECT_EQ(c1.s.download(), c2.s.download());
   EXPECT_EQ(c1.fd.download(), c2.fd.download());
   EXPECT_EQ(c1.fs.download(), c2.fs.download());
+}
+
+// The batch-invariant router logits (MoeLayerConfig::batch_invariant_router, the EP layer): every
+// output is one fmaf chain over k = 0..K-1 from 0, so the host's std::fmaf chain in the same order
+// gives the same bits. Shapes cover both kernels: the 32 × 32-tile kernel (K % 32 == 0, 16-byte
+// aligned rows; partial token and expert tiles, E = 257 over 9 expert tiles) and the generic one
+// (K = 1000, and a base pointer off 16-byte alignment).
+TEST(MoeOpsGpu, BatchInvariantRouterLogitsAreOneFmaChainPerOutput) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  struct Shape { int64_t T; int E; int K; int x_offset; };
+  for (const Shape s : {Shape{333, 32, 1024, 0}, Shape{64, 257, 96, 0}, Shape{7, 8, 7168, 0}, Shape{45, 16, 1000, 0},
+                        Shape{40, 32, 256, 1}, Shape{0, 32, 256, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << s.T << " E " << s.E << " K " << s.K << " x offset " << s.x_offset);
+    const auto x = random_bf16(s.T + 1, s.K, Dist::kGaussian, rng);  // one spare row for the offset
+    const auto w = random_bf16(s.E, s.K, Dist::kGaussian, rng);
+    DevBuf<uint16_t> dx{x.size()}, dw{w.size()};
+    DevBuf<float> dc{size_t(std::max<int64_t>(1, s.T * s.E))};
+    dx.upload(x);
+    dw.upload(w);
+    detail::launch_router_logits_fixed(dx.p + s.x_offset, dw.p, s.T, s.E, s.K, dc.p, nullptr);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    if (s.T == 0) continue;
+    const auto got = dc.download();
+    int64_t bad = 0;
+    for (int64_t t = 0; t < s.T; ++t)
+      for (int e = 0; e < s.E; ++e) {
+        float acc = 0.0f;
+        for (int k = 0; k < s.K; ++k)
+          acc = std::fmaf(ref::bf16_to_float(x[size_t(t * s.K + k + s.x_offset)]),
+                          ref::bf16_to_float(w[size_t(int64_t(e) * s.K + k)]), acc);
+        uint32_t gb, wb;
+        std::memcpy(&gb, &got[size_t(t * s.E + e)], 4);
+        std::memcpy(&wb, &acc, 4);
+        if (gb != wb && bad++ == 0)
+          ADD_FAILURE() << "first mismatch at [" << t << ", " << e << "]: got " << got[size_t(t * s.E + e)]
+                        << " want " << acc << " (seed " << fresh_seed() << ")";
+      }
+    EXPECT_EQ(bad, 0);
+  }
 }

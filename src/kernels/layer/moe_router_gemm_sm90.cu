@@ -9,7 +9,8 @@
 // Every output is one thread's FP32 sum, fmaf in increasing k (h, resp. e) order from 0, whatever
 // the tile it falls in: the result is a function of its own row and column only. BF16 → FP32 is
 // exact. CUDA-core FP32: tiles of 64 × 64 outputs, 256 threads of 4 × 4 outputs, k-slabs of 16
-// through shared memory. Roofline: 2·T·E·H FLOPs; this is a plain tiled SGEMM (a few ms at
+// through shared memory (fixed_order_gemm_kernel: the dgrad, and logits of other shapes); the
+// logits with hidden % 32 == 0 take router_logits_kernel (32 × 32 tiles, 16-byte loads), same bits. Roofline: 2·T·E·H FLOPs; this is a plain tiled SGEMM (a few ms at
 // DeepSeek-V3 shapes, T = 16384: the price of the guarantee; a tensor-core version whose
 // per-element order is also fixed is the follow-up, docs/notes/ep.md).
 // Tests: tests/ep/ep_layer_test.cu (EP layer bitwise against MoeLayer with this flag).
@@ -84,6 +85,71 @@ __global__ void __launch_bounds__(kThreads) fixed_order_gemm_kernel(const TA* __
   }
 }
 
+// The logits (NT, BF16 × BF16, K = hidden a multiple of 32) with many more CTAs: run 47 measured
+// the 64 × 64 kernel above at 0.93 ms for T = 4096, E = 32, H = 7168 (64 CTAs, half of every tile
+// past E = 32, 2-byte loads) against 0.12-0.17 ms for cuBLAS. Here a CTA of 128 threads owns 32
+// tokens × 32 experts (T = 4096, E = 32: 128 CTAs), a thread 2 tokens × 4 experts; k-slabs of 32
+// arrive as one 16-byte load per operand and thread, prefetched into registers one slab ahead,
+// converted to FP32 into shared memory. Each output is still one thread's fmaf chain over
+// k = 0, 1, ..., K-1 from 0, so the bits are those of the kernel above (and of any tiling).
+constexpr int kLT = 32, kLE = 32, kLK = 32, kLThreads = 128;
+static_assert(kLT * kLK / 8 == kLThreads && kLE * kLK / 8 == kLThreads, "one 16-byte load per operand and thread");
+
+__global__ void __launch_bounds__(kLThreads) router_logits_kernel(const uint16_t* __restrict__ x,
+                                                                   const uint16_t* __restrict__ wr, int64_t T,
+                                                                   int E, int K, float* __restrict__ c) {
+  __shared__ float xs[kLK][kLT + 1];  // [k, token]
+  __shared__ float ws[kLK][kLE + 1];  // [k, expert]
+  const int tid = threadIdx.x;
+  const int ty = tid / 8, tx = tid % 8;  // tokens ty, ty + 16; experts tx + 8j
+  const int64_t t0 = int64_t(blockIdx.x) * kLT;
+  const int e0 = int(blockIdx.y) * kLE;
+  // loader: row lr (token or expert) of the tile, 8 consecutive k at lk
+  const int lr = tid / 4, lk = (tid % 4) * 8;
+  const bool x_ok = t0 + lr < T, w_ok = e0 + lr < E;
+  const uint4* xp = reinterpret_cast<const uint4*>(x + (t0 + lr) * K + lk);
+  const uint4* wp = reinterpret_cast<const uint4*>(wr + int64_t(e0 + lr) * K + lk);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 xv = x_ok ? __ldg(xp) : zero, wv = w_ok ? __ldg(wp) : zero;
+  float acc[2][4] = {};
+  for (int k0 = 0; k0 < K; k0 += kLK) {
+    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      xs[lk + 2 * i][lr] = __uint_as_float(xw[i] << 16);
+      xs[lk + 2 * i + 1][lr] = __uint_as_float(xw[i] & 0xFFFF0000u);
+      ws[lk + 2 * i][lr] = __uint_as_float(ww[i] << 16);
+      ws[lk + 2 * i + 1][lr] = __uint_as_float(ww[i] & 0xFFFF0000u);
+    }
+    __syncthreads();
+    if (k0 + kLK < K) {  // next slab into registers while this one is used
+      xv = x_ok ? __ldg(xp + (k0 + kLK) / 8) : zero;
+      wv = w_ok ? __ldg(wp + (k0 + kLK) / 8) : zero;
+    }
+#pragma unroll 8
+    for (int kk = 0; kk < kLK; ++kk) {
+      const float a0 = xs[kk][ty], a1 = xs[kk][ty + 16];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float b = ws[kk][tx + 8 * j];
+        acc[0][j] = fmaf(a0, b, acc[0][j]);
+        acc[1][j] = fmaf(a1, b, acc[1][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = t0 + ty + 16 * i;
+    if (t >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + tx + 8 * j;
+      if (e < E) c[t * E + e] = acc[i][j];
+    }
+  }
+}
+
 template <class TA, class TB, bool kBTransposed>
 void launch_fixed_order_gemm(const TA* a, const TB* b, int64_t M, int N, int K, float* c, cudaStream_t stream,
                              const char* fn) {
@@ -97,8 +163,17 @@ void launch_fixed_order_gemm(const TA* a, const TB* b, int64_t M, int N, int K, 
 
 void launch_router_logits_fixed(const uint16_t* x, const uint16_t* wr, int64_t tokens, int experts, int hidden,
                                 float* logits, cudaStream_t stream) {
-  launch_fixed_order_gemm<uint16_t, uint16_t, false>(x, wr, tokens, experts, hidden, logits, stream,
-                                                     "router logits (batch-invariant)");
+  // 16-byte loads: rows of 32·n BF16 at 16-byte aligned bases (the layers' x and wr are)
+  const bool vec = hidden % kLK == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(wr)) % 16 == 0;
+  if (!vec) {
+    launch_fixed_order_gemm<uint16_t, uint16_t, false>(x, wr, tokens, experts, hidden, logits, stream,
+                                                       "router logits (batch-invariant)");
+    return;
+  }
+  if (tokens == 0 || experts == 0) return;
+  const dim3 grid(unsigned((tokens + kLT - 1) / kLT), unsigned((experts + kLE - 1) / kLE));
+  router_logits_kernel<<<grid, kLThreads, 0, stream>>>(x, wr, tokens, experts, hidden, logits);
+  MXMOE_CHECK_LAUNCH("router logits (batch-invariant)");
 }
 
 void launch_router_dgrad_fixed(const float* dlogits, const uint16_t* wr, int64_t tokens, int experts, int hidden,
