@@ -26,23 +26,11 @@
 // same dtype and I: W1s [2I, H], W2s [H, I]; it is slot S−1 = k of h and enters the sum with
 // weight 1 after the routed experts.
 //
-// Numerics: every dot product is a sum of exact products accumulated in FP32 with a fixed order
-// (per lane in increasing K, then a fixed butterfly across lanes, then a fixed order across
-// warps); SwiGLU in FP32 (silu(g) = g / (1 + exp(−g))); decode_down sums the experts in slot
-// order j = 0..S−1 in FP32 and rounds to BF16 once. With MXFP8 weights, decode_gate_up forms each
-// MX block's 32 products on the tensor cores (E4M3 and X as FP16, both exact: X is scaled by a
-// power of two chosen per K slice so that it is; a slice whose X spans more than FP16 can hold
-// exactly takes an FP32 FMA path instead) and the tensor core's FP32-width sum adds them; the
-// block sums are then scaled exactly and accumulated in FP32. No floating-point atomics. Results
-// are bitwise deterministic, and batch-invariant: a token's outputs do not depend on the other
-// tokens of the batch or on B.
-//
-// Launches use Programmatic Dependent Launch (sm_90): each kernel may start while the kernel ahead
-// of it in the stream runs, and executes griddepcontrol.wait before it reads anything that kernel
-// may write (decode_router: x; decode_gate_up: x and topk_ids; decode_down: everything its result
-// depends on — before the wait it only prefetches weight rows into L2). Kernels launched without
-// the attribute, and other stream work, are ordered as usual, so any producer of the inputs is
-// safe. MXMOE_DECODE_PDL=0 in the environment turns the attribute off (for A/B timing).
+// Numerics: every dot product accumulates in FP32 with a fixed order (per lane in increasing K,
+// then a fixed butterfly across the 32 lanes); SwiGLU in FP32 (silu(g) = g / (1 + exp(−g)));
+// decode_down sums the experts in slot order j = 0..S−1 in FP32 and rounds to BF16 once.
+// No floating-point atomics. Results are bitwise deterministic, and batch-invariant: a token's
+// outputs do not depend on the other tokens of the batch or on B.
 //
 // Routing (decode_router), per token, on FP32 logits l[e]:
 //   kSoftmax (Qwen3): selection score = l[e]; weight source p[e] = softmax(l)[e];

@@ -67,27 +67,6 @@ __device__ __forceinline__ float2 f32x2_from_e4m3x2(uint32_t pair) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
-// The E4M3 pair in the low / high 16 bits of a word → an FP16 pair (first byte in the low half),
-// exact (every E4M3 value, subnormals included, is a normal FP16; NaN stays NaN). One F2FP each:
-// the high half is read through the register's .H1 selector, with no shift.
-__device__ __forceinline__ uint32_t f16x2_from_e4m3x2_lo(uint32_t q) {
-  uint32_t r;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(q));
-  return r;
-}
-__device__ __forceinline__ uint32_t f16x2_from_e4m3x2_hi(uint32_t q) {
-  uint32_t r;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(q));
-  return r;
-}
-
-// Two FP32 → an FP16 pair (lo in the low half), round to nearest even.
-__device__ __forceinline__ uint32_t f16x2_from_f32_rn(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // Re-express four E4M3 codes against a larger exponent: code · 2^d rounded to E4M3 (d <= 0).
 __device__ __forceinline__ uint32_t e4m3x4_rebase(uint32_t codes, float pow2_d) {
   const float2 lo = f32x2_from_e4m3x2(codes), hi = f32x2_from_e4m3x2(codes >> 16);

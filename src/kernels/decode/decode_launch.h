@@ -46,7 +46,6 @@ struct DownLaunch {
 
 void launch_decode_router(const RouterLaunch& p, cudaStream_t stream);
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream);
-void launch_decode_gate_up_mxfp8(const GateUpLaunch& p, cudaStream_t stream);  // p.w1.mxfp8
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream);
 
 }  // namespace mxmoe::detail

@@ -3,14 +3,13 @@
 // the E8M0 scale as an FP32 power of two, and the fixed-order warp sum.
 //
 // Fixed orders (determinism, batch invariance): a lane adds the products of a chunk in increasing
-// K into its running FP32 sum; an MXFP8 block's products (or its part in one lane) are summed from
-// 0 and then added as fma(block_sum, 2^(s-127), acc) — exact scaling by a power of two, so this is
+// K into its running FP32 sum; an MXFP8 chunk (16 elements, inside one 32-block) is summed from 0
+// and then added as fma(chunk_sum, 2^(s-127), acc) — exact scaling by a power of two, so this is
 // an FP32 summation of the exact dequantized products. The 32 lanes are combined by a xor
 // butterfly (offsets 16, 8, 4, 2, 1), after which every lane holds the same bits.
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "device/mx_convert.cuh"
@@ -25,12 +24,6 @@ __device__ __forceinline__ uint4 ldg_stream_v4(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ uint2 ldg_stream_v2(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 
@@ -74,12 +67,9 @@ __device__ __forceinline__ float dot8_bf16_f32(uint4 w, float4 h0, float4 h1, fl
 }
 
 // Four E4M3 codes (low byte first) times four FP32 values, added to acc in increasing K.
-// E4M3 → FP16 pair (one F2FP per pair, the high pair read through .H1) → FP32 (exact).
 __device__ __forceinline__ float dot4_e4m3(uint32_t q, float a0, float a1, float a2, float a3,
                                            float acc) {
-  const uint32_t l16 = f16x2_from_e4m3x2_lo(q), h16 = f16x2_from_e4m3x2_hi(q);
-  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&l16));
-  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&h16));
+  const float2 lo = f32x2_from_e4m3x2(q), hi = f32x2_from_e4m3x2(q >> 16);
   acc = fmaf(lo.x, a0, acc);
   acc = fmaf(lo.y, a1, acc);
   acc = fmaf(hi.x, a2, acc);
@@ -87,19 +77,23 @@ __device__ __forceinline__ float dot4_e4m3(uint32_t q, float a0, float a1, float
   return acc;
 }
 
-// s + Σ_{16 elements} decode(q)·h in increasing K, E4M3 codes × FP32 h (h[0..3]: elements 0-15).
-__device__ __forceinline__ float dot16_e4m3_f32(uint4 q, const float4 (&h)[4], float s) {
+// Σ_{16 elements} decode(q)·x from 0, E4M3 codes × BF16 x (x0: elements 0-7, x1: 8-15).
+__device__ __forceinline__ float dot16_e4m3_bf16(uint4 q, uint4 x0, uint4 x1) {
+  float s = 0.0f;
+  s = dot4_e4m3(q.x, bf16_lo(x0.x), bf16_hi(x0.x), bf16_lo(x0.y), bf16_hi(x0.y), s);
+  s = dot4_e4m3(q.y, bf16_lo(x0.z), bf16_hi(x0.z), bf16_lo(x0.w), bf16_hi(x0.w), s);
+  s = dot4_e4m3(q.z, bf16_lo(x1.x), bf16_hi(x1.x), bf16_lo(x1.y), bf16_hi(x1.y), s);
+  s = dot4_e4m3(q.w, bf16_lo(x1.z), bf16_hi(x1.z), bf16_lo(x1.w), bf16_hi(x1.w), s);
+  return s;
+}
+
+// Σ_{16 elements} decode(q)·h from 0, E4M3 codes × FP32 h (h[0..3]: elements 0-15).
+__device__ __forceinline__ float dot16_e4m3_f32(uint4 q, const float4 (&h)[4]) {
+  float s = 0.0f;
   s = dot4_e4m3(q.x, h[0].x, h[0].y, h[0].z, h[0].w, s);
   s = dot4_e4m3(q.y, h[1].x, h[1].y, h[1].z, h[1].w, s);
   s = dot4_e4m3(q.z, h[2].x, h[2].y, h[2].z, h[2].w, s);
   s = dot4_e4m3(q.w, h[3].x, h[3].y, h[3].z, h[3].w, s);
-  return s;
-}
-
-// s + Σ_{8 elements} decode(q)·x in increasing K, E4M3 codes (q.x: elements 0-3) × BF16 x.
-__device__ __forceinline__ float dot8_e4m3_bf16(uint2 q, uint4 x, float s) {
-  s = dot4_e4m3(q.x, bf16_lo(x.x), bf16_hi(x.x), bf16_lo(x.y), bf16_hi(x.y), s);
-  s = dot4_e4m3(q.y, bf16_lo(x.z), bf16_hi(x.z), bf16_lo(x.w), bf16_hi(x.w), s);
   return s;
 }
 
@@ -131,17 +125,6 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   return *reinterpret_cast<const uint16_t*>(&b);
-}
-
-// h[idx] = silu(g)·u = (g / (1 + e^-g))·u in FP32, stored as FP32 or BF16 (RNE).
-template <bool kHBf16>
-__device__ __forceinline__ void store_swiglu(void* h, int64_t idx, float g, float u) {
-  const float hv = (g / (1.0f + expf(-g))) * u;
-  if constexpr (kHBf16) {
-    static_cast<uint16_t*>(h)[idx] = f32_to_bf16_bits(hv);
-  } else {
-    static_cast<float*>(h)[idx] = hv;
-  }
 }
 
 // Expert id from the routing table, clamped into [0, E) so that a bad id can never read outside

@@ -4,34 +4,18 @@
 //   + scales E8M0 [E, H, I/32]; shared W2s [H, I]; ids int32 [B, k]; w FP32 [B, k];
 //   out BF16 [B, H].
 // One CTA owns kRows = 4 adjacent outputs n of one token b. Its W = min(S, 16) warps split the
-// slots (warp w takes j = w, w+W, ...); for each slot a warp streams the kRows rows of length I,
-// each lane summing its part in increasing K, then the fixed xor butterfly:
-//  * BF16: 16-byte chunks l, l+32, ... (kUnroll·kRows = 8 independent 16-byte loads a lane, 4 KB a
-//    warp, before any is used).
-//  * MXFP8: whole MX blocks l, l+32, ... (two 16-byte loads of each row and one scale byte per
-//    row: 8 loads, 128 B a lane), each block's 32 products summed from 0 in FP32, then
-//    fma(block_sum, 2^(s-127), acc): exact scaling, one scale per 32 weights. h is loaded once per
-//    block for the kRows rows.
-// The per-slot dot products meet in shared memory and one thread per output adds them in slot
-// order j = 0..S-1 (acc = fma(w_j, dot_j, acc), FP32), then rounds to BF16 once.
+// slots (warp w takes j = w, w+W, ...); for each slot a warp streams the kRows rows of length I
+// (I = 768 rows are short: several rows give each lane kUnroll·kRows = 8 independent 16-byte loads,
+// 4 KB a warp, before any is used), each lane summing its chunks in increasing K, then the fixed
+// xor butterfly. The per-slot dot products meet in shared memory and one thread per output adds
+// them in slot order j = 0..S-1 (acc = fma(w_j, dot_j, acc), FP32), then rounds to BF16 once.
 // No atomics; the order depends on nothing but (b, n), so the result is batch-invariant.
-// Programmatic Dependent Launch: before griddepcontrol.wait, lane 0 of each warp reads its slots'
-// expert ids and asks L2 for the kRows weight rows (cp.async.bulk.prefetch.L2, no registers), so
-// that weight streaming overlaps the tail of decode_gate_up. That read is a hint only: in the
-// decode step the ids are final by then (the router finished before decode_gate_up passed its
-// griddepcontrol.wait, which precedes its launch_dependents), and should they not be, a clamped id
-// prefetches other rows of the same tensor. Everything the result depends on (ids, h, routing
-// weights) is read after the wait.
-// Registers: 86-104 a thread (-Xptxas -v, no spills; at most 112 keeps two 9-warp CTAs a SM for
-// DeepSeek-V3's S = 9). Shared: (kDecodeMaxTopK+1)·kRows·4 B.
+// Registers: ~60-90 a thread (-Xptxas -v, no spills). Shared: (kDecodeMaxTopK+1)·kRows·4 B.
 // Roofline: 2·H·I FLOPs per (token, slot); bytes H·I·(2 | 1 + 1/32) per distinct expert.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <cstdint>
 
-#include "device/cp_async_bulk_prefetch.cuh"
-#include "device/griddepcontrol.cuh"
 #include "host/check.h"
-#include "host/pdl_launch.h"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/decode/warp_decode_common.cuh"
 #include "mxmoe/decode.h"
@@ -45,7 +29,6 @@ constexpr int kMaxWarps = 16;  // warps per CTA: min(S, kMaxWarps)
 constexpr int kMaxSlots = kDecodeMaxTopK + 1;
 
 static_assert(8 % kRows == 0, "H % 8 == 0 (host check), so a CTA's kRows rows all lie below H");
-static_assert(kMxBlock == 32, "an MX block is two 16-byte vectors");
 
 // The kRows rows n0 .. n0+kRows-1 of slot j's W2 block: row q at row + q·row_bytes.
 struct SlotRows {
@@ -115,49 +98,39 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
   }
 }
 
-// MXFP8 weights: lane owns whole MX blocks c = lane, lane+32, ... (32 E4M3 of each row = two
-// 16-byte vectors, one scale byte); a block's products from 0, then exact scaling.
+// MXFP8 weights: chunks of 16 E4M3 (scale byte c/2); chunk sum from 0, then exact scaling.
 template <bool kHBf16>
 __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row, int inter,
                                             int lane, float (&acc)[kRows]) {
-  constexpr int kHBlockBytes = kMxBlock * (kHBf16 ? 2 : 4);
-  const int nblocks = inter / kMxBlock;
-  // Row 0 (and its scale row) at block c, advanced each step; row q at a 32-bit offset from it
-  // (q·row_bytes < 2^18), so that each load costs one 64-bit add and few registers.
-  uint32_t wq[kRows], sq[kRows];
+  const int nchunks = inter / 16;
+  for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
+    uint4 w[kUnroll][kRows];  // 16 E4M3 of each row per chunk
+    uint32_t s[kUnroll][kRows];
 #pragma unroll
-  for (int q = 0; q < kRows; ++q) {
-    wq[q] = uint32_t(q * r.row_bytes);
-    sq[q] = uint32_t(q * r.scale_row);
-  }
-  const uint8_t* w0 = r.row + lane * kMxBlock;
-  const uint8_t* s0 = r.scales + lane;
-  const uint8_t* h = static_cast<const uint8_t*>(h_row) + lane * kHBlockBytes;
-  for (int c = lane; c < nblocks; c += 32) {
-    uint4 w[kRows][2];  // 32 E4M3 of each row
-    uint32_t s[kRows];
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
 #pragma unroll
-    for (int q = 0; q < kRows; ++q) {
-      w[q][0] = dev::ldg_stream_v4(w0 + wq[q]);
-      w[q][1] = dev::ldg_stream_v4(w0 + wq[q] + 16);
-      s[q] = dev::ldg_u8(s0 + sq[q]);
+      for (int q = 0; q < kRows; ++q) {
+        w[t][q] = make_uint4(0u, 0u, 0u, 0u);
+        s[t][q] = 0u;
+        if (c < nchunks) {
+          w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
+          s[t][q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
+        }
+      }
     }
-    w0 += 32 * kMxBlock;
-    s0 += 32;
-    float part[kRows];
 #pragma unroll
-    for (int q = 0; q < kRows; ++q) part[q] = 0.0f;
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
+      if (c < nchunks) {
+        float4 h[4];
+        load_h8<kHBf16>(h_row, 2 * c, h[0], h[1]);
+        load_h8<kHBf16>(h_row, 2 * c + 1, h[2], h[3]);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float4 hv[4];  // elements 32c + 16·half .. +15
-      load_h8<kHBf16>(h, 2 * half, hv[0], hv[1]);
-      load_h8<kHBf16>(h, 2 * half + 1, hv[2], hv[3]);
-#pragma unroll
-      for (int q = 0; q < kRows; ++q) part[q] = dev::dot16_e4m3_f32(w[q][half], hv, part[q]);
+        for (int q = 0; q < kRows; ++q)
+          acc[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), dev::e8m0_to_f32(s[t][q]), acc[q]);
+      }
     }
-    h += 32 * kHBlockBytes;
-#pragma unroll
-    for (int q = 0; q < kRows; ++q) acc[q] = fmaf(part[q], dev::e8m0_to_f32(s[q]), acc[q]);
   }
 }
 
@@ -169,16 +142,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) warp_decode_down_kernel(con
   const int b = int(blockIdx.x / unsigned(tiles));
   const int n0 = int(blockIdx.x % unsigned(tiles)) * kRows;
   const size_t h_elem = kHBf16 ? 2 : 4;
-
-  // Before the wait: an L2 prefetch of this warp's weight rows, a hint only (see the header).
-  if (lane == 0) {
-    for (int j = warp; j < p.slots; j += num_warps) {
-      const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
-      dev::cp_async_bulk_prefetch_L2_global(rows.row, uint32_t(kRows * rows.row_bytes));
-    }
-  }
-  dev::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
-  dev::griddepcontrol_launch_dependents();
 
   for (int j = warp; j < p.slots; j += num_warps) {
     const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
@@ -217,8 +180,8 @@ template <bool kMx, bool kHBf16>
 void launch(const DownLaunch& p, cudaStream_t stream) {
   const int64_t tiles = (p.hidden + kRows - 1) / kRows;
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  launch_with_pdl("decode_down", warp_decode_down_kernel<kMx, kHBf16>,
-                  dim3(unsigned(int64_t(p.batch) * tiles)), dim3(warps * 32), 0, stream, p);
+  warp_decode_down_kernel<kMx, kHBf16>
+      <<<dim3(unsigned(int64_t(p.batch) * tiles)), warps * 32, 0, stream>>>(p);
 }
 
 }  // namespace
