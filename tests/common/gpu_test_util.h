@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -20,7 +21,9 @@
     if (cudaGetDeviceCount(&mxmoe_n_dev_) != cudaSuccess || mxmoe_n_dev_ == 0)                  \
       GTEST_SKIP() << "no CUDA GPU on this machine: GPU tests run on the GPU machine "          \
                       "(scripts/gpu_run.sh); CPU tests cover references and argument checks";   \
-  } while (0)
+  } while (0);                                                                                  \
+  SCOPED_TRACE(::testing::Message() << "seed " << ::mxmoe::test::fresh_seed()                   \
+                                    << " (rerun with MXMOE_TEST_SEED=" << ::mxmoe::test::fresh_seed() << ")")
 
 #define MXMOE_ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
 
@@ -52,8 +55,14 @@ struct DevBuf {
   }
 };
 
+// One seed per process (so --gtest_repeat reuses it: to sample seeds, run the binary again);
+// MXMOE_TEST_SEED=<n> fixes it, to reproduce a failure (every GPU test's failure message names the
+// seed, through MXMOE_REQUIRE_GPU's trace).
 inline uint32_t fresh_seed() {
-  static const uint32_t s = std::random_device{}();
+  static const uint32_t s = [] {
+    const char* e = std::getenv("MXMOE_TEST_SEED");
+    return e != nullptr && e[0] != '\0' ? uint32_t(std::strtoul(e, nullptr, 10)) : std::random_device{}();
+  }();
   return s;
 }
 
