@@ -122,3 +122,11 @@ if os.path.exists(p):
 json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
 print("summary:", s)
 PY
+# The device tool returns at most 8 files from OUT (run 48 lost tests.log that way): beyond 7, the
+# logs travel as one archive next to summary.json (tar xzf OUT/logs.tar.gz to read them).
+n_files=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+if [ "$n_files" -gt 7 ]; then
+  (cd "$OUT" && find . -maxdepth 1 -type f ! -name summary.json -printf '%f\n' | tar czf logs.tar.gz -T - &&
+    find . -maxdepth 1 -type f ! -name summary.json ! -name logs.tar.gz -delete)
+  echo "logs: $n_files files packed into OUT/logs.tar.gz"
+fi
