@@ -31,6 +31,22 @@ __device__ __forceinline__ float ld(const uint16_t* p, int64_t i) {
   return __uint_as_float(uint32_t(__ldg(p + i)) << 16);
 }
 
+// A thread's R × C outputs at rows m + kRowStep·i, columns n + kColStep·j of C [M, N] (row-major),
+// masked at the matrix edges.
+template <int kRowStep, int kColStep, int R, int C>
+__device__ __forceinline__ void store_tile(const float (&acc)[R][C], int64_t m, int64_t M, int n, int N, float* c) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t row = m + kRowStep * i;
+    if (row >= M) continue;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const int col = n + kColStep * j;
+      if (col < N) c[row * N + col] = acc[i][j];
+    }
+  }
+}
+
 // C[m, n] = Σ_{k < K} A[m, k] · B(n, k), A row-major [M, K]; B(n, k) = b[n·K + k] (kBTransposed =
 // false: [N, K], "NT") or b[k·N + n] (true: [K, N], "NN"). C row-major [M, N].
 template <class TA, class TB, bool kBTransposed>
@@ -73,16 +89,7 @@ __global__ void __launch_bounds__(kThreads) fixed_order_gemm_kernel(const TA* __
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t m = m0 + ty + 16 * i;
-    if (m >= M) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int n = n0 + tx + 16 * j;
-      if (n < N) c[m * N + n] = acc[i][j];
-    }
-  }
+  store_tile<16, 16>(acc, m0 + ty, M, n0 + tx, N, c);
 }
 
 // The logits (NT, BF16 × BF16, K = hidden a multiple of 32) with many more CTAs: run 47 measured
@@ -138,16 +145,7 @@ __global__ void __launch_bounds__(kLThreads) router_logits_kernel(const uint16_t
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t t = t0 + ty + 16 * i;
-    if (t >= T) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + tx + 8 * j;
-      if (e < E) c[t * E + e] = acc[i][j];
-    }
-  }
+  store_tile<16, 8>(acc, t0 + ty, T, e0 + tx, E, c);
 }
 
 template <class TA, class TB, bool kBTransposed>
