@@ -48,10 +48,14 @@ void moe_gather_rows(const __nv_bfloat16* x, int64_t x_rows, int64_t cols, const
 
 namespace mxmoe {
 
-// Backward of the combine, in the padded layout (one warp per used row r < *rows_used):
-//   with t = row_index[r] and j the slot with row_of[t, j] == r:
+// Backward of the combine, in the padded layout (used rows r < *rows_used; null: all rows):
+//   with t = row_index[r] and j the last slot with row_of[t, j] == r:
 //     dy[r, :] = bf16(w[t, j] · dout[t, :])       and      dw[t, j] = Σ_n dout[t, n] · y[r, n]
-//   rows with row_index[r] < 0 (padding) get dy = 0. FP32 sums in a fixed order.
+//   rows no slot claims (row_index[r] < 0 or >= tokens: padding; or no slot of t naming r) get
+//   dy = 0; slots that claim no used row get dw = 0; rows >= *rows_used are not written. FP32 sums
+//   in a fixed order. One warp per token (dout[t] read once for its k rows); MXMOE_COMBINE_BWD=rows
+//   (read on every call) runs the former one-warp-per-row kernel instead, with the same bits; any
+//   other value but "tokens" throws.
 //   dout BF16 [tokens, cols]; y, dy BF16 [rows, cols]; row_index int32 [rows]; row_of int32 [tokens, k];
 //   w, dw FP32 [tokens, k]. cols % 8 == 0; 16-byte aligned dout, y, dy.
 void moe_combine_backward(const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows, int64_t cols,

@@ -4,6 +4,9 @@
 #include "host/check.h"
 #include "host/routing.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <utility>
 #include "kernels/layer/moe_ops_launch.h"
 
@@ -86,7 +89,18 @@ namespace mxmoe {
 
 namespace {
 
-// moe_combine_backward and its _scales form: the same kernel, writing dy (to_dy) or row_w.
+// Which kernel: MXMOE_COMBINE_BWD unset, empty or "tokens" -> token-major (the default); "rows" ->
+// the row-major kernel it replaced (same bits; kept one release for same-process A/B runs). Read on
+// every call; any other value throws, so that a typo cannot turn an A/B run into A/A.
+detail::CombineBackwardKernel combine_backward_kernel_from_env(const char* fn) {
+  const char* e = std::getenv("MXMOE_COMBINE_BWD");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "tokens") == 0) return detail::CombineBackwardKernel::kTokens;
+  if (std::strcmp(e, "rows") == 0) return detail::CombineBackwardKernel::kRows;
+  detail::throw_arg(fn, "MXMOE_COMBINE_BWD", std::string("\"") + e + "\"",
+                    "environment variable must be unset, \"tokens\" or \"rows\"");
+}
+
+// moe_combine_backward and its _scales form: the same kernels, writing dy (to_dy) or row_w.
 void combine_backward_impl(const char* fn, const __nv_bfloat16* dout, const __nv_bfloat16* y, int64_t rows,
                            int64_t cols, const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
                            const float* w, int64_t tokens, int top_k, bool to_dy, __nv_bfloat16* dy, float* row_w,
@@ -104,9 +118,10 @@ void combine_backward_impl(const char* fn, const __nv_bfloat16* dout, const __nv
     detail::check_aligned(fn, q.n, q.p, q.a);
   }
   detail::check_aligned(fn, "rows_used", rows_used, 4);
+  const detail::CombineBackwardKernel kernel = combine_backward_kernel_from_env(fn);
   detail::launch_moe_combine_backward(reinterpret_cast<const uint16_t*>(dout), reinterpret_cast<const uint16_t*>(y),
                                       rows, cols, rows_used, row_index, row_of, w, tokens, top_k,
-                                      reinterpret_cast<uint16_t*>(dy), row_w, dw, stream);
+                                      reinterpret_cast<uint16_t*>(dy), row_w, dw, kernel, stream);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Argument checks of the MoE element-wise/gather ops (before any CUDA call).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "common/arg_test_util.h"
 #include "mxmoe/moe_ops.h"
 
@@ -55,4 +57,37 @@ TEST(MoeOpsArgs, TopkRejectsBadArguments) {
   bad.scoring = RouterScoring::kSigmoid;
   bad.n_groups = 7;  // does not divide 64
   expect_error_naming([&] { moe_topk(logits, 16, 64, bad, ids, w); }, "params.n_groups");
+}
+
+TEST(MoeOpsArgs, CombineBackwardRejectsBadArguments) {
+  auto* dout = fake<const __nv_bfloat16>(0x10000);
+  auto* y = fake<const __nv_bfloat16>(0x20000);
+  auto* ri = fake<const int32_t>(0x30000);
+  auto* ro = fake<const int32_t>(0x40000);
+  auto* w = fake<const float>(0x50000);
+  auto* dy = fake<__nv_bfloat16>(0x60000);
+  auto* row_w = fake<float>(0x70000);
+  auto* dw = fake<float>(0x80000);
+  expect_error_naming([&] { moe_combine_backward(dout, y, -1, 128, nullptr, ri, ro, w, 10, 2, dy, dw); }, "rows");
+  expect_error_naming([&] { moe_combine_backward(dout, y, 64, 100, nullptr, ri, ro, w, 10, 2, dy, dw); }, "cols");
+  expect_error_naming([&] { moe_combine_backward(dout, y, 64, 128, nullptr, ri, ro, w, -1, 2, dy, dw); }, "tokens");
+  expect_error_naming([&] { moe_combine_backward(dout, y, 64, 128, nullptr, ri, ro, w, 10, 33, dy, dw); }, "top_k");
+  expect_error_naming([&] { moe_combine_backward(fake<const __nv_bfloat16>(0x10008), y, 64, 128, nullptr, ri, ro, w,
+                                                 10, 2, dy, dw); }, "dout");
+  expect_error_naming([&] { moe_combine_backward(dout, nullptr, 64, 128, nullptr, ri, ro, w, 10, 2, dy, dw); }, "y");
+  expect_error_naming([&] { moe_combine_backward(dout, y, 64, 128, nullptr, nullptr, ro, w, 10, 2, dy, dw); },
+                      "row_index");
+  expect_error_naming([&] { moe_combine_backward(dout, y, 64, 128, nullptr, ri, ro, w, 10, 2, nullptr, dw); }, "dy");
+  expect_error_naming([&] { moe_combine_backward_scales(dout, y, 64, 128, nullptr, ri, ro, w, 10, 2,
+                                                        fake<float>(0x70002), dw); }, "row_w");
+  expect_error_naming([&] { moe_combine_backward_scales(dout, y, 64, 128, fake<const int32_t>(0x90001), ri, ro, w, 10,
+                                                        2, row_w, dw); }, "rows_used");
+  // The kernel switch (read on every call): only unset, "tokens" or "rows"; a typo throws instead
+  // of silently running the default.
+  setenv("MXMOE_COMBINE_BWD", "row", 1);
+  expect_error_naming([&] { moe_combine_backward(dout, y, 64, 128, nullptr, ri, ro, w, 10, 2, dy, dw); },
+                      "MXMOE_COMBINE_BWD");
+  expect_error_naming([&] { moe_combine_backward_scales(dout, y, 64, 128, nullptr, ri, ro, w, 10, 2, row_w, dw); },
+                      "MXMOE_COMBINE_BWD");
+  unsetenv("MXMOE_COMBINE_BWD");
 }

@@ -1,10 +1,14 @@
-// MoE element-wise/gather ops on the GPU against host loops: combine bit for bit (the host
-// replays the same FP32 fma order), SwiGLU within BF16 rounding of the FP64 value.
+// MoE element-wise/gather ops on the GPU against host loops: combine and combine backward bit for
+// bit (the host replays the same FP32 fma order), SwiGLU within BF16 rounding of the FP64 value.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <random>
+#include <string>
 
 #include "common/gpu_test_util.h"
 #include "kernels/layer/moe_ops_launch.h"
@@ -152,6 +156,18 @@ TEST(MoeOpsGpu, TopkMatchesReferenceRouting) {
   }
 }
 
+namespace {
+
+// Routing weights, uniform in [-1, 1) (signed, so that dy's rounding sees both signs).
+std::vector<float> random_weights(size_t n, std::mt19937& rng) {
+  std::vector<float> w(n);
+  std::uniform_real_distribution<float> uw(-1.0f, 1.0f);
+  for (auto& v : w) v = uw(rng);
+  return w;
+}
+
+}  // namespace
+
 // The layer's fused dY path (moe_combine_backward_scales + quantize_mxfp8_gather_scaled) against the
 // two-step one (moe_combine_backward's BF16 dY, then quantize_mxfp8_grouped): same quantized bytes
 // both ways (plain and fast forms), same dw bits, on a real routing plan with empty experts.
@@ -174,9 +190,7 @@ TEST(MoeOpsGpu, FusedDyQuantizeEqualsTwoStep) {
 
   const auto dout = random_bf16(T, H, Dist::kHeavyTailed, rng);
   const auto y = random_bf16(cap, H, Dist::kGaussian, rng);
-  std::vector<float> w(size_t(T * k));
-  std::uniform_real_distribution<float> uw(-1.0f, 1.0f);
-  for (auto& v : w) v = uw(rng);
+  const std::vector<float> w = random_weights(size_t(T * k), rng);
   DevBuf<uint16_t> ddout{dout.size()}, dy_buf{y.size()}, ddy{size_t(cap * H)};
   DevBuf<float> dwt{w.size()}, dw1{w.size()}, dw2{w.size()}, row_w{size_t(cap)};
   ddout.upload(dout);
@@ -247,5 +261,210 @@ TEST(MoeOpsGpu, BatchInvariantRouterLogitsAreOneFmaChainPerOutput) {
                         << " want " << acc << " (seed " << fresh_seed() << ")";
       }
     EXPECT_EQ(bad, 0);
+  }
+}
+
+namespace {
+
+// Sets an environment variable for the scope and puts back what was there.
+struct ScopedEnvVar {
+  const char* name;
+  bool had;
+  std::string old;
+  ScopedEnvVar(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) old = std::getenv(n);
+    setenv(n, v, 1);
+  }
+  ~ScopedEnvVar() {
+    if (had) setenv(name, old.c_str(), 1);
+    else unsetenv(name);
+  }
+};
+
+// Host replay of moe_combine_backward's contract, writing only where the GPU writes: every
+// dw[t, j] (t < tokens), and rows r < used. dw[t, j] for the slot j that claims row r (the last
+// slot of t = row_index[r] with row_of[t, j] == r) is the warp's sum: lane l sums vectors v = l,
+// l + 32, ... in increasing order (8 fmaf each, in element order) from +0, then the xor butterfly
+// 16, 8, 4, 2, 1 (lane 0's value). Other slots: +0; unclaimed rows: dy = 0 / row_w = 0.
+void combine_backward_host(const std::vector<uint16_t>& dout, const std::vector<uint16_t>& y, int64_t cols,
+                           int64_t used, const std::vector<int32_t>& row_index, const std::vector<int32_t>& row_of,
+                           const std::vector<float>& w, int64_t tokens, int k, std::vector<uint16_t>* dy,
+                           std::vector<float>* row_w, std::vector<float>& dw) {
+  std::fill(dw.begin(), dw.begin() + tokens * k, 0.0f);
+  for (int64_t r = 0; r < used; ++r) {
+    const int32_t t = row_index[size_t(r)];
+    int j = -1;
+    if (t >= 0 && t < tokens)
+      for (int q = 0; q < k; ++q)
+        if (row_of[size_t(t * k + q)] == r) j = q;
+    const float wj = j < 0 ? 0.0f : w[size_t(t * k + j)];
+    if (row_w != nullptr) (*row_w)[size_t(r)] = wj;
+    if (dy != nullptr)
+      for (int64_t n = 0; n < cols; ++n)
+        (*dy)[size_t(r * cols + n)] =
+            j < 0 ? uint16_t(0) : ref::float_to_bf16(wj * ref::bf16_to_float(dout[size_t(t * cols + n)]));
+    if (j < 0) continue;
+    float lanes[32];
+    for (int l = 0; l < 32; ++l) {
+      float acc = 0.0f;
+      for (int64_t v = l; v < cols / 8; v += 32)
+        for (int64_t e = v * 8; e < v * 8 + 8; ++e)
+          acc = std::fmaf(ref::bf16_to_float(dout[size_t(t * cols + e)]), ref::bf16_to_float(y[size_t(r * cols + e)]),
+                          acc);
+      lanes[l] = acc;
+    }
+    for (int o = 16; o >= 1; o >>= 1) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ o];
+      std::copy(next, next + 32, lanes);
+    }
+    dw[size_t(t * k + j)] = lanes[0];
+  }
+}
+
+// First differing element of two same-sized vectors compared as bytes, or -1.
+template <class T>
+int64_t first_bit_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
+  return -1;
+}
+
+}  // namespace
+
+// moe_combine_backward's token-major kernel (the default) against the row-major one it replaced
+// (MXMOE_COMBINE_BWD=rows) bit for bit, and both against the host replay, in both forms (dy and
+// row_w), on a hand-made padded layout with every irregular case the contract names: pad rows
+// (row_index -1), rows whose token has no slot naming them, row_index >= tokens (row_of is
+// allocated 16 tokens longer, filled with -1, so the row-major kernel's read past the end stays
+// deterministic), negative and out-of-range slots, slots naming another token's row, two slots
+// of a token naming one row (the last one claims it), rows_used null / cutting live rows / above
+// rows; k = 1, 8 and 20 (three passes of the token-major kernel's 8 slots), H = 2048, 7168 and
+// 1000 (vectors per row not a multiple of 32), T not a multiple of 8 or 32. Outputs start
+// poisoned, so a missing or extra write (e.g. a row >= rows_used) shows as a mismatch.
+TEST(MoeOpsGpu, CombineBackwardTokenMajorEqualsRowMajorBitwise) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  struct Case { int64_t T; int k; int64_t H; };
+  for (const Case c : {Case{333, 8, 2048}, Case{333, 8, 7168}, Case{1237, 1, 2048}, Case{1237, 1, 7168},
+                       Case{77, 20, 1000}}) {
+    const int64_t T = c.T, H = c.H, n_slots = T * c.k;
+    const int k = c.k;
+    const int64_t rows = n_slots + n_slots / 8 + 37;
+    std::vector<int32_t> perm(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) perm[size_t(i)] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> row_of(size_t((T + 16) * k), -1), row_index(size_t(rows), -1);
+    for (int64_t i = 0; i < n_slots; ++i) {
+      row_of[size_t(i)] = perm[size_t(i)];
+      row_index[size_t(perm[size_t(i)])] = int32_t(i / k);
+    }
+    for (int64_t i = n_slots; i < rows; ++i) {  // pads: most -1, some past the tokens, some a real token
+      const uint32_t u = rng() % 8;
+      if (u == 0) row_index[size_t(perm[size_t(i)])] = int32_t(T + rng() % 16);
+      if (u == 1) row_index[size_t(perm[size_t(i)])] = int32_t(rng() % T);
+    }
+    for (int64_t i = 0; i < n_slots; ++i) {  // irregular slots, ~2% each
+      const uint32_t u = rng() % 50;
+      const int64_t t = i / k;
+      if (u == 0) row_of[size_t(i)] = -1 - int32_t(rng() % 3);
+      if (u == 1) row_of[size_t(i)] = int32_t(rows + rng() % 100);
+      if (u == 2) row_of[size_t(i)] = perm[size_t(rng() % n_slots)];  // most likely another token's row
+      if (u == 3 && k > 1) row_of[size_t(i)] = row_of[size_t(t * k + int64_t(rng() % k))];  // duplicate
+    }
+    const auto dout = random_bf16(T, H, Dist::kHeavyTailed, rng);
+    const auto y = random_bf16(rows, H, Dist::kGaussian, rng);
+    const std::vector<float> w = random_weights(size_t(T * k), rng);
+    DevBuf<uint16_t> ddout{dout.size()}, dy_in{y.size()}, ddy{size_t(rows * H)};
+    DevBuf<int32_t> drow_of{row_of.size()}, drow_index{row_index.size()}, dused{1};
+    DevBuf<float> dwt{w.size()}, ddw{w.size()}, drow_w{size_t(rows)};
+    ddout.upload(dout);
+    dy_in.upload(y);
+    drow_of.upload(row_of);
+    drow_index.upload(row_index);
+    dwt.upload(w);
+    for (int used_case = 0; used_case < 3; ++used_case) {  // null; cutting live rows; above rows
+      const int64_t used_val = used_case == 1 ? rows * 4 / 5 : rows + 1000;
+      const int64_t used = used_case == 0 ? rows : std::min(rows, used_val);
+      dused.upload(std::vector<int32_t>{int32_t(used_val)});
+      const int32_t* used_ptr = used_case == 0 ? nullptr : dused.p;
+      for (const bool to_dy : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "T " << T << " k " << k << " H " << H << " rows " << rows << " used "
+                                          << used << (used_case == 0 ? " (null)" : "") << (to_dy ? " dy" : " row_w"));
+        // Poisoned outputs, a kernel's run, the downloads.
+        struct Out { std::vector<uint16_t> dy; std::vector<float> row_w, dw; };
+        auto run = [&](const std::function<void()>& launch) {
+          MXMOE_ASSERT_CUDA(cudaMemset(ddy.p, 0xA5, ddy.n * 2));
+          MXMOE_ASSERT_CUDA(cudaMemset(drow_w.p, 0xA5, drow_w.n * 4));
+          MXMOE_ASSERT_CUDA(cudaMemset(ddw.p, 0xA5, ddw.n * 4));
+          launch();
+          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        };
+        auto fetch = [&] { return Out{ddy.download(), drow_w.download(), ddw.download()}; };
+        auto direct = [&](detail::CombineBackwardKernel kernel) {
+          return [&, kernel] {
+            detail::launch_moe_combine_backward(ddout.p, dy_in.p, rows, H, used_ptr, drow_index.p, drow_of.p, dwt.p, T,
+                                                k, to_dy ? ddy.p : nullptr, to_dy ? nullptr : drow_w.p, ddw.p, kernel,
+                                                nullptr);
+          };
+        };
+        auto api = [&] {
+          const auto* bdout = reinterpret_cast<const __nv_bfloat16*>(ddout.p);
+          const auto* by = reinterpret_cast<const __nv_bfloat16*>(dy_in.p);
+          if (to_dy)
+            moe_combine_backward(bdout, by, rows, H, used_ptr, drow_index.p, drow_of.p, dwt.p, T, k,
+                                 reinterpret_cast<__nv_bfloat16*>(ddy.p), ddw.p);
+          else
+            moe_combine_backward_scales(bdout, by, rows, H, used_ptr, drow_index.p, drow_of.p, dwt.p, T, k, drow_w.p,
+                                        ddw.p);
+        };
+        run(direct(detail::CombineBackwardKernel::kTokens));
+        const Out tok = fetch();
+        run(direct(detail::CombineBackwardKernel::kTokens));  // rerun: the same bits
+        const Out tok2 = fetch();
+        run(direct(detail::CombineBackwardKernel::kRows));
+        const Out row = fetch();
+        Out env_rows, env_default;
+        {
+          ScopedEnvVar e("MXMOE_COMBINE_BWD", "rows");
+          run(api);
+          env_rows = fetch();
+        }
+        {
+          ScopedEnvVar e("MXMOE_COMBINE_BWD", "tokens");
+          run(api);
+          env_default = fetch();
+        }
+        // The host replay, over the same poison.
+        Out want{std::vector<uint16_t>(ddy.n, 0xA5A5), {}, {}};
+        float poison;
+        std::memset(&poison, 0xA5, 4);
+        want.row_w.assign(drow_w.n, poison);
+        want.dw.assign(ddw.n, poison);
+        combine_backward_host(dout, y, H, used, row_index, row_of, w, T, k, to_dy ? &want.dy : nullptr,
+                              to_dy ? nullptr : &want.row_w, want.dw);
+        const struct { const char* what; const Out* got; } against_host[] = {
+            {"token-major", &tok}, {"token-major rerun", &tok2}, {"row-major", &row},
+            {"MXMOE_COMBINE_BWD=rows", &env_rows}, {"MXMOE_COMBINE_BWD=tokens", &env_default}};
+        for (const auto& g : against_host) {
+          int64_t i = first_bit_mismatch(g.got->dw, want.dw);
+          EXPECT_LT(i, 0) << g.what << " dw first mismatch at [" << (i / k) << ", " << (i % k) << "]: got "
+                          << (i < 0 ? 0.0f : g.got->dw[size_t(i)]) << " want " << (i < 0 ? 0.0f : want.dw[size_t(i)]);
+          i = first_bit_mismatch(g.got->row_w, want.row_w);
+          EXPECT_LT(i, 0) << g.what << " row_w first mismatch at row " << i << ": got "
+                          << (i < 0 ? 0.0f : g.got->row_w[size_t(i)]) << " want "
+                          << (i < 0 ? 0.0f : want.row_w[size_t(i)]);
+          i = first_bit_mismatch(g.got->dy, want.dy);
+          EXPECT_LT(i, 0) << g.what << " dy first mismatch at [" << (i < 0 ? 0 : i / H) << ", "
+                          << (i < 0 ? 0 : i % H) << "]: got 0x" << std::hex << (i < 0 ? 0 : g.got->dy[size_t(i)])
+                          << " want 0x" << (i < 0 ? 0 : want.dy[size_t(i)]) << std::dec;
+        }
+        // Token- vs row-major directly (the same as above when both match the host; this names the
+        // A/B pair on its own).
+        EXPECT_LT(first_bit_mismatch(tok.dw, row.dw), 0);
+        EXPECT_LT(first_bit_mismatch(tok.row_w, row.row_w), 0);
+        EXPECT_LT(first_bit_mismatch(tok.dy, row.dy), 0);
+      }
+    }
   }
 }

@@ -5,8 +5,14 @@
 //            the k source rows read with 16-byte loads, FP32 sums in slot order, one BF16 store.
 //            Bytes: 2·k (read) + 2 (write) per output (+4 with the addend). With k = 1, no
 //            weights and an optional device count of used rows it is also moe_gather_rows.
-// Both are memory-bound; no atomics; every output has one writer and a fixed summation order.
-// Tests: tests/gpu/test_moe_ops_gpu.cpp (against plain loops on the host).
+//   combine backward: dw[t,j] = dout[t]·y[row_of[t,j]] (FP32), and per used padded row r either
+//            dy[r] = bf16(w[t,j]·dout[t]) or row_w[r] = w[t,j] (0 for pads). Token-major by
+//            default (one warp per token: dout[t] read once for its k rows); the row-major kernel
+//            (one warp per row, dout[t] read k times) stays selectable (MXMOE_COMBINE_BWD=rows)
+//            and gives the same bits. Bytes (token-major, row_w form): 2·cols per used row (y)
+//            + 2·cols per token (dout); +2·cols per used row written in the dy form.
+// All are memory-bound; no atomics; every output has one writer and a fixed summation order.
+// Tests: tests/gpu/test_moe_ops_gpu.cpp (against plain loops on the host, and token- vs row-major).
 #include <algorithm>
 #include <cstdint>
 
@@ -118,8 +124,12 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const uint16_
   }
 }
 
-// One warp per used padded row: dy = bf16(w · dout[t]) and dw[t, j] = dout[t] · y[r].
-__global__ void __launch_bounds__(kThreads) combine_backward_kernel(
+// Row-major combine backward (MXMOE_COMBINE_BWD=rows), kept for one release for same-process
+// A/B: one warp per used padded row: dy = bf16(w · dout[t]) and dw[t, j] = dout[t] · y[r]; dw is
+// zeroed by a memset before it. Each lane sums its vectors v = lane, lane + 32, ... in increasing
+// order (8 fmaf each, element order), then a fixed xor butterfly; the token-major kernel below
+// replays exactly this per (t, j).
+__global__ void __launch_bounds__(kThreads) combine_backward_rows_kernel(
     const uint16_t* __restrict__ dout, const uint16_t* __restrict__ y, int64_t rows, int64_t cols,
     const int32_t* __restrict__ rows_used, const int32_t* __restrict__ row_index, const int32_t* __restrict__ row_of,
     const float* __restrict__ w, int top_k, uint16_t* __restrict__ dy, float* __restrict__ row_w,
@@ -164,6 +174,169 @@ __global__ void __launch_bounds__(kThreads) combine_backward_kernel(
   if (lane == 0) dw[int64_t(t) * top_k + j] = acc;
 }
 
+// ---- token-major combine backward (the default) ------------------------------------------------
+//
+// Blocks [0, token_blocks): one warp per token t. Lane q < k reads slot q (row_of[t, q]) and decides
+// whether it is live; dout[t] is then streamed once per pass of up to kSlotsPerPass live slots
+// (one pass when k <= 8), each lane holding one FP32 accumulator per slot, and the k rows
+// y[row_of[t, j]] are read against it. Blocks from token_blocks on: one thread per padded row
+// r < used, zeroing the rows no live slot owns (row_w = 0, or the dy row by its warp).
+//
+// Same bits as the row-major kernel (combine_backward_rows_kernel):
+// - dw[t, j]: lane l of the token's warp sums, for slot j, exactly the products the row-major
+//   warp's lane l sums — vectors v = l, l + 32, ... in increasing order, inside a vector the 8
+//   elements in order, acc = fmaf(dout, y, acc) from +0 — because both kernels give lane l the same
+//   v sequence and slot j's chain only ever touches acc[s] of its own slot (other slots' fmas in
+//   between change nothing in it). Then the same xor butterfly (16, 8, 4, 2, 1) on the same 32 lane
+//   values, and lane 0 stores. A pass boundary (k > 8) only re-reads dout; no chain spans passes.
+// - dy[r] = pack_bf16x2_rn(w[t, j] · dout[t, n]) and row_w[r] = w[t, j]: the same float w, the same
+//   product and rounding.
+// - Which rows and slots are written: the row-major warp of row r < used takes t = row_index[r]
+//   and the last slot j with row_of[t, j] == r; without one (t < 0, or no slot names r) it zeroes
+//   row r, and dw keeps the memset's +0. Here slot q of token t is live iff r = row_of[t, q]
+//   satisfies 0 <= r < used, row_index[r] == t and no later slot of t names r — the same (r, j)
+//   pairs; a live slot writes dw[t, q] and row r, every other slot of t < tokens writes dw = +0
+//   (the memset's value), and the pad pass zeroes exactly the rows r < used for which no such
+//   pair exists (t outside [0, tokens) or no slot of t naming r). Rows >= used: never written.
+//   One difference: row_index[r] >= tokens made the row-major kernel read row_of past its end;
+//   here such a row is a pad.
+// Registers: kSlotsPerPass 16-byte y vectors + 8 accumulators (+ 8 weights in the dy form) per
+// lane, checked with -Xptxas -v (no spills).
+constexpr int kSlotsPerPass = 8;
+constexpr uint32_t kFullWarp = 0xFFFFFFFFu;
+static_assert(kThreads % 32 == 0, "whole warps per block");
+
+struct CombineBwdParams {
+  const uint16_t* dout;       // [tokens, cols] bf16
+  const uint16_t* y;          // [rows, cols] bf16
+  int64_t rows, cols, tokens;
+  const int32_t* rows_used;   // device scalar or null (all rows)
+  const int32_t* row_index;   // [rows]
+  const int32_t* row_of;      // [tokens, top_k]
+  const float* w;             // [tokens, top_k]
+  int top_k;
+  uint16_t* dy;               // [rows, cols] bf16 (dy form)
+  float* row_w;               // [rows] (row_w form)
+  float* dw;                  // [tokens, top_k]
+};
+
+// One pass over dout[t] for the live slots in `pending` (lane-uniform), at most kSlotsPerPass of
+// them, lowest slot first; returns the slots still pending. r, wq: lane q's slot row and weight.
+template <bool kDy>
+__device__ __forceinline__ uint32_t token_pass(const CombineBwdParams& p, int64_t t, int lane, uint32_t pending,
+                                               int32_t r, float wq) {
+  const int64_t vec_per_row = p.cols / 8;
+  int64_t off[kSlotsPerPass];  // row · cols of each slot of the pass (y and dy share the layout)
+  float wgt[kSlotsPerPass];
+  int slot[kSlotsPerPass];
+  int n = 0;
+#pragma unroll
+  for (int s = 0; s < kSlotsPerPass; ++s) {  // compact the pass's slots into registers
+    const int q = __ffs(pending) - 1;        // -1 once none is left (then unused)
+    off[s] = int64_t(__shfl_sync(kFullWarp, r, q & 31)) * p.cols;
+    wgt[s] = __shfl_sync(kFullWarp, wq, q & 31);
+    slot[s] = q;
+    if (pending != 0) {
+      ++n;
+      pending &= pending - 1;
+    }
+  }
+  const uint16_t* dot = p.dout + t * p.cols;
+  float acc[kSlotsPerPass];
+#pragma unroll
+  for (int s = 0; s < kSlotsPerPass; ++s) acc[s] = 0.0f;
+  for (int64_t v = lane; v < vec_per_row; v += 32) {  // per lane in increasing column order
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(dot + v * 8));
+    uint4 b[kSlotsPerPass];
+#pragma unroll
+    for (int s = 0; s < kSlotsPerPass; ++s)  // all the pass's loads first: k + 1 in flight per lane
+      if (s < n) b[s] = __ldg(reinterpret_cast<const uint4*>(p.y + off[s] + v * 8));
+    const uint32_t aw[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int s = 0; s < kSlotsPerPass; ++s) {
+      if (s >= n) continue;
+      const uint32_t bw[4] = {b[s].x, b[s].y, b[s].z, b[s].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[s] = fmaf(bf16_lo(aw[i]), bf16_lo(bw[i]), acc[s]);
+        acc[s] = fmaf(bf16_hi(aw[i]), bf16_hi(bw[i]), acc[s]);
+      }
+      if constexpr (kDy) {
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] = pack_bf16x2_rn(wgt[s] * bf16_lo(aw[i]), wgt[s] * bf16_hi(aw[i]));
+        *reinterpret_cast<uint4*>(p.dy + off[s] + v * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kSlotsPerPass; ++s) {
+    if (s >= n) continue;
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) acc[s] += __shfl_xor_sync(kFullWarp, acc[s], o);  // fixed butterfly
+    if (lane == 0) p.dw[t * p.top_k + slot[s]] = acc[s];
+  }
+  return pending;
+}
+
+// The whole warp of token t (t < tokens).
+template <bool kDy>
+__device__ __forceinline__ void combine_backward_token(const CombineBwdParams& p, int64_t t, int lane,
+                                                       int64_t used) {
+  int32_t r = -1;  // lanes >= top_k hold -1: never live
+  if (lane < p.top_k) r = __ldg(p.row_of + t * p.top_k + lane);
+  bool live = r >= 0 && r < used && __ldg(p.row_index + r) == t;
+  // The last slot naming a row keeps it (the row-major scan keeps its last match): no higher lane
+  // with the same r.
+  const uint32_t same = __match_any_sync(kFullWarp, r);
+  live = live && (same >> lane) == 1u;
+  float wq = 0.0f;
+  if (live) {
+    wq = __ldg(p.w + t * p.top_k + lane);
+    if constexpr (!kDy) p.row_w[r] = wq;  // dY = bf16(row_w · dout) is formed by the quantizer
+  } else if (lane < p.top_k) {
+    p.dw[t * p.top_k + lane] = 0.0f;  // the row-major path's memset value
+  }
+  uint32_t pending = __ballot_sync(kFullWarp, live);
+  while (pending != 0) pending = token_pass<kDy>(p, t, lane, pending, r, wq);
+}
+
+// Thread of padded row r (all 32 lanes of the warp arrive): zero row r when r < used and no live
+// slot owns it.
+template <bool kDy>
+__device__ __forceinline__ void combine_backward_pad(const CombineBwdParams& p, int64_t r, int lane, int64_t used) {
+  bool pad = false;
+  if (r < used) {
+    const int32_t t = __ldg(p.row_index + r);
+    bool owned = false;
+    if (t >= 0 && t < p.tokens)
+      for (int q = 0; q < p.top_k; ++q) owned |= __ldg(p.row_of + int64_t(t) * p.top_k + q) == r;
+    pad = !owned;
+  }
+  if constexpr (!kDy) {
+    if (pad) p.row_w[r] = 0.0f;
+  } else {
+    const int64_t vec_per_row = p.cols / 8;
+    for (uint32_t pads = __ballot_sync(kFullWarp, pad); pads != 0; pads &= pads - 1) {  // the warp zeroes each
+      uint16_t* dyr = p.dy + (r - lane + __ffs(pads) - 1) * p.cols;
+      for (int64_t v = lane; v < vec_per_row; v += 32) *reinterpret_cast<uint4*>(dyr + v * 8) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <bool kDy>
+__global__ void __launch_bounds__(kThreads, kDy ? 2 : 3) combine_backward_tokens_kernel(const CombineBwdParams p,
+                                                                           int64_t token_blocks) {
+  const int64_t used = p.rows_used ? min(p.rows, int64_t(__ldg(p.rows_used))) : p.rows;
+  const int lane = threadIdx.x % 32;
+  if (int64_t(blockIdx.x) < token_blocks) {
+    const int64_t t = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+    if (t < p.tokens) combine_backward_token<kDy>(p, t, lane, used);  // whole warp
+  } else {
+    combine_backward_pad<kDy>(p, (int64_t(blockIdx.x) - token_blocks) * kThreads + threadIdx.x, lane, used);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) bf16_to_f32_kernel(const uint16_t* __restrict__ x, int64_t n,
                                                                float* __restrict__ y) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -197,11 +370,24 @@ void launch_moe_swiglu_backward(const uint16_t* gu, const uint16_t* dh, int64_t 
 void launch_moe_combine_backward(const uint16_t* dout, const uint16_t* y, int64_t rows, int64_t cols,
                                  const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
                                  const float* w, int64_t tokens, int top_k, uint16_t* dy, float* row_w, float* dw,
-                                 cudaStream_t stream) {
-  MXMOE_CUDA_CHECK("moe_combine_backward", cudaMemsetAsync(dw, 0, size_t(tokens * top_k) * sizeof(float), stream));
-  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;  // one warp per row (capacity)
-  combine_backward_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(dout, y, rows, cols, rows_used, row_index,
-                                                                     row_of, w, top_k, dy, row_w, dw);
+                                 CombineBackwardKernel kernel, cudaStream_t stream) {
+  if (kernel == CombineBackwardKernel::kRows) {
+    MXMOE_CUDA_CHECK("moe_combine_backward", cudaMemsetAsync(dw, 0, size_t(tokens * top_k) * sizeof(float), stream));
+    const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;  // one warp per row (capacity)
+    combine_backward_rows_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(dout, y, rows, cols, rows_used,
+                                                                            row_index, row_of, w, top_k, dy, row_w, dw);
+    MXMOE_CHECK_LAUNCH("moe_combine_backward");
+    return;
+  }
+  // One warp per token, then one thread per padded row (capacity) for the pads; every dw[t, j] is
+  // written, so no memset.
+  const CombineBwdParams p{dout, y, rows, cols, tokens, rows_used, row_index, row_of, w, top_k, dy, row_w, dw};
+  const int64_t token_blocks = (tokens * 32 + kThreads - 1) / kThreads;
+  const int64_t blocks = token_blocks + (rows + kThreads - 1) / kThreads;
+  if (dy != nullptr)
+    combine_backward_tokens_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p, token_blocks);
+  else
+    combine_backward_tokens_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(p, token_blocks);
   MXMOE_CHECK_LAUNCH("moe_combine_backward");
 }
 

@@ -14,10 +14,15 @@ void launch_moe_swiglu(const uint16_t* gu, int64_t rows, int64_t inter, const in
 void launch_bf16_to_f32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream);
 void launch_moe_swiglu_backward(const uint16_t* gu, const uint16_t* dh, int64_t rows, int64_t inter,
                                 const int32_t* rows_used, uint16_t* dgu, cudaStream_t stream);
+// moe_combine_backward's two kernels, same bits: token-major (one warp per token, dout read once;
+// the default) and row-major (one warp per padded row, dout read k times; MXMOE_COMBINE_BWD=rows,
+// kept for one release for same-process A/B runs).
+enum class CombineBackwardKernel { kTokens, kRows };
 void launch_moe_combine_backward(const uint16_t* dout, const uint16_t* y, int64_t rows, int64_t cols,
                                  const int32_t* rows_used, const int32_t* row_index, const int32_t* row_of,
                                  const float* w, int64_t tokens, int top_k, uint16_t* dy, float* row_w, float* dw,
-                                 cudaStream_t stream);  // dy or row_w may be null (not written)
+                                 CombineBackwardKernel kernel,
+                                 cudaStream_t stream);  // exactly one of dy, row_w non-null (written)
 void launch_moe_router_backward(const float* logits, const float* dw, int64_t tokens, const RouterLaunch& p,
                                 float* dlogits, cudaStream_t stream);
 // tokens_used: optional device int32 scalar; tokens at or beyond it are not written (moe_gather_rows).
