@@ -32,6 +32,14 @@
 // No floating-point atomics. Results are bitwise deterministic, and batch-invariant: a token's
 // outputs do not depend on the other tokens of the batch or on B.
 //
+// Launches use Programmatic Dependent Launch (sm_90): each kernel may start while the kernel ahead
+// of it in the stream runs, and executes griddepcontrol.wait before it reads anything that kernel
+// may write (decode_router: x; decode_gate_up: x and topk_ids; decode_down: everything its result
+// depends on — before the wait it only prefetches weight rows into L2) and before it writes.
+// Kernels launched without the attribute, and other stream work, are ordered as usual, so any
+// producer of the inputs is safe. MXMOE_DECODE_PDL=0 in the environment turns the attribute off
+// (for A/B timing).
+//
 // Routing (decode_router), per token, on FP32 logits l[e]:
 //   kSoftmax (Qwen3): selection score = l[e]; weight source p[e] = softmax(l)[e];
 //                     renormalize: w_j = p[e_j] / Σ_sel p  (= exp(l_j − m) / Σ_sel exp(l − m)).

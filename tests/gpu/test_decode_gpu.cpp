@@ -899,3 +899,96 @@ TEST(DecodeGpu, DecodeStepPicksThePathAndPathsAgree) {
     }
   }
 }
+
+// Programmatic Dependent Launch (src/host/pdl_launch.h): chained decode_steps, each reading the
+// previous step's output as its x and all sharing one ids / weights / workspace, alternating warp
+// decode (B = crossover) and the expert-centric path (B = crossover + 1). Every kernel-to-kernel
+// edge of PDL is crossed: the router reads the down kernel's (or moe_combine's) output, and writes
+// the ids and weights the kernel ahead of it still reads; gate/up writes the workspace that the
+// expert-centric step ahead of it used. The steps captured in one CUDA graph (PDL edges) and
+// replayed must give, bit for bit, the steps run one launch at a time with a device sync after
+// each (no overlap possible), whatever MXMOE_DECODE_PDL says.
+TEST(DecodeGpu, PdlChainedStepsMatchSerializedLaunches) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 10);
+  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
+    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d));
+      Layer L(cfg, d, rng);
+      fill_all_experts(L, rng);
+      const EcWeights W(L);
+      const DecodeShape shape{cfg.H, cfg.I, cfg.E, cfg.k, cfg.shared};
+      const int cross = decode_crossover(shape, d).max_batch;
+      const int batches[] = {cross, cross + 1, cross, cross + 1, cross};
+      constexpr int kSteps = 5;
+      const int bmax = cross + 1;
+      const size_t act_n = size_t(bmax) * cfg.H;
+      // act[0] = x; act[s + 1] = step s's output (rows past its B keep their initial values).
+      std::vector<std::vector<uint16_t>> init;
+      std::vector<std::unique_ptr<DevBuf<uint16_t>>> act;
+      for (int s = 0; s <= kSteps; ++s) {
+        init.push_back(gaussian_bf16(int64_t(act_n), rng));
+        act.push_back(std::make_unique<DevBuf<uint16_t>>(act_n));
+      }
+      DevBuf<int32_t> ids(size_t(bmax) * cfg.k);
+      DevBuf<float> w(size_t(bmax) * cfg.k);
+      DevBuf<uint8_t> ws(decode_step_workspace_bytes(shape, d, bmax));
+      auto reset = [&] {
+        for (int s = 0; s <= kSteps; ++s) act[size_t(s)]->upload(init[size_t(s)]);
+        MXMOE_ASSERT_CUDA(cudaMemset(ids.p, 0xFF, ids.n * 4));
+        MXMOE_ASSERT_CUDA(cudaMemset(w.p, 0xFF, w.n * 4));
+        MXMOE_ASSERT_CUDA(cudaMemset(ws.p, 0xFF, ws.n));
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      };
+      auto x_of = [&](int s) { return reinterpret_cast<const __nv_bfloat16*>(act[size_t(s)]->p); };
+      auto out_of = [&](int s) { return reinterpret_cast<__nv_bfloat16*>(act[size_t(s) + 1]->p); };
+      const auto* wr = reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p);
+
+      // Serialized: the launches decode_step makes, one at a time.
+      reset();
+      for (int s = 0; s < kSteps; ++s) {
+        const int B = batches[s];
+        decode_router(x_of(s), B, cfg.H, wr, cfg.E, L.router_params(), ids.p, w.p);
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        if (choose_decode_path(shape, d, B) == DecodePath::kWarpDecode) {
+          decode_gate_up(x_of(s), B, cfg.H, cfg.I, W.w1, cfg.E, ids.p, cfg.k, ws.p, DecodeHDtype::kFP32);
+          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+          decode_down(ws.p, DecodeHDtype::kFP32, B, cfg.I, cfg.H, W.w2, cfg.E, ids.p, w.p, cfg.k, out_of(s));
+        } else {
+          decode_expert_centric(x_of(s), B, cfg.H, cfg.I, W.w1, W.w2, cfg.E, ids.p, w.p, cfg.k, out_of(s), ws.p,
+                                ws.n);
+        }
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      }
+      std::vector<std::vector<uint16_t>> expect;
+      for (int s = 1; s <= kSteps; ++s) expect.push_back(act[size_t(s)]->download());
+      const std::vector<int32_t> ids_expect = ids.download();
+      const std::vector<float> w_expect = w.download();
+
+      cudaStream_t stream;
+      MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaGraph_t graph;
+      MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int s = 0; s < kSteps; ++s) {
+        const DecodePath p = decode_step(x_of(s), batches[s], shape, wr, L.router_params(), W.w1, W.w2, ids.p,
+                                         w.p, out_of(s), ws.p, ws.n, stream);
+        EXPECT_EQ(p, s % 2 == 0 ? DecodePath::kWarpDecode : DecodePath::kExpertCentric) << "step " << s;
+      }
+      MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 3; ++rep) {
+        reset();
+        MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+        MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
+        for (int s = 1; s <= kSteps; ++s)
+          EXPECT_TRUE(act[size_t(s)]->download() == expect[size_t(s) - 1]) << "replay " << rep << ", step " << s - 1;
+        EXPECT_TRUE(ids.download() == ids_expect) << "replay " << rep;
+        EXPECT_TRUE(w.download() == w_expect) << "replay " << rep;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+    }
+  }
+}

@@ -10,12 +10,22 @@
 // xor butterfly. The per-slot dot products meet in shared memory and one thread per output adds
 // them in slot order j = 0..S-1 (acc = fma(w_j, dot_j, acc), FP32), then rounds to BF16 once.
 // No atomics; the order depends on nothing but (b, n), so the result is batch-invariant.
+// Programmatic Dependent Launch (src/host/pdl_launch.h): before griddepcontrol.wait, lane 0 of each
+// warp reads its slots' expert ids and asks L2 for the kRows weight rows (cp.async.bulk.prefetch.L2,
+// no registers), so that weight streaming overlaps the tail of decode_gate_up. That read is a hint
+// only: in the decode step the ids are final by then (the router finished before decode_gate_up
+// passed its griddepcontrol.wait, which precedes its launch_dependents), and should they not be, a
+// clamped id prefetches other rows of the same tensor. Everything the result depends on (ids, h,
+// routing weights) is read, and out written, after the wait.
 // Registers: ~60-90 a thread (-Xptxas -v, no spills). Shared: (kDecodeMaxTopK+1)·kRows·4 B.
 // Roofline: 2·H·I FLOPs per (token, slot); bytes H·I·(2 | 1 + 1/32) per distinct expert.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <cstdint>
 
+#include "device/cp_async_bulk_prefetch.cuh"
+#include "device/griddepcontrol.cuh"
 #include "host/check.h"
+#include "host/pdl_launch.h"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/decode/warp_decode_common.cuh"
 #include "mxmoe/decode.h"
@@ -143,6 +153,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) warp_decode_down_kernel(con
   const int n0 = int(blockIdx.x % unsigned(tiles)) * kRows;
   const size_t h_elem = kHBf16 ? 2 : 4;
 
+  // Before the wait: an L2 prefetch of this warp's weight rows, a hint only (see the header).
+  if (lane == 0) {
+    for (int j = warp; j < p.slots; j += num_warps) {
+      const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
+      device::cp_async_bulk_prefetch_L2_global(rows.row, uint32_t(kRows * rows.row_bytes));
+    }
+  }
+  device::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
+  device::griddepcontrol_launch_dependents();
+
   for (int j = warp; j < p.slots; j += num_warps) {
     const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
     const void* h_row = static_cast<const uint8_t*>(p.h) +
@@ -180,8 +200,8 @@ template <bool kMx, bool kHBf16>
 void launch(const DownLaunch& p, cudaStream_t stream) {
   const int64_t tiles = (p.hidden + kRows - 1) / kRows;
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  warp_decode_down_kernel<kMx, kHBf16>
-      <<<dim3(unsigned(int64_t(p.batch) * tiles)), warps * 32, 0, stream>>>(p);
+  launch_with_pdl("decode_down", warp_decode_down_kernel<kMx, kHBf16>,
+                  dim3(unsigned(int64_t(p.batch) * tiles)), dim3(warps * 32), 0, stream, p);
 }
 
 }  // namespace

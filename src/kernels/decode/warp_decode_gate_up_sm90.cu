@@ -10,12 +10,17 @@
 // in registers, one store. MXFP8 chunks are 16 E4M3 inside one 32-block: one scale byte each.
 // Warps are numbered with i fastest, so a CTA's 8 warps read 8 adjacent rows of one expert.
 // At B = 1 (Qwen3-30B: k = 8, I = 768) that is 6144 warps = 768 CTAs: every SM holds ~6 CTAs.
+// Programmatic Dependent Launch (src/host/pdl_launch.h): griddepcontrol.wait before x and the ids
+// are read (they come from the kernels ahead of this one) and before h is written, then the
+// dependents (decode_down) may launch.
 // Registers: ~40-60 a thread (checked with -Xptxas -v, no spills).
 // Roofline: 2·2·I·H FLOPs per (token, slot); bytes 2·I·H·(2 | 1 + 1/32) per distinct expert.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <cstdint>
 
+#include "device/griddepcontrol.cuh"
 #include "host/check.h"
+#include "host/pdl_launch.h"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/decode/warp_decode_common.cuh"
 
@@ -126,6 +131,8 @@ __global__ void __launch_bounds__(kThreads) warp_decode_gate_up_kernel(const Gat
   const int lane = threadIdx.x & 31;
   const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
+  device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
+  device::griddepcontrol_launch_dependents();
   if (task >= total) return;  // the whole warp leaves together
   const int i = int(task % p.inter);
   const int64_t bj = task / p.inter;
@@ -157,7 +164,8 @@ template <bool kMx, bool kHBf16>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   const int64_t blocks = (total + kWarps - 1) / kWarps;
-  warp_decode_gate_up_kernel<kMx, kHBf16><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(p);
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16>, dim3(unsigned(blocks)),
+                  dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace

@@ -11,6 +11,10 @@
 // (score desc, id asc), group scores (top-2 sums) by one lane per group. Ties → lower id.
 // A token's arithmetic is the same whatever its position in the cluster or B: batch-invariant.
 // Roofline: 2·B·E·H FLOPs; bytes E·H·2 (Wr, read by every cluster: L2 after the first).
+// Programmatic Dependent Launch (src/host/pdl_launch.h): griddepcontrol.wait before X is read or
+// anything is written (X may come from the kernel ahead of this one, which may still read the ids
+// and weights), then launch_dependents, so that decode_gate_up's CTAs launch and wait while the
+// router runs.
 // Registers: checked with -Xptxas -v, no spills. Shared: 2·4·512·4 B = 16 KB (used in rank 0).
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <climits>
@@ -19,7 +23,9 @@
 
 #include <cooperative_groups.h>
 
+#include "device/griddepcontrol.cuh"
 #include "host/check.h"
+#include "host/pdl_launch.h"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/common/router_select.cuh"
 #include "kernels/decode/warp_decode_common.cuh"
@@ -52,6 +58,8 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   for (int t = 0; t < kTokens; ++t)
     x[t] = reinterpret_cast<const uint8_t*>(p.x + int64_t(min(b0 + t, p.batch - 1)) * H);
   float* logits0 = cluster.map_shared_rank(&s_logits[0][0], 0);
+  device::griddepcontrol_wait();  // X may be the output of the kernel ahead of this one
+  device::griddepcontrol_launch_dependents();
   cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal
 
   for (int e = rank * kWarps + warp; e < E; e += kClusterSize * kWarps) {
@@ -94,7 +102,8 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
 
 void launch_decode_router(const RouterLaunch& p, cudaStream_t stream) {
   const int64_t clusters = (int64_t(p.batch) + kTokens - 1) / kTokens;
-  warp_decode_router_kernel<<<dim3(unsigned(clusters * kClusterSize)), kThreads, 0, stream>>>(p);
+  launch_with_pdl("decode_router", warp_decode_router_kernel, dim3(unsigned(clusters * kClusterSize)),
+                  dim3(kThreads), 0, stream, p);
   MXMOE_CHECK_LAUNCH("decode_router");
 }
 

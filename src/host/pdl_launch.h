@@ -1,0 +1,44 @@
+// Kernel launches with Programmatic Dependent Launch (PDL, sm_90): the kernel may start while the
+// kernel ahead of it in the stream is still running, and orders itself with griddepcontrol.wait
+// (src/device/griddepcontrol.cuh) before it reads that kernel's output. Captured into CUDA graphs
+// as programmatic edges. The kernels are correct with or without it: without the attribute their
+// griddepcontrol instructions do nothing and the stream serializes as usual.
+// MXMOE_DECODE_PDL=0 in the environment launches without the attribute (for A/B timing).
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "host/check.h"
+
+namespace mxmoe::detail {
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MXMOE_DECODE_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with cudaLaunchAttributeProgrammaticStreamSerialization
+// (compile-time cluster dimensions of the kernel apply as usual). The return code is checked.
+template <class... KernelArgs, class... Args>
+void launch_with_pdl(const char* fn, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                     size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace mxmoe::detail
