@@ -2,6 +2,7 @@
 // for sm_90a (wgmma, setmaxnreg and the TMA tensor copies need the arch-specific target) and traps
 // loudly anywhere else, so a wrong -gencode never runs silently.
 #pragma once
+#include <cstdio>  // printf in MXMOE_DEVICE_UNSUPPORTED
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MXMOE_SM90A_ENABLED 1

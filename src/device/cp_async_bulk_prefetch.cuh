@@ -2,7 +2,6 @@
 // global address into L2, with one instruction and no registers; nothing waits for it.
 #pragma once
 #include <cstdint>
-#include <cstdio>
 
 #include "device/arch.cuh"
 

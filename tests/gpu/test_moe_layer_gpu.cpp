@@ -130,9 +130,18 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     ASSERT_EQ(ids, want.ids);
     ASSERT_EQ(row_of, want.row_of);
     // Same quantized operands; the GPU sums in FP32 (tensor-core partials) where the reference
-    // sums in FP64, and GU, Hact, Y, out are BF16 on both sides: a 1-ulp BF16 flip of an
-    // intermediate moves the output by ~2^-8 of that term. Measured bound: 1% relative Frobenius.
-    EXPECT_LT(rel_err(out, want.out), 1e-2);
+    // sums in FP64, and GU, Hact, Y, out are BF16 on both sides. A 1-ulp BF16 flip of GU moves
+    // the output by ~2^-8 of that term, but Hact is quantized again: where the flip sits on an
+    // E4M3 rounding boundary (~1 BF16 value in 16 between E4M3 neighbours) the element moves by a
+    // whole E4M3 step (2^-3..2^-4 relative), and where it changes a block's amax across a power of
+    // two all 32 elements of the block are re-scaled. So the GPU-vs-reference difference is a few
+    // large jumps, not many small ones: over 16 seeds x 4 cases (session 7, run 49) out, dw, dx,
+    // dW1, dW2 had median 0.4% and maximum 1.0% (the old 1% bound failed 2 seeds of 16), the
+    // router gradient 1.2%. Bound: 2% (2x the largest measured, 5x the median) for all of them,
+    // 3% for the router gradient; a wrong scale, expert or row is >= 5% (see the 0.12 check below
+    // for what quantization itself costs: ~6.6%).
+    constexpr double kVsMxRef = 2e-2;
+    EXPECT_LT(rel_err(out, want.out), kVsMxRef);
     // Against the unquantized layer: MXFP8-sized. E4M3 keeps 3 mantissa bits, so round-to-nearest
     // leaves a relative error uniform in ±2^-4 per element (RMS 2^-4/√3 ≈ 3.6%, in the scaled
     // range; blocks' smaller elements lose more to the shared scale). A GEMM of two such operands
@@ -185,10 +194,10 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
                 "dW2 %.5f dWr %.5f\n",
                 fresh_seed(), (long long)T, (long long)E, c.top_k, sigmoid ? " sigmoid" : "", skewed ? " skewed" : "",
                 mode == GemmMode::kFast ? "fast" : "exact", e_out, e_exact, e_dw, e_dx, e_dw1, e_dw2, e_dwr);
-    EXPECT_LT(rel_f(dwt, g.dw), 1e-2);
-    EXPECT_LT(rel_err(ddx.download(), g.dx), 2e-2);
-    EXPECT_LT(rel_f(ddw1.download(), g.dw1), 1e-2);
-    EXPECT_LT(rel_f(ddw2.download(), g.dw2), 1e-2);
+    EXPECT_LT(rel_f(dwt, g.dw), kVsMxRef);
+    EXPECT_LT(rel_err(ddx.download(), g.dx), kVsMxRef);
+    EXPECT_LT(rel_f(ddw1.download(), g.dw1), kVsMxRef);
+    EXPECT_LT(rel_f(ddw2.download(), g.dw2), kVsMxRef);
     if (c.top_k == 1 && !sigmoid) {
       // Renormalised top-1 weights are identically 1: the router gradient is zero up to rounding
       // (the FP64 reference leaves ~1e-14), so bound it against the scale it would otherwise have,
@@ -200,8 +209,8 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
       EXPECT_LE(std::sqrt(got2), 1e-5 * std::sqrt(dw2n * x2));
     } else {
       // The router gradient goes through the softmax/sigmoid backward, whose subtraction
-      // (dw - Σ p·dw) cancels most of each term: the ~1% relative error of the FP32-vs-FP64 dw
-      // grows there (1.15% measured in run 17), hence a looser bound than the other gradients.
+      // (dw - Σ p·dw) cancels most of each term: the relative error of dw grows there (1.15%
+      // measured in run 17, 1.2% in run 49), hence a looser bound than the other gradients.
       EXPECT_LT(rel_f(ddwr.download(), g.dwr), 3e-2);
     }
   }
