@@ -27,7 +27,9 @@ every call; unset = the default path). --multicast-both and --tile-both time the
 beside the default one in the same run, on the same data: "mxmoe-fast" then runs with
 MXMOE_GEMM_TILE=128 MXMOE_GEMM_MULTICAST=0, "mxmoe-fast-mc" with MXMOE_GEMM_MULTICAST=1 (2-CTA
 clusters sharing the A tile by TMA multicast), "mxmoe-fast-192" with MXMOE_GEMM_TILE=192 (128 × 192
-tiles, one accumulator per math warpgroup). Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
+tiles, one accumulator per math warpgroup; m-grouped BF16 output through the TMA-store epilogue) and
+"mxmoe-fast-192d" with MXMOE_GEMM_TILE=192 MXMOE_GEMM_TMA_STORE=0 (the same tiles, direct stores).
+Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
 default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
 "mxmoe-exact-128" with 128. Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
@@ -265,6 +267,9 @@ def mxmoe_variants(multicast_both, tile_both):
         alts.append((FAST, "mxmoe-fast-mc", {MULTICAST_ENV: "1", TILE_ENV: "128"}, "mxmoe-fast"))
     if tile_both:
         alts.append((FAST, "mxmoe-fast-192", {MULTICAST_ENV: "0", TILE_ENV: "192"}, "mxmoe-fast"))
+        # the 192-wide kernel with direct stores instead of the TMA-store epilogue (5 stages, not 4)
+        alts.append((FAST, "mxmoe-fast-192d", {MULTICAST_ENV: "0", TILE_ENV: "192", "MXMOE_GEMM_TMA_STORE": "0"},
+                     "mxmoe-fast"))
     fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128"} if alts else None
     exact = [(EXACT, "mxmoe-exact", {EXACT_TILE_ENV: "256"} if EXACT_TILE_BOTH else None, None)]
     if EXACT_TILE_BOTH:
@@ -495,7 +500,7 @@ def main():
     results["exact_tile_env"] = os.environ.get(EXACT_TILE_ENV)
     write_json(args.json, results)
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
-               and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-pre_ok", True)
+               and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-192d_ok", True) and r.get("mxmoe-fast-pre_ok", True)
                and r.get("mxmoe-exact-128_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)

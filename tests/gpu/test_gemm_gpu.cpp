@@ -656,6 +656,7 @@ struct PathEnv {
   int tile = 128;          // MXMOE_GEMM_TILE (fast mode)
   bool multicast = false;  // MXMOE_GEMM_MULTICAST (fast mode, 128 wide)
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
+  bool tma_store = true;   // MXMOE_GEMM_TMA_STORE (192 wide, m-grouped, BF16 out, no accumulate)
 };
 const PathEnv kDefaultPath{};
 
@@ -666,6 +667,7 @@ class ScopedKernelPath {
     set("MXMOE_GEMM_TILE", std::to_string(e.tile), 0);
     set("MXMOE_GEMM_MULTICAST", e.multicast ? "1" : "0", 1);
     set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 2);
+    set("MXMOE_GEMM_TMA_STORE", e.tma_store ? "1" : "0", 3);
   }
   ~ScopedKernelPath() {
     for (int i = 0; i < kVars; ++i) {
@@ -675,7 +677,7 @@ class ScopedKernelPath {
   }
 
  private:
-  static constexpr int kVars = 3;
+  static constexpr int kVars = 4;
   void set(const char* name, const std::string& value, int i) {
     const char* v = std::getenv(name);
     names_[i] = name;
@@ -801,12 +803,26 @@ PathCases tile_width_cases(std::mt19937& rng) {
 
 // Wide tiles (128 × 192, one accumulator per math warpgroup; MXMOE_GEMM_TILE=192). Runs on every
 // GPU run (it selects the path itself); num_sms 1 and 7 make each CTA walk many tiles (stage ring
-// phases across tiles).
+// phases across tiles, and the TMA-store epilogue's staging reused tile after tile). Its m-grouped
+// BF16 calls without accumulate take the TMA-store epilogue (4 stages; boxes past N clipped by
+// the map: N = 32, 160, 4096 and 512 end in partial tiles), the others the direct stores; the
+// whole output buffer is compared, so a store outside the tile's rows or past N would show too.
 TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
   REQUIRE_GPU();
   TRACE_SEED();
   const PathCases c = tile_width_cases(rng_);
   expect_path_matches_default("wide tile", PathEnv{192}, c.m, c.k, {0, 1, 7}, true, rng_);
+}
+
+// The same with the TMA-store epilogue off (MXMOE_GEMM_TMA_STORE=0): the 5-stage kernel with
+// direct stores, which m-grouped BF16 calls then take.
+TEST_F(GemmGpu, WideTileDirectStoresBitwiseMatchDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const PathCases c = tile_width_cases(rng_);
+  PathEnv direct{192};
+  direct.tma_store = false;
+  expect_path_matches_default("wide tile, direct stores", direct, c.m, {}, {0, 7}, false, rng_);
 }
 
 // ---- exact mode: tile widths and the image's scale range ------------------------------------------

@@ -85,6 +85,7 @@
 #include "device/cp_async_bulk_tensor.cuh"
 #include "device/mapa.cuh"
 #include "device/mbarrier.cuh"
+#include "device/named_barrier.cuh"
 #include "device/setmaxnreg.cuh"
 #include "device/wgmma_mma_async.cuh"
 
@@ -143,7 +144,9 @@ struct Tile {
 // kExact: the stage holds BF16 images (64 elements per 128-byte row) and no scales.
 // kPipelined (fast mode only): adds, per stage, the decoded fast scales (FP32, in the order the
 // math threads read them) and a "scales ready" barrier; see decode_fast_scales / math_fast_pipelined.
-template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false>
+// kOutStage (bytes, 0 = none): the TMA-store epilogue's staging of the output tile, appended after
+// everything else (1024-aligned for the 128B swizzle), so the other offsets do not move.
+template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false, int kOutStage = 0>
 struct SmemLayout {
   static constexpr int kTileA = kBlockM * kBlockK;  // [128, 128] fp8 or [128, 64] bf16, 128B swizzle
   static constexpr int kTileB = kBlockN * kBlockK;  // [kBlockN, 128] fp8 or [kBlockN, 64] bf16, 128B swizzle
@@ -161,7 +164,9 @@ struct SmemLayout {
   static constexpr int kOffBarriers = kOffScaleBF + kNumStages * kScaleBF;
   static constexpr int kNumBarriers = (kPipelined ? 3 : 2) * kNumStages;  // full, empty (, ready)
   static constexpr int kOffOffsets = kOffBarriers + kNumBarriers * 8;
-  static constexpr int kBytes = kOffOffsets + (kMaxExperts + 1) * 4;
+  static constexpr int kOffOut = kOutStage == 0 ? kOffOffsets + (kMaxExperts + 1) * 4
+                                                : (kOffOffsets + (kMaxExperts + 1) * 4 + 1023) / 1024 * 1024;
+  static constexpr int kBytes = kOffOut + kOutStage;
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the base to 1024 B (swizzle atoms)
   static constexpr uint32_t kTxBytes = kTileA + kTileB + (kExact ? 0 : kScaleA + kBlockN);
 
@@ -482,6 +487,56 @@ __device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
   }
 }
 
+// ---- TMA-store epilogue (wide fast tiles, m-grouped, BF16 out, no accumulate) -----------------
+//
+// With store_tile the two math warpgroups write their fragments (4-byte stores) at the end of
+// every tile while the tensor core idles, and with uniform tiles every SM gets there at about the
+// same time, so the writes arrive as one burst (a 128 x 192 tile is 48 KB; at K = 2048 a tile is
+// ~14 us of math). Here each warpgroup writes its 64 x kBlockN BF16 fragment into shared memory as
+// 64 x 64 boxes in the 128B-swizzled layout (4-byte stores, no bank conflicts: for one j the 8
+// rows of a warp land in 8 different 16-byte chunks), one thread hands the boxes to TMA stores,
+// and the warpgroup goes on to the next tile; the stores drain while it computes. Before it
+// overwrites the staging at the next tile, that thread waits until the previous boxes have been
+// read out of shared memory (wait_group.read), a tile of math later. Values: the same
+// __floats2bfloat162_rn of the same tot as store_pair, so the same bytes.
+// Output map: Y as bytes [M_total, 2·N], boxes [64 rows, 128 B], 128B swizzle; columns past N are
+// clipped by the map (N is a multiple of 32), and every m-grouped tile has 128 valid rows.
+constexpr int kOutBox = 64;                  // rows and BF16 columns of an output box
+constexpr int kOutBoxBytes = kOutBox * 128;  // 8 KB
+template <int kBlockN>
+constexpr int out_stage_bytes() { return kNumMathWarpgroups * (kBlockN / kOutBox) * kOutBoxBytes; }
+
+template <int kBlockN>
+__device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMap* tm_y, const Tile& x,
+                                               const float (&tot)[kBlockN / 2], uint8_t* stage,
+                                               int math_wg, int warp, int lane) {
+  static_assert(kBlockN % kOutBox == 0, "whole output boxes");
+  const bool leader = threadIdx.x % 128 == 0;
+  if (leader) device::cp_async_bulk_wait_group_read<0>();  // the previous tile's boxes have left
+  device::named_barrier_sync(1 + math_wg, 128);
+  const int lr = warp * 16 + lane / 4;  // fragment rows lr, lr + 8 of this warpgroup's 64
+  const int c_byte = 4 * (lane % 4);    // the column pair's byte inside its 16-byte chunk
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    // columns 8j + 2·(lane%4) (+1): box j/8, chunk j%8, swizzled by the row's place in its 8-row
+    // atom (lr % 8 == (lr + 8) % 8 == lane / 4)
+    uint8_t* q = stage + (j / 8) * kOutBoxBytes + lr * 128 + (((j % 8) ^ (lane / 4)) * 16) + c_byte;
+    *reinterpret_cast<__nv_bfloat162*>(q) = __floats2bfloat162_rn(tot[4 * j + 0], tot[4 * j + 1]);
+    *reinterpret_cast<__nv_bfloat162*>(q + 8 * 128) = __floats2bfloat162_rn(tot[4 * j + 2], tot[4 * j + 3]);
+  }
+  device::fence_proxy_async_shared_cta();  // these writes, before the async proxy reads them
+  device::named_barrier_sync(1 + math_wg, 128);
+  if (leader) {
+    const int n0 = p.n - x.out_cols_valid;
+#pragma unroll
+    for (int i = 0; i < kBlockN / kOutBox; ++i)
+      if (n0 + kOutBox * i < p.n)  // a box wholly past N would write nothing
+        device::cp_async_bulk_tensor_2d_shared_to_global(tm_y, stage + i * kOutBoxBytes, 2 * (n0 + kOutBox * i),
+                                                         x.a_row + 64 * math_wg);
+    device::cp_async_bulk_commit_group();
+  }
+}
+
 // Fast mode, serial schedule (kConfigFastPipelined = false): issue a chunk's four wgmmas, wait for
 // them, decode the scale bytes in every thread, promote.
 template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, class Scheduler>
@@ -793,10 +848,12 @@ __device__ __forceinline__ ThreadScales thread_scales(uint8_t* smem, uint64_t* r
 // Stage s is handed back after the promotion (the decoded floats are read during it), so a
 // warpgroup holds one stage from its wait on full[s] to the end of the promotion.
 
-template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+// kTmaStore: the output leaves through store_tile_tma (staging at smem + kOffOut) instead of
+// store_tile.
+template <int kBlockN, int kNumStages, bool kOutF32, bool kTmaStore, class Scheduler>
 __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
                                                  const Scheduler& sched, uint64_t* full,
-                                                 uint64_t* empty, uint64_t* ready) {
+                                                 uint64_t* empty, uint64_t* ready, const CUtensorMap* tm_y) {
   constexpr int kQuads = kBlockN / 16;
   constexpr int kPreloadQuads = MXMOE_GEMM_PRELOAD_QUADS;  // registers: 4 per quad, beside acc + tot
   static_assert(kPreloadQuads <= kQuads, "preload at most the tile's column quads");
@@ -833,8 +890,19 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
       __syncwarp();
       if (lane == 0) arrive_empty<false>(&empty[cur.s]);
     }
-    store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
+    if constexpr (kTmaStore) {
+      using LO = SmemLayout<kBlockN, kNumStages, false, true, out_stage_bytes<kBlockN>()>;
+      store_tile_tma<kBlockN>(p, tm_y, sched.tile(t), tot,
+                              smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups),
+                              math_wg, warp, lane);
+    } else {
+      store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
+    }
   }
+  // The last boxes' global writes are done before the warpgroup's leader leaves (the staging
+  // must stay valid while they are read).
+  if constexpr (kTmaStore)
+    if (threadIdx.x % 128 == 0) device::cp_async_bulk_wait_group<0>();
 }
 
 // ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
@@ -873,13 +941,16 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined (or, for wide
 // tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
 // BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
+// kTmaStore (wide fast tiles, m-grouped, BF16 out, no accumulate): the TMA-store epilogue
+// (store_tile_tma) through tm_y; tm_y is unused otherwise.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false>
+          bool kMulticast = false, bool kTmaStore = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
                                   const __grid_constant__ CUtensorMap tm_sa,
-                                  const __grid_constant__ CUtensorMap tm_sb, const Params p) {
+                                  const __grid_constant__ CUtensorMap tm_sb, const Params p,
+                                  const __grid_constant__ CUtensorMap tm_y) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
   static_assert(!(kExact && kMulticast), "multicast is fast mode's");
   static_assert(kBlockN == 128 || (kPipelined && !kMulticast) || kExact,
@@ -887,8 +958,10 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
+  static_assert(!kTmaStore || (kBlockN > 128 && kPipelined && !kOutF32 && !kKGrouped && !kMulticast),
+                "the TMA-store epilogue: wide fast m-grouped tiles with BF16 output");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
-  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined>;
+  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
   using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math_*() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
                     L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
@@ -945,7 +1018,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
       math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty, ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
-      math_fast_single<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty, ready);
+      math_fast_single<kBlockN, kNumStages, kOutF32, kTmaStore>(p, smem, sched, full, empty, ready, &tm_y);
     else if constexpr (kExact)  // BF16 images, no promotion
       math_exact<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty);
     else
@@ -1002,6 +1075,12 @@ constexpr int kConfigFastBlockN = 192;
 // formed under the wgmmas (run 39: 0.77-0.93x on the forward).
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
+//   kConfigTmaStore: wide fast m-grouped tiles with BF16 output and no accumulate write their
+//   output through shared memory and TMA stores (store_tile_tma), overlapping the next tile's math;
+//   the staging (48 KB) leaves room for kConfigTmaStoreStages = 4 stages instead of 5.
+//   MXMOE_GEMM_TMA_STORE=0 (or 1) overrides it per call. Same bytes (GemmGpu tests).
+constexpr bool kConfigTmaStore = true;
+constexpr int kConfigTmaStoreStages = 4;  // 4 × (16 + 24 KB) + scales + 48 KB staging = 218 KB of 227
 constexpr int kConfigExactBlockN = 256;
 constexpr int kConfigExactWideBlockN = 256;
 constexpr int kConfigExactWideStages = 4;  // 4 × (16 + 32 KB) = 192 KB of 227 (5 would not fit)
@@ -1023,7 +1102,16 @@ constexpr int stages_for() {
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
+  bool tma_store = false;  // set by the m-grouped launcher (use_tma_store)
 };
+
+// Whether an m-grouped call on `path` takes the TMA-store epilogue: wide fast tiles, BF16 output
+// without accumulate; kConfigTmaStore unless MXMOE_GEMM_TMA_STORE says otherwise (read per call).
+inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
+  if (exact || path.block_n != kConfigWideBlockN || out_f32 || accumulate) return false;
+  const char* v = std::getenv("MXMOE_GEMM_TMA_STORE");
+  return (v != nullptr && v[0] != '\0') ? v[0] != '0' : kConfigTmaStore;
+}
 
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
 // from the shape, see k_grouped_fast_block_n).
@@ -1100,14 +1188,14 @@ int max_active_pairs(const char* fn, int smem) {
   });
 }
 
-template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped>
+template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped, bool kTmaStore = false>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                     const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
-                    const Params& p, int grid, cudaStream_t stream) {
+                    const Params& p, int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
   // Wide tiles exist only as the pipelined fast schedule.
   constexpr bool kPipelined = !kExact && (kConfigFastPipelined || kBlockN != kConfigBlockN);
-  constexpr int kStages = stages_for<kBlockN>();
-  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined>;
+  constexpr int kStages = kTmaStore ? kConfigTmaStoreStages : stages_for<kBlockN>();
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
   if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
@@ -1116,39 +1204,46 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
       // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
       const int pairs = std::max(1, std::min(grid / 2, max_active_pairs<kernel>(fn, L::kAlloc)));
       const PairClusterLaunch l(unsigned(2 * pairs), L::kAlloc, stream);
-      MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&l.cfg, kernel, tm_a, tm_b, tm_sa, tm_sb, p));
+      MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&l.cfg, kernel, tm_a, tm_b, tm_sa, tm_sb, p, tm_y));
       MXMOE_CHECK_LAUNCH(fn);
       return;
     }
   }
-  constexpr auto kernel =
-      grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped, kPipelined>;
+  constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped,
+                                                            kPipelined, false, kTmaStore>;
   detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
-  kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p);
+  kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p, tm_y);
   MXMOE_CHECK_LAUNCH(fn);
 }
 
 // path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
-// map's box and the B scale map's box path.block_n rows).
+// map's box and the B scale map's box path.block_n rows). tm_y: the output map of the TMA-store
+// epilogue (path.tma_store; m-grouped only), otherwise any map (unused).
 template <bool kKGrouped>
 void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
-                      const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream) {
+                      const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream,
+                      const CUtensorMap& tm_y) {
   constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN, kXW = kConfigExactWideBlockN;
   const bool mc = path.multicast;
+#define MXMOE_LAUNCH(...) launch_grouped<__VA_ARGS__>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y)
   if (exact && path.block_n == kXW) {
-    if (out_f32) launch_grouped<kXW, true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kXW, true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) MXMOE_LAUNCH(kXW, true, true, kKGrouped);
+    else MXMOE_LAUNCH(kXW, true, false, kKGrouped);
   } else if (exact) {
-    if (out_f32) launch_grouped<kN, true, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, true, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) MXMOE_LAUNCH(kN, true, true, kKGrouped);
+    else MXMOE_LAUNCH(kN, true, false, kKGrouped);
   } else if (path.block_n == kW) {
-    if (out_f32) launch_grouped<kW, false, true, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kW, false, false, kKGrouped>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) MXMOE_LAUNCH(kW, false, true, kKGrouped);
+    else if constexpr (!kKGrouped) {
+      if (path.tma_store) MXMOE_LAUNCH(kW, false, false, false, true);
+      else MXMOE_LAUNCH(kW, false, false, false);
+    } else MXMOE_LAUNCH(kW, false, false, kKGrouped);
   } else {
-    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
-    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream);
+    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
+    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
   }
+#undef MXMOE_LAUNCH
 }
 
 // Persistent grid: opts.num_sms if in (0, #SMs), else every SM. (The multicast launch rounds it

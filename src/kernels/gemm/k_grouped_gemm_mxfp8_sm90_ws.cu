@@ -64,7 +64,7 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.m_tiles_cap = 0;  // unused by the k-grouped schedule
   p.accumulate = opts.accumulate;
   gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, path,
-                                    tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream);
+                                    tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_a);  // no TMA-store epilogue
 }
 
 }  // namespace mxmoe

@@ -26,8 +26,10 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
   const bool exact = opts.mode == GemmMode::kExact;
-  const gemm_sm90::KernelPath path =
+  gemm_sm90::KernelPath path =
       gemm_sm90::choose_kernel_path(exact, opts.fast_tile_n != 0 ? opts.fast_tile_n : gemm_sm90::kConfigFastBlockN);
+  const bool out_f32 = opts.out_dtype == GemmOutDtype::kFP32;
+  path.tma_store = gemm_sm90::use_tma_store(path, exact, out_f32, opts.accumulate);
   const bool multicast = path.multicast;
   const int block_n = path.block_n;
   int64_t n_tiles = (n + block_n - 1) / block_n;
@@ -62,8 +64,14 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   p.kdim = int(k);
   p.m_tiles_cap = int(m_total / kBlockM);
   p.accumulate = opts.accumulate;
-  gemm_sm90::dispatch_grouped<false>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, path,
-                                     tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream);
+  // TMA-store epilogue: Y as bytes [m_total, 2n] in boxes of [64 rows, 128 B], 128B swizzle (the
+  // layout store_tile_tma writes its staging in); y is 16-byte aligned (checked), 2n a multiple of 64.
+  const CUtensorMap tm_y =
+      path.tma_store ? detail::make_tensor_map_2d_u8(kFn, y, uint64_t(m_total), uint64_t(2 * n), uint64_t(2 * n),
+                                                     gemm_sm90::kOutBox, 2 * gemm_sm90::kOutBox,
+                                                     CU_TENSOR_MAP_SWIZZLE_128B)
+                     : tm_a;
+  gemm_sm90::dispatch_grouped<false>(kFn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);
 }
 
 }  // namespace mxmoe

@@ -1,0 +1,19 @@
+// bar.sync with a barrier id and a thread count (sm_70+): a barrier among `threads` threads of
+// the CTA (a multiple of 32, whole warps) that does not involve the rest of the CTA, as a
+// warpgroup's private barrier. Id 0 is __syncthreads'; callers pick ids 1..15.
+#pragma once
+#include <cstdint>
+
+#include "device/arch.cuh"
+
+namespace mxmoe::device {
+
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+}  // namespace mxmoe::device
