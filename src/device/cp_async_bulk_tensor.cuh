@@ -1,6 +1,6 @@
 // cp.async.bulk.tensor (TMA, sm_90): 2-D tiled global -> shared copies completing on an mbarrier,
-// plus prefetch.tensormap, the cluster multicast form, and 2-D / 3-D shared -> global stores in
-// bulk groups. The CUtensorMap lives in kernel parameter space (__grid_constant__).
+// plus prefetch.tensormap, the cluster multicast form, and 3-D shared -> global stores in bulk
+// groups. The CUtensorMap lives in kernel parameter space (__grid_constant__).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -50,21 +50,6 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared_multica
       ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_addr(smem_dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
       : "memory");
-#else
-  MXMOE_DEVICE_UNSUPPORTED();
-#endif
-}
-
-// cp.async.bulk.tensor.2d.global.shared::cta.bulk_group — TMA store of a box from shared memory
-// to the box at element coordinates (c0 = innermost, c1); parts of the box outside the tensor are
-// not written. Tracked in bulk groups: commit with cp_async_bulk_commit_group.
-__device__ __forceinline__ void cp_async_bulk_tensor_2d_shared_to_global(const CUtensorMap* map, const void* smem_src,
-                                                                         int32_t c0, int32_t c1) {
-#ifdef MXMOE_SM90A_ENABLED
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_addr(smem_src)), "r"(c0), "r"(c1)
-               : "memory");
 #else
   MXMOE_DEVICE_UNSUPPORTED();
 #endif

@@ -803,10 +803,12 @@ PathCases tile_width_cases(std::mt19937& rng) {
 
 // Wide tiles (128 × 192, one accumulator per math warpgroup; MXMOE_GEMM_TILE=192). Runs on every
 // GPU run (it selects the path itself); num_sms 1 and 7 make each CTA walk many tiles (stage ring
-// phases across tiles, and the TMA-store epilogue's staging reused tile after tile). Its m-grouped
-// BF16 calls without accumulate take the TMA-store epilogue (4 stages; boxes past N clipped by
-// the map: N = 32, 160, 4096 and 512 end in partial tiles), the others the direct stores; the
-// whole output buffer is compared, so a store outside the tile's rows or past N would show too.
+// phases across tiles, and the TMA-store epilogue's staging reused tile after tile). Every call
+// except BF16 with accumulate takes the TMA-store epilogue (4 stages; boxes past the last row or
+// column clipped by the map: m-grouped N = 32, 160, 4096 and 512 end in partial tiles, k-grouped
+// N = 160 and 2880 end in partial n-tiles of one expert and K = 992 in a partial k-tile; FP32
+// with accumulate by TMA reduce-add); the whole output buffer is compared, so a store outside a
+// tile's rows (e.g. into the next expert's dW) or past the last column would show too.
 TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
   REQUIRE_GPU();
   TRACE_SEED();
@@ -815,14 +817,14 @@ TEST_F(GemmGpu, WideTileBitwiseMatchesDefault) {
 }
 
 // The same with the TMA-store epilogue off (MXMOE_GEMM_TMA_STORE=0): the 5-stage kernel with
-// direct stores, which m-grouped BF16 calls then take.
+// direct stores, for every call.
 TEST_F(GemmGpu, WideTileDirectStoresBitwiseMatchDefault) {
   REQUIRE_GPU();
   TRACE_SEED();
   const PathCases c = tile_width_cases(rng_);
   PathEnv direct{192};
   direct.tma_store = false;
-  expect_path_matches_default("wide tile, direct stores", direct, c.m, {}, {0, 7}, false, rng_);
+  expect_path_matches_default("wide tile, direct stores", direct, c.m, c.k, {0, 7}, true, rng_);
 }
 
 // ---- exact mode: tile widths and the image's scale range ------------------------------------------

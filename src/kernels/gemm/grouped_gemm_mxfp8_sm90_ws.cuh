@@ -83,6 +83,7 @@
 
 #include "device/barrier_cluster.cuh"
 #include "device/cp_async_bulk_tensor.cuh"
+#include "device/cp_reduce_async_bulk_tensor.cuh"
 #include "device/mapa.cuh"
 #include "device/mbarrier.cuh"
 #include "device/named_barrier.cuh"
@@ -199,6 +200,7 @@ __device__ __forceinline__ float e8m0_to_float_fast(uint32_t byte_in_low_bits) {
 template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
 struct MGroupedScheduler {
   static_assert(kPair == 1 || kPair == 2, "pairs of n-tiles at most");
+  static constexpr bool kIsKGrouped = false;
   const int32_t* s_off;
   const Params* p;
   int m_tile_begin, num_m_tiles, num_n_units, num_tiles, num_kc;
@@ -264,6 +266,7 @@ struct MGroupedScheduler {
 template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
 struct KGroupedScheduler {
   static_assert(kPair == 1 || kPair == 2, "pairs of k-tiles at most");
+  static constexpr bool kIsKGrouped = true;
   const int32_t* s_off;
   const Params* p;
   int num_n_tiles, num_k_tiles, num_tiles;
@@ -487,53 +490,98 @@ __device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
   }
 }
 
-// ---- TMA-store epilogue (wide fast tiles, m-grouped, BF16 out, no accumulate) -----------------
+// ---- TMA-store epilogue (wide fast tiles) -------------------------------------------------------
 //
-// With store_tile the two math warpgroups write their fragments (4-byte stores) at the end of
-// every tile while the tensor core idles, and with uniform tiles every SM gets there at about the
-// same time, so the writes arrive as one burst (a 128 x 192 tile is 48 KB; at K = 2048 a tile is
-// ~14 us of math). Here each warpgroup writes its 64 x kBlockN BF16 fragment into shared memory as
-// 64 x 64 boxes in the 128B-swizzled layout (4-byte stores, no bank conflicts: for one j the 8
-// rows of a warp land in 8 different 16-byte chunks), one thread hands the boxes to TMA stores,
-// and the warpgroup goes on to the next tile; the stores drain while it computes. Before it
-// overwrites the staging at the next tile, that thread waits until the previous boxes have been
-// read out of shared memory (wait_group.read), a tile of math later. Values: the same
-// __floats2bfloat162_rn of the same tot as store_pair, so the same bytes.
-// Output map: Y as bytes [M_total, 2·N], boxes [64 rows, 128 B], 128B swizzle; columns past N are
-// clipped by the map (N is a multiple of 32), and every m-grouped tile has 128 valid rows.
-constexpr int kOutBox = 64;                  // rows and BF16 columns of an output box
-constexpr int kOutBoxBytes = kOutBox * 128;  // 8 KB
-template <int kBlockN>
-constexpr int out_stage_bytes() { return kNumMathWarpgroups * (kBlockN / kOutBox) * kOutBoxBytes; }
+// With store_tile the two math warpgroups write their fragments (4- or 8-byte stores) at the end
+// of every tile while the tensor core idles, and with uniform tiles every SM gets there at about
+// the same time, so the writes arrive as one burst (a 128 x 192 tile is 48 KB in BF16, 96 KB in
+// FP32). Here each warpgroup writes its 64 x kBlockN fragment into shared memory as boxes of
+// 64 rows x 128 bytes in the 128B-swizzled layout (no bank conflicts: for one column group j the
+// 8 rows of a warp land in different 16-byte chunks), one thread hands the boxes to TMA stores,
+// and the warpgroup goes on to the next tile; the stores drain while it computes. The staging holds
+// 3 boxes per warpgroup (24 KB): a BF16 fragment (3 boxes of 64 columns) goes in one round, an FP32
+// one (6 boxes of 32 columns) in two, the second after the first round's boxes have been read out
+// of shared memory (wait_group.read). Before it overwrites the staging at the next tile, the
+// issuing thread waits the same way. Values: __floats2bfloat162_rn of the same tot as store_pair,
+// or tot itself; with accumulate (FP32 only) the boxes go by TMA reduce-add, which adds each
+// element once to y in FP32 (y + tot, one rounding, as store_pair's read-add-write).
+// Output maps (out_tma_map): y as [E, rows, cols] (m-grouped E = 1, rows M_total, cols N;
+// k-grouped dW [E, N, K]); BF16 as bytes in boxes [1, 64, 128 B], FP32 as f32 in boxes
+// [1, 64, 32]; 128B swizzle. Rows and columns past the problem are clipped by the map (per expert
+// for dW), so partial tiles need no masks.
+constexpr int kOutBoxRows = 64;                   // rows of an output box (a math warpgroup's)
+constexpr int kOutBoxBytes = kOutBoxRows * 128;   // 8 KB
+constexpr int kOutBoxesPerRound = 3;              // staging per math warpgroup: 3 boxes = 24 KB
+constexpr int kOutStageBytes = kNumMathWarpgroups * kOutBoxesPerRound * kOutBoxBytes;  // 48 KB
 
-template <int kBlockN>
+template <int kBlockN, bool kOutF32>
+struct OutBoxes {
+  static constexpr int kElemBytes = kOutF32 ? 4 : 2;
+  static constexpr int kCols = 128 / kElemBytes;                  // columns per box: 64 BF16, 32 FP32
+  static constexpr int kBoxes = kBlockN / kCols;                  // per fragment: 3 or 6 (192 wide)
+  static constexpr int kRounds = kBoxes / kOutBoxesPerRound;      // 1 or 2
+  static constexpr int kGroupsPerRound = kBlockN / 8 / kRounds;   // fragment column groups j per round
+  static_assert(kBoxes % kOutBoxesPerRound == 0, "whole rounds of boxes");
+};
+
+template <int kBlockN, bool kOutF32, bool kKGrouped>
 __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMap* tm_y, const Tile& x,
                                                const float (&tot)[kBlockN / 2], uint8_t* stage,
                                                int math_wg, int warp, int lane) {
-  static_assert(kBlockN % kOutBox == 0, "whole output boxes");
+  using B = OutBoxes<kBlockN, kOutF32>;
   const bool leader = threadIdx.x % 128 == 0;
-  if (leader) device::cp_async_bulk_wait_group_read<0>();  // the previous tile's boxes have left
-  device::named_barrier_sync(1 + math_wg, 128);
   const int lr = warp * 16 + lane / 4;  // fragment rows lr, lr + 8 of this warpgroup's 64
-  const int c_byte = 4 * (lane % 4);    // the column pair's byte inside its 16-byte chunk
-#pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
-    // columns 8j + 2·(lane%4) (+1): box j/8, chunk j%8, swizzled by the row's place in its 8-row
-    // atom (lr % 8 == (lr + 8) % 8 == lane / 4)
-    uint8_t* q = stage + (j / 8) * kOutBoxBytes + lr * 128 + (((j % 8) ^ (lane / 4)) * 16) + c_byte;
-    *reinterpret_cast<__nv_bfloat162*>(q) = __floats2bfloat162_rn(tot[4 * j + 0], tot[4 * j + 1]);
-    *reinterpret_cast<__nv_bfloat162*>(q + 8 * 128) = __floats2bfloat162_rn(tot[4 * j + 2], tot[4 * j + 3]);
+  // The tile's output coordinates: row 0 of this warpgroup, column 0, expert (FP32 maps), and
+  // the column extent beyond which boxes would write nothing.
+  int row0, col0, e = 0, cols;
+  if constexpr (kKGrouped) {  // dW[e] [N, K]: a_row = n0, b_row = k0
+    row0 = x.a_row;
+    col0 = x.b_row;
+    e = int((x.out_offset / x.out_ld) / p.n);
+    cols = p.k;
+  } else {
+    row0 = x.a_row;
+    col0 = p.n - x.out_cols_valid;
+    cols = p.n;
   }
-  device::fence_proxy_async_shared_cta();  // these writes, before the async proxy reads them
-  device::named_barrier_sync(1 + math_wg, 128);
-  if (leader) {
-    const int n0 = p.n - x.out_cols_valid;
+  row0 += kOutBoxRows * math_wg;
 #pragma unroll
-    for (int i = 0; i < kBlockN / kOutBox; ++i)
-      if (n0 + kOutBox * i < p.n)  // a box wholly past N would write nothing
-        device::cp_async_bulk_tensor_2d_shared_to_global(tm_y, stage + i * kOutBoxBytes, 2 * (n0 + kOutBox * i),
-                                                         x.a_row + 64 * math_wg);
-    device::cp_async_bulk_commit_group();
+  for (int round = 0; round < B::kRounds; ++round) {
+    if (leader) device::cp_async_bulk_wait_group_read<0>();  // earlier boxes have left the staging
+    device::named_barrier_sync(1 + math_wg, 128);
+#pragma unroll
+    for (int jj = 0; jj < B::kGroupsPerRound; ++jj) {
+      const int j = round * B::kGroupsPerRound + jj;     // columns 8j + 2·(lane%4) (+1)
+      const int col = 8 * j + 2 * (lane % 4);
+      const int box = col / B::kCols - round * kOutBoxesPerRound;
+      const int byte = (col % B::kCols) * B::kElemBytes;  // inside the box's 128-byte row
+      // 16-byte chunk swizzled by the row's place in its 8-row atom (lr % 8 == (lr + 8) % 8)
+      uint8_t* q = stage + box * kOutBoxBytes + lr * 128 + (((byte / 16) ^ (lane / 4)) * 16) + byte % 16;
+      if constexpr (kOutF32) {
+        *reinterpret_cast<float2*>(q) = make_float2(tot[4 * j + 0], tot[4 * j + 1]);
+        *reinterpret_cast<float2*>(q + 8 * 128) = make_float2(tot[4 * j + 2], tot[4 * j + 3]);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(q) = __floats2bfloat162_rn(tot[4 * j + 0], tot[4 * j + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(q + 8 * 128) = __floats2bfloat162_rn(tot[4 * j + 2], tot[4 * j + 3]);
+      }
+    }
+    device::fence_proxy_async_shared_cta();  // these writes, before the async proxy reads them
+    device::named_barrier_sync(1 + math_wg, 128);
+    if (leader) {
+#pragma unroll
+      for (int i = 0; i < kOutBoxesPerRound; ++i) {
+        const int c = col0 + (round * kOutBoxesPerRound + i) * B::kCols;
+        if (c >= cols) continue;  // a box wholly past the last column would write nothing
+        const uint8_t* src = stage + i * kOutBoxBytes;
+        if constexpr (kOutF32) {
+          if (p.accumulate) device::cp_reduce_async_bulk_tensor_3d_add_shared_to_global(tm_y, src, c, row0, e);
+          else device::cp_async_bulk_tensor_3d_shared_to_global(tm_y, src, c, row0, e);
+        } else {
+          device::cp_async_bulk_tensor_3d_shared_to_global(tm_y, src, 2 * c, row0, e);
+        }
+      }
+      device::cp_async_bulk_commit_group();
+    }
   }
 }
 
@@ -891,10 +939,10 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
       if (lane == 0) arrive_empty<false>(&empty[cur.s]);
     }
     if constexpr (kTmaStore) {
-      using LO = SmemLayout<kBlockN, kNumStages, false, true, out_stage_bytes<kBlockN>()>;
-      store_tile_tma<kBlockN>(p, tm_y, sched.tile(t), tot,
-                              smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups),
-                              math_wg, warp, lane);
+      using LO = SmemLayout<kBlockN, kNumStages, false, true, kOutStageBytes>;
+      store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
+          p, tm_y, sched.tile(t), tot, smem + LO::kOffOut + math_wg * (kOutStageBytes / kNumMathWarpgroups),
+          math_wg, warp, lane);
     } else {
       store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
     }
@@ -941,8 +989,8 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined (or, for wide
 // tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
 // BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
-// kTmaStore (wide fast tiles, m-grouped, BF16 out, no accumulate): the TMA-store epilogue
-// (store_tile_tma) through tm_y; tm_y is unused otherwise.
+// kTmaStore (wide fast tiles; not BF16 with accumulate): the TMA-store epilogue (store_tile_tma)
+// through tm_y; tm_y is unused otherwise.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
           bool kMulticast = false, bool kTmaStore = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
@@ -958,10 +1006,10 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
-  static_assert(!kTmaStore || (kBlockN > 128 && kPipelined && !kOutF32 && !kKGrouped && !kMulticast),
-                "the TMA-store epilogue: wide fast m-grouped tiles with BF16 output");
+  static_assert(!kTmaStore || (kBlockN > 128 && kPipelined && !kMulticast),
+                "the TMA-store epilogue: wide fast tiles");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
-  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
+  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, kTmaStore ? kOutStageBytes : 0>;
   using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math_*() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
                     L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
@@ -1075,10 +1123,12 @@ constexpr int kConfigFastBlockN = 192;
 // formed under the wgmmas (run 39: 0.77-0.93x on the forward).
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
-//   kConfigTmaStore: wide fast m-grouped tiles with BF16 output and no accumulate write their
-//   output through shared memory and TMA stores (store_tile_tma), overlapping the next tile's math;
-//   the staging (48 KB) leaves room for kConfigTmaStoreStages = 4 stages instead of 5.
-//   MXMOE_GEMM_TMA_STORE=0 (or 1) overrides it per call. Same bytes (GemmGpu tests).
+//   kConfigTmaStore: wide fast tiles (both groupings) write their output through shared memory
+//   and TMA stores (store_tile_tma), overlapping the next tile's math; the staging (48 KB) leaves
+//   room for kConfigTmaStoreStages = 4 stages instead of 5. Not for BF16 output with accumulate
+//   (TMA's BF16 reduce-add would round the addend first). MXMOE_GEMM_TMA_STORE=0 (or 1) overrides
+//   it per call. Same bytes (GemmGpu tests). Measured (run 51, m-grouped BF16): 1.07-1.44x the
+//   direct-store 192 kernel on bench_gemm's forward shapes; DeepSeek-V3 layer -1.7 to -2.1 ms.
 constexpr bool kConfigTmaStore = true;
 constexpr int kConfigTmaStoreStages = 4;  // 4 × (16 + 24 KB) + scales + 48 KB staging = 218 KB of 227
 constexpr int kConfigExactBlockN = 256;
@@ -1102,13 +1152,13 @@ constexpr int stages_for() {
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
-  bool tma_store = false;  // set by the m-grouped launcher (use_tma_store)
+  bool tma_store = false;  // set by the launchers (use_tma_store)
 };
 
-// Whether an m-grouped call on `path` takes the TMA-store epilogue: wide fast tiles, BF16 output
+// Whether a call on `path` takes the TMA-store epilogue: wide fast tiles, FP32 output or BF16
 // without accumulate; kConfigTmaStore unless MXMOE_GEMM_TMA_STORE says otherwise (read per call).
 inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
-  if (exact || path.block_n != kConfigWideBlockN || out_f32 || accumulate) return false;
+  if (exact || path.block_n != kConfigWideBlockN || (!out_f32 && accumulate)) return false;
   const char* v = std::getenv("MXMOE_GEMM_TMA_STORE");
   return (v != nullptr && v[0] != '\0') ? v[0] != '0' : kConfigTmaStore;
 }
@@ -1153,6 +1203,19 @@ inline CUtensorMap operand_map(const char* fn, const MxOperand& x, bool exact, i
                                        box_rows, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The TMA-store epilogue's output map (store_tile_tma) of y [batch, rows, cols] (m-grouped: batch
+// 1; k-grouped: dW [E, N, K], so that a box is clipped at its own expert's N): BF16 as bytes in
+// boxes of [1, 64, 128 B], FP32 as f32 (typed, for reduce-add) in boxes of [1, 64, 32]; 128B
+// swizzle. y 16-byte aligned and cols a multiple of 32 (both checked by the launchers).
+inline CUtensorMap out_tma_map(const char* fn, void* y, bool out_f32, int64_t batch, int64_t rows, int64_t cols) {
+  if (!out_f32)
+    return detail::make_tensor_map_3d_u8(fn, y, uint64_t(batch), uint64_t(rows), uint64_t(2 * cols),
+                                         uint64_t(2 * cols), uint64_t(2 * cols * rows), kOutBoxRows, 128,
+                                         CU_TENSOR_MAP_SWIZZLE_128B);
+  return detail::make_tensor_map_3d_f32(fn, y, uint64_t(batch), uint64_t(rows), uint64_t(cols), uint64_t(4 * cols),
+                                        uint64_t(4 * cols * rows), kOutBoxRows, 32, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 // Launch configuration of 2-CTA clusters along x. It points at its own attribute, so it is neither
 // copied nor moved: build it where it is used.
 struct PairClusterLaunch {
@@ -1195,7 +1258,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
   // Wide tiles exist only as the pipelined fast schedule.
   constexpr bool kPipelined = !kExact && (kConfigFastPipelined || kBlockN != kConfigBlockN);
   constexpr int kStages = kTmaStore ? kConfigTmaStoreStages : stages_for<kBlockN>();
-  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, kTmaStore ? kOutStageBytes : 0>;
   if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
@@ -1218,7 +1281,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
 
 // path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
 // map's box and the B scale map's box path.block_n rows). tm_y: the output map of the TMA-store
-// epilogue (path.tma_store; m-grouped only), otherwise any map (unused).
+// epilogue (path.tma_store; out_tma_map), otherwise any map (unused).
 template <bool kKGrouped>
 void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
@@ -1234,11 +1297,10 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
     if (out_f32) MXMOE_LAUNCH(kN, true, true, kKGrouped);
     else MXMOE_LAUNCH(kN, true, false, kKGrouped);
   } else if (path.block_n == kW) {
-    if (out_f32) MXMOE_LAUNCH(kW, false, true, kKGrouped);
-    else if constexpr (!kKGrouped) {
-      if (path.tma_store) MXMOE_LAUNCH(kW, false, false, false, true);
-      else MXMOE_LAUNCH(kW, false, false, false);
-    } else MXMOE_LAUNCH(kW, false, false, kKGrouped);
+    if (out_f32 && path.tma_store) MXMOE_LAUNCH(kW, false, true, kKGrouped, true);
+    else if (out_f32) MXMOE_LAUNCH(kW, false, true, kKGrouped);
+    else if (path.tma_store) MXMOE_LAUNCH(kW, false, false, kKGrouped, true);
+    else MXMOE_LAUNCH(kW, false, false, kKGrouped);
   } else {
     if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
     else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);

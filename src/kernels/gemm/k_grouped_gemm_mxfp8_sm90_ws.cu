@@ -39,8 +39,10 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
 
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
-  const gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(
+  gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(
       exact, opts.fast_tile_n != 0 ? opts.fast_tile_n : gemm_sm90::k_grouped_fast_block_n(k));
+  const bool out_f32 = opts.out_dtype == GemmOutDtype::kFP32;
+  path.tma_store = gemm_sm90::use_tma_store(path, exact, out_f32, opts.accumulate);
   const bool multicast = path.multicast;  // 2-CTA clusters sharing dYᵀ
   const int block_n = path.block_n;      // k-tile width (rows of Xᵀ)
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
@@ -63,8 +65,9 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.kdim = int(m_total);
   p.m_tiles_cap = 0;  // unused by the k-grouped schedule
   p.accumulate = opts.accumulate;
-  gemm_sm90::dispatch_grouped<true>(kFn, exact, opts.out_dtype == GemmOutDtype::kFP32, path,
-                                    tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_a);  // no TMA-store epilogue
+  // the TMA-store epilogue's map of dW [E, N, K] (unused otherwise)
+  const CUtensorMap tm_y = path.tma_store ? gemm_sm90::out_tma_map(kFn, dw, out_f32, num_experts, n, k) : tm_a;
+  gemm_sm90::dispatch_grouped<true>(kFn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);
 }
 
 }  // namespace mxmoe

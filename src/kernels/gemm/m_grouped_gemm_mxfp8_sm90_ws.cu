@@ -64,13 +64,8 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
   p.kdim = int(k);
   p.m_tiles_cap = int(m_total / kBlockM);
   p.accumulate = opts.accumulate;
-  // TMA-store epilogue: Y as bytes [m_total, 2n] in boxes of [64 rows, 128 B], 128B swizzle (the
-  // layout store_tile_tma writes its staging in); y is 16-byte aligned (checked), 2n a multiple of 64.
-  const CUtensorMap tm_y =
-      path.tma_store ? detail::make_tensor_map_2d_u8(kFn, y, uint64_t(m_total), uint64_t(2 * n), uint64_t(2 * n),
-                                                     gemm_sm90::kOutBox, 2 * gemm_sm90::kOutBox,
-                                                     CU_TENSOR_MAP_SWIZZLE_128B)
-                     : tm_a;
+  // the TMA-store epilogue's map of Y [m_total, n] (unused otherwise)
+  const CUtensorMap tm_y = path.tma_store ? gemm_sm90::out_tma_map(kFn, y, out_f32, 1, m_total, n) : tm_a;
   gemm_sm90::dispatch_grouped<false>(kFn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);
 }
 
