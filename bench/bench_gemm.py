@@ -31,7 +31,8 @@ tiles, one accumulator per math warpgroup; m-grouped BF16 output through the TMA
 "mxmoe-fast-192d" with MXMOE_GEMM_TILE=192 MXMOE_GEMM_TMA_STORE=0 (the same tiles, direct stores).
 Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
 default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
-"mxmoe-exact-128" with 128. Each alternative's output must be bitwise equal to its mode's default
+"mxmoe-exact-128" with 128 and "mxmoe-exact-256d" with 256 and MXMOE_GEMM_TMA_STORE=0 (direct stores).
+Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
                                    [--tile-both] [--exact-tile-both]
@@ -274,6 +275,9 @@ def mxmoe_variants(multicast_both, tile_both):
     exact = [(EXACT, "mxmoe-exact", {EXACT_TILE_ENV: "256"} if EXACT_TILE_BOTH else None, None)]
     if EXACT_TILE_BOTH:
         exact.append((EXACT, "mxmoe-exact-128", {EXACT_TILE_ENV: "128"}, "mxmoe-exact"))
+        # the 256-wide kernel with direct stores instead of the TMA-store epilogue (4 stages, not 3)
+        exact.append((EXACT, "mxmoe-exact-256d", {EXACT_TILE_ENV: "256", "MXMOE_GEMM_TMA_STORE": "0"},
+                      "mxmoe-exact"))
     return [(FAST, "mxmoe-fast", fast_env, None)] + alts + exact
 
 
@@ -501,7 +505,7 @@ def main():
     write_json(args.json, results)
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
                and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-192d_ok", True) and r.get("mxmoe-fast-pre_ok", True)
-               and r.get("mxmoe-exact-128_ok", True) for r in results["rows"]):
+               and r.get("mxmoe-exact-128_ok", True) and r.get("mxmoe-exact-256d_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)
 

@@ -846,6 +846,18 @@ TEST_F(GemmGpu, ExactTileWidthsBitwiseEqual) {
                               GemmMode::kExact);
 }
 
+// Exact mode's 256-wide tiles with direct stores (MXMOE_GEMM_TMA_STORE=0: 4 stages) against the
+// default (the TMA-store epilogue, 3 stages), both groupings, BF16/FP32, accumulate.
+TEST_F(GemmGpu, ExactWideDirectStoresBitwiseMatchDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const PathCases c = tile_width_cases(rng_);
+  PathEnv direct;
+  direct.tma_store = false;
+  expect_path_matches_default("exact 256-wide, direct stores", direct, c.m, c.k, {0, 7}, true, rng_,
+                              GemmMode::kExact);
+}
+
 // What exact mode computes when a block's scale is outside the image's exact range (dequantize.h):
 // it multiplies the BF16 image, i.e. deq rounded to BF16 (below the range) or ±Inf (above), so
 // the result is the FP32 sum of the image products — the GEMM's contract holds for the image,

@@ -499,10 +499,10 @@ __device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
 // 64 rows x 128 bytes in the 128B-swizzled layout (no bank conflicts: for one column group j the
 // 8 rows of a warp land in different 16-byte chunks), one thread hands the boxes to TMA stores,
 // and the warpgroup goes on to the next tile; the stores drain while it computes. The staging holds
-// 3 boxes per warpgroup (24 KB): a BF16 fragment (3 boxes of 64 columns) goes in one round, an FP32
-// one (6 boxes of 32 columns) in two, the second after the first round's boxes have been read out
-// of shared memory (wait_group.read). Before it overwrites the staging at the next tile, the
-// issuing thread waits the same way. Values: __floats2bfloat162_rn of the same tot as store_pair,
+// one BF16 fragment per warpgroup (kBlockN / 64 boxes: fast 192 wide 24 KB, exact 256 wide 32 KB):
+// BF16 goes in one round, FP32 (twice the boxes) in two, the second after the first round's boxes
+// have been read out of shared memory (wait_group.read). Before it overwrites the staging at the
+// next tile, the issuing thread waits the same way. Values: __floats2bfloat162_rn of the same tot as store_pair,
 // or tot itself; with accumulate (FP32 only) the boxes go by TMA reduce-add, which adds each
 // element once to y in FP32 (y + tot, one rounding, as store_pair's read-add-write).
 // Output maps (out_tma_map): y as [E, rows, cols] (m-grouped E = 1, rows M_total, cols N;
@@ -511,17 +511,22 @@ __device__ __forceinline__ void store_tile(const Params& p, const Tile& x,
 // for dW), so partial tiles need no masks.
 constexpr int kOutBoxRows = 64;                   // rows of an output box (a math warpgroup's)
 constexpr int kOutBoxBytes = kOutBoxRows * 128;   // 8 KB
-constexpr int kOutBoxesPerRound = 3;              // staging per math warpgroup: 3 boxes = 24 KB
-constexpr int kOutStageBytes = kNumMathWarpgroups * kOutBoxesPerRound * kOutBoxBytes;  // 48 KB
+// Staging per math warpgroup: one BF16 fragment's boxes (fast 192 wide: 3 boxes = 24 KB; exact
+// 256 wide: 4 = 32 KB); FP32 fragments go through it in two rounds.
+template <int kBlockN>
+constexpr int out_boxes_per_round() { return kBlockN / 64; }
+template <int kBlockN>
+constexpr int out_stage_bytes() { return kNumMathWarpgroups * out_boxes_per_round<kBlockN>() * kOutBoxBytes; }
 
 template <int kBlockN, bool kOutF32>
 struct OutBoxes {
   static constexpr int kElemBytes = kOutF32 ? 4 : 2;
   static constexpr int kCols = 128 / kElemBytes;                  // columns per box: 64 BF16, 32 FP32
-  static constexpr int kBoxes = kBlockN / kCols;                  // per fragment: 3 or 6 (192 wide)
-  static constexpr int kRounds = kBoxes / kOutBoxesPerRound;      // 1 or 2
+  static constexpr int kBoxes = kBlockN / kCols;                  // per fragment
+  static constexpr int kPerRound = out_boxes_per_round<kBlockN>();
+  static constexpr int kRounds = kBoxes / kPerRound;              // 1 (BF16) or 2 (FP32)
   static constexpr int kGroupsPerRound = kBlockN / 8 / kRounds;   // fragment column groups j per round
-  static_assert(kBoxes % kOutBoxesPerRound == 0, "whole rounds of boxes");
+  static_assert(kBlockN % 64 == 0 && kBoxes % kPerRound == 0, "whole rounds of boxes");
 };
 
 template <int kBlockN, bool kOutF32, bool kKGrouped>
@@ -553,7 +558,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMa
     for (int jj = 0; jj < B::kGroupsPerRound; ++jj) {
       const int j = round * B::kGroupsPerRound + jj;     // columns 8j + 2·(lane%4) (+1)
       const int col = 8 * j + 2 * (lane % 4);
-      const int box = col / B::kCols - round * kOutBoxesPerRound;
+      const int box = col / B::kCols - round * B::kPerRound;
       const int byte = (col % B::kCols) * B::kElemBytes;  // inside the box's 128-byte row
       // 16-byte chunk swizzled by the row's place in its 8-row atom (lr % 8 == (lr + 8) % 8)
       uint8_t* q = stage + box * kOutBoxBytes + lr * 128 + (((byte / 16) ^ (lane / 4)) * 16) + byte % 16;
@@ -569,8 +574,8 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMa
     device::named_barrier_sync(1 + math_wg, 128);
     if (leader) {
 #pragma unroll
-      for (int i = 0; i < kOutBoxesPerRound; ++i) {
-        const int c = col0 + (round * kOutBoxesPerRound + i) * B::kCols;
+      for (int i = 0; i < B::kPerRound; ++i) {
+        const int c = col0 + (round * B::kPerRound + i) * B::kCols;
         if (c >= cols) continue;  // a box wholly past the last column would write nothing
         const uint8_t* src = stage + i * kOutBoxBytes;
         if constexpr (kOutF32) {
@@ -674,9 +679,10 @@ __device__ __forceinline__ StageDescs stage_descs(uint8_t* smem, int s, int math
 // the tensor core while this warp waits for the next stage) and hands its stage back. Each tile
 // drains with wait_group 0 before the epilogue reads acc; chunks past kdim are TMA zero fill
 // (exact zeros), so a K tail needs no branch.
-template <int kBlockN, int kNumStages, bool kOutF32, class Scheduler>
+// kTmaStore: the output leaves through store_tile_tma (staging at smem + kOffOut).
+template <int kBlockN, int kNumStages, bool kOutF32, bool kTmaStore, class Scheduler>
 __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const Scheduler& sched,
-                                           uint64_t* full, uint64_t* empty) {
+                                           uint64_t* full, uint64_t* empty, const CUtensorMap* tm_y) {
   using L = SmemLayout<kBlockN, kNumStages, true>;
   // Through a shuffle so that the compiler knows it is warp-uniform (descriptors in uniform regs).
   const int math_wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128 - 1, 0);  // 0, 1
@@ -713,8 +719,17 @@ __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const
       __syncwarp();
       if (lane == 0) arrive_empty<false>(&empty[held.s]);
     }
-    store_tile<kBlockN, kOutF32>(p, sched.tile(t), acc, r_tile, c_frag);
+    if constexpr (kTmaStore) {
+      using LO = SmemLayout<kBlockN, kNumStages, true, false, out_stage_bytes<kBlockN>()>;
+      store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
+          p, tm_y, sched.tile(t), acc,
+          smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups), math_wg, warp, lane);
+    } else {
+      store_tile<kBlockN, kOutF32>(p, sched.tile(t), acc, r_tile, c_frag);
+    }
   }
+  if constexpr (kTmaStore)  // the last boxes' writes are done before the staging goes away
+    if (threadIdx.x % 128 == 0) device::cp_async_bulk_wait_group<0>();
 }
 
 // ---- fast mode, pipelined schedule (kConfigFastPipelined) -----------------------------------
@@ -939,10 +954,10 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
       if (lane == 0) arrive_empty<false>(&empty[cur.s]);
     }
     if constexpr (kTmaStore) {
-      using LO = SmemLayout<kBlockN, kNumStages, false, true, kOutStageBytes>;
+      using LO = SmemLayout<kBlockN, kNumStages, false, true, out_stage_bytes<kBlockN>()>;
       store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
-          p, tm_y, sched.tile(t), tot, smem + LO::kOffOut + math_wg * (kOutStageBytes / kNumMathWarpgroups),
-          math_wg, warp, lane);
+          p, tm_y, sched.tile(t), tot,
+          smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups), math_wg, warp, lane);
     } else {
       store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
     }
@@ -1006,10 +1021,10 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
-  static_assert(!kTmaStore || (kBlockN > 128 && kPipelined && !kMulticast),
-                "the TMA-store epilogue: wide fast tiles");
+  static_assert(!kTmaStore || (kBlockN > 128 && !kMulticast && (kPipelined || kExact)),
+                "the TMA-store epilogue: wide tiles (fast 192, exact 256)");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
-  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, kTmaStore ? kOutStageBytes : 0>;
+  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
   using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math_*() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
                     L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
@@ -1068,7 +1083,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
       math_fast_single<kBlockN, kNumStages, kOutF32, kTmaStore>(p, smem, sched, full, empty, ready, &tm_y);
     else if constexpr (kExact)  // BF16 images, no promotion
-      math_exact<kBlockN, kNumStages, kOutF32>(p, smem, sched, full, empty);
+      math_exact<kBlockN, kNumStages, kOutF32, kTmaStore>(p, smem, sched, full, empty, &tm_y);
     else
       math_fast_serial<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty);
   }
@@ -1123,14 +1138,16 @@ constexpr int kConfigFastBlockN = 192;
 // formed under the wgmmas (run 39: 0.77-0.93x on the forward).
 constexpr int kConfigWideBlockN = 192;
 constexpr int kConfigWideStages = 5;  // 5 × (16 + 24 KB) + scales = 211 KB of 227
-//   kConfigTmaStore: wide fast tiles (both groupings) write their output through shared memory
-//   and TMA stores (store_tile_tma), overlapping the next tile's math; the staging (48 KB) leaves
-//   room for kConfigTmaStoreStages = 4 stages instead of 5. Not for BF16 output with accumulate
+//   kConfigTmaStore: wide tiles (fast 192, exact 256; both groupings) write their output through
+//   shared memory and TMA stores (store_tile_tma), overlapping the next tile's math; the staging
+//   (48 / 64 KB) leaves room for 4 stages instead of 5 (fast), 3 instead of 4 (exact; not yet
+//   measured). Not for BF16 output with accumulate
 //   (TMA's BF16 reduce-add would round the addend first). MXMOE_GEMM_TMA_STORE=0 (or 1) overrides
 //   it per call. Same bytes (GemmGpu tests). Measured (run 51, m-grouped BF16): 1.07-1.44x the
 //   direct-store 192 kernel on bench_gemm's forward shapes; DeepSeek-V3 layer -1.7 to -2.1 ms.
 constexpr bool kConfigTmaStore = true;
-constexpr int kConfigTmaStoreStages = 4;  // 4 × (16 + 24 KB) + scales + 48 KB staging = 218 KB of 227
+constexpr int kConfigTmaStoreStages = 4;  // fast 192: 4 × (16 + 24 KB) + scales + 48 KB staging = 218 KB of 227
+constexpr int kConfigExactTmaStoreStages = 3;  // exact 256: 3 × (16 + 32 KB) + 64 KB staging = 212 KB
 constexpr int kConfigExactBlockN = 256;
 constexpr int kConfigExactWideBlockN = 256;
 constexpr int kConfigExactWideStages = 4;  // 4 × (16 + 32 KB) = 192 KB of 227 (5 would not fit)
@@ -1158,7 +1175,7 @@ struct KernelPath {
 // Whether a call on `path` takes the TMA-store epilogue: wide fast tiles, FP32 output or BF16
 // without accumulate; kConfigTmaStore unless MXMOE_GEMM_TMA_STORE says otherwise (read per call).
 inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
-  if (exact || path.block_n != kConfigWideBlockN || (!out_f32 && accumulate)) return false;
+  if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;
   const char* v = std::getenv("MXMOE_GEMM_TMA_STORE");
   return (v != nullptr && v[0] != '\0') ? v[0] != '0' : kConfigTmaStore;
 }
@@ -1257,8 +1274,9 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                     const Params& p, int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
   // Wide tiles exist only as the pipelined fast schedule.
   constexpr bool kPipelined = !kExact && (kConfigFastPipelined || kBlockN != kConfigBlockN);
-  constexpr int kStages = kTmaStore ? kConfigTmaStoreStages : stages_for<kBlockN>();
-  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, kTmaStore ? kOutStageBytes : 0>;
+  constexpr int kStages =
+      kTmaStore ? (kExact ? kConfigExactTmaStoreStages : kConfigTmaStoreStages) : stages_for<kBlockN>();
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
   if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
@@ -1291,7 +1309,9 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
   const bool mc = path.multicast;
 #define MXMOE_LAUNCH(...) launch_grouped<__VA_ARGS__>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y)
   if (exact && path.block_n == kXW) {
-    if (out_f32) MXMOE_LAUNCH(kXW, true, true, kKGrouped);
+    if (out_f32 && path.tma_store) MXMOE_LAUNCH(kXW, true, true, kKGrouped, true);
+    else if (out_f32) MXMOE_LAUNCH(kXW, true, true, kKGrouped);
+    else if (path.tma_store) MXMOE_LAUNCH(kXW, true, false, kKGrouped, true);
     else MXMOE_LAUNCH(kXW, true, false, kKGrouped);
   } else if (exact) {
     if (out_f32) MXMOE_LAUNCH(kN, true, true, kKGrouped);
