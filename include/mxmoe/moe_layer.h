@@ -41,7 +41,9 @@ struct MoeLayerConfig {
   // Router logits and the router's part of dX by a fixed-order FP32 kernel whose per-token result
   // does not depend on the number of tokens (cuBLAS may choose another algorithm, hence another
   // summation order, for another T). Slower (a plain tiled SGEMM); what EpMoeLayer always uses, so
-  // a single-GPU layer compared bitwise with the EP layer must set it.
+  // a single-GPU layer compared bitwise with the EP layer must set it. (When E <= 4·(2·top_k + 2)
+  // the router's part of dX is computed inside the un-permute in the fixed-order kernel's order in
+  // both settings; dWr is a fixed-order sum in both.)
   bool batch_invariant_router = false;
 };
 

@@ -16,7 +16,8 @@
 //     quantizer, so row- and column-wise copies (32-token blocks of each segment) are the same bytes.
 //   - the grouped GEMMs' output for a row / an expert depends only on that row's (expert's) operands
 //     and the shape-only kernel choice (gemm.h: one thread's fixed-order sum per element).
-//   - combine and un-permute: moe_combine on the same rows in the same slot order; dw: the same
+//   - combine and un-permute: moe_combine (forward) and RouterBlock::unpermute (backward, which
+//     also adds the router's part of dX) on the same rows in the same slot order; dw: the same
 //     kernel (moe_combine_backward_scales) on the same dOut and Y rows.
 #include "mxmoe/ep_moe_layer.h"
 
@@ -162,6 +163,7 @@ struct EpMoeLayer::Impl {
     router.max_tokens = maxT;
     router.hidden = int(H);
     router.experts = cfg.num_experts;
+    router.top_k = k;
     router.batch_invariant = true;
     router.carve(c);
     return c.bytes();
@@ -363,7 +365,7 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
   m.comm->combine_send(m.blk.dxp, m.cap, m.plan.row_of, T, stream);
   m.mark("bwd: combine (dX rows to owners)", stream);
   if (T > 0)
-    moe_combine(m.comm->combine_rows(), m.maxT * k, H, m.home_row, nullptr, T, k, m.router.dx_router, dx, stream);
+    m.router.unpermute(m.comm->combine_rows(), m.maxT * k, m.home_row, T, wr, dx, stream);
   m.mark("bwd: un-permute dX", stream);
 }
 

@@ -178,13 +178,16 @@ void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2
   mark("bwd: W1 dgrad + wgrad GEMMs");
 }
 
+bool RouterBlock::dgrad_in_unpermute() const { return router_dgrad_in_combine(experts, top_k); }
+
 void RouterBlock::carve(Carver& c) {
   const int64_t T = max_tokens, H = hidden, E = experts;
   logits = c.take_n<float>(size_t(T * E));
   dlogits = c.take_n<float>(size_t(T * E));
-  x_f32 = c.take_n<float>(size_t(T * H));
-  wr_f32 = c.take_n<float>(size_t(E * H));
-  dx_router = c.take_n<float>(size_t(T * H));
+  wgrad_partials = c.take_n<float>(router_wgrad_partial_floats(T, int(E), int(H)));
+  const bool separate = !dgrad_in_unpermute();
+  wr_f32 = separate && !batch_invariant ? c.take_n<float>(size_t(E * H)) : nullptr;
+  dx_router = separate ? c.take_n<float>(size_t(T * H)) : nullptr;
 }
 
 void RouterBlock::create() { check_cublas(cublasCreate(&cublas), "cublasCreate"); }
@@ -214,22 +217,31 @@ void RouterBlock::backward(const __nv_bfloat16* x, int64_t tokens, const __nv_bf
                            const float* dw, const RouterParams& routing, float* dwr, cudaStream_t stream) const {
   const int64_t H = hidden, E = experts, T = tokens;
   moe_router_backward(logits, ids, dw, T, int(E), routing, dlogits, stream);
-  launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(x), T * H, x_f32, stream);
-  const float one = 1.0f, zero = 0.0f;
-  check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
-  // column-major: dWr_cm [H, E] = X_cm [H, T] · (dlogits_cm [E, T])ᵀ
-  check_cublas(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, int(H), int(E), int(T), &one, x_f32, int(H), dlogits,
-                           int(E), &zero, dwr, int(H)),
-               "router wgrad GEMM");
+  launch_router_wgrad_fixed(dlogits, reinterpret_cast<const uint16_t*>(x), T, int(E), int(H), wgrad_partials, dwr,
+                            stream);
+  if (dgrad_in_unpermute()) return;  // unpermute() makes it
   if (batch_invariant) {
     launch_router_dgrad_fixed(dlogits, reinterpret_cast<const uint16_t*>(wr), T, int(E), int(H), dx_router, stream);
     return;
   }
   // column-major: dXr_cm [H, T] = Wr_cm [H, E] · dlogits_cm [E, T]
   launch_bf16_to_f32(reinterpret_cast<const uint16_t*>(wr), E * H, wr_f32, stream);
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
   check_cublas(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(H), int(T), int(E), &one, wr_f32, int(H), dlogits,
                            int(E), &zero, dx_router, int(H)),
                "router dgrad GEMM");
+}
+
+void RouterBlock::unpermute(const __nv_bfloat16* rows, int64_t num_rows, const int32_t* row_of, int64_t tokens,
+                            const __nv_bfloat16* wr, __nv_bfloat16* dx, cudaStream_t stream) const {
+  if (!dgrad_in_unpermute()) {
+    moe_combine(rows, num_rows, hidden, row_of, nullptr, tokens, top_k, dx_router, dx, stream);
+    return;
+  }
+  launch_moe_combine_router_dgrad(reinterpret_cast<const uint16_t*>(rows), num_rows, hidden, row_of, nullptr, tokens,
+                                  top_k, dlogits, reinterpret_cast<const uint16_t*>(wr), experts,
+                                  reinterpret_cast<uint16_t*>(dx), stream);
 }
 
 }  // namespace mxmoe::detail

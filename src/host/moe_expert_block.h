@@ -127,27 +127,36 @@ struct ExpertBlock {
 };
 
 // The router's GEMMs (forward logits; backward dlogits, dWr, the router's part of dX), shared by
-// both layers. batch_invariant: logits and the router's dX by the fixed-order kernels
-// (moe_router_gemm_sm90.cu), whose per-token rows do not depend on the number of tokens; else
-// cuBLAS (faster; its algorithm, and so its summation order, may change with T). dWr (a sum over
-// tokens) is cuBLAS either way.
+// both layers. batch_invariant: logits by the fixed-order kernel (moe_router_gemm_sm90.cu), whose
+// per-token rows do not depend on the number of tokens; else cuBLAS (faster; its algorithm, and so
+// its summation order, may change with T). dWr: the fixed-order kernel from BF16 x in both modes
+// (launch_router_wgrad_fixed). The router's part of dX: when router_dgrad_in_combine(E, top_k),
+// computed inside the un-permute (unpermute()) in the fixed kernel's order, in both modes; else a
+// separate FP32 [T, H] (the fixed-order kernel, or cuBLAS when not batch_invariant) that the
+// un-permute adds.
 struct RouterBlock {
   int64_t max_tokens = 0;
-  int hidden = 0, experts = 0;
+  int hidden = 0, experts = 0, top_k = 0;
   bool batch_invariant = false;
   cublasHandle_t cublas = nullptr;  // owned: create() / destroy()
-  float *logits = nullptr, *dlogits = nullptr, *x_f32 = nullptr, *wr_f32 = nullptr, *dx_router = nullptr;
+  float *logits = nullptr, *dlogits = nullptr, *wgrad_partials = nullptr;
+  float *wr_f32 = nullptr, *dx_router = nullptr;  // the separate dX path only (else null)
 
-  void carve(Carver& c);
+  bool dgrad_in_unpermute() const;
+  void carve(Carver& c);  // max_tokens, hidden, experts, top_k, batch_invariant set before
   void create();
   void destroy() noexcept;
   const char* logits_stage() const { return batch_invariant ? "router GEMM (batch-invariant)" : "router GEMM (cuBLAS)"; }
   // logits [tokens, E] = x [tokens, H] · wr [E, H]ᵀ, FP32
   void forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, cudaStream_t stream) const;
-  // dlogits from dw [tokens, k] (moe_router_backward), then dwr FP32 [E, H] = dlogitsᵀ · x and
-  // dx_router FP32 [tokens, H] = dlogits · wr.
+  // dlogits from dw [tokens, k] (moe_router_backward), then dwr FP32 [E, H] = dlogitsᵀ · x and,
+  // unless dgrad_in_unpermute(), dx_router FP32 [tokens, H] = dlogits · wr.
   void backward(const __nv_bfloat16* x, int64_t tokens, const __nv_bfloat16* wr, const int32_t* ids, const float* dw,
                 const RouterParams& routing, float* dwr, cudaStream_t stream) const;
+  // The layer's last step, after backward(): dx [tokens, H] = Σ_j rows[row_of[t, j]] (slot order,
+  // FP32, rows outside [0, num_rows) skipped) + the router's part (dlogits · wr), rounded to BF16.
+  void unpermute(const __nv_bfloat16* rows, int64_t num_rows, const int32_t* row_of, int64_t tokens,
+                 const __nv_bfloat16* wr, __nv_bfloat16* dx, cudaStream_t stream) const;
 };
 
 }  // namespace mxmoe::detail

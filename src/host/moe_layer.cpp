@@ -56,6 +56,7 @@ struct MoeLayer::Impl {
     router.max_tokens = T;
     router.hidden = int(H);
     router.experts = int(E);
+    router.top_k = int(k);
     router.batch_invariant = cfg.batch_invariant_router;
     router.carve(c);
     return c.bytes();
@@ -204,11 +205,11 @@ void MoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, const
   m.mark("bwd: gather dOut·w, dw, quantize dY", stream);
   // 2-6. W2 dgrad + wgrad, SwiGLU backward + quantize, W1 dgrad + wgrad
   m.blk.backward(m.plan.padded_offsets, dw1, dw2, stream, m.marker(stream));
-  // 7. router: dlogits, then dWr = dlogitsᵀ·X and dX_router = dlogits·Wr
+  // 7. router: dlogits, then dWr = dlogitsᵀ·X (and dX_router = dlogits·Wr when not folded into 8)
   m.router.backward(x, T, wr, m.ids, m.dw, c.routing, dwr, stream);
   m.mark("bwd: router backward", stream);
   // 8. un-permute in slot order, plus the router's part
-  moe_combine(m.blk.dxp, m.cap, H, m.plan.row_of, nullptr, T, k, m.router.dx_router, dx, stream);
+  m.router.unpermute(m.blk.dxp, m.cap, m.plan.row_of, T, wr, dx, stream);
   m.mark("bwd: un-permute dX", stream);
 }
 

@@ -468,3 +468,144 @@ TEST(MoeOpsGpu, CombineBackwardTokenMajorEqualsRowMajorBitwise) {
     }
   }
 }
+
+// The router's weight gradient (launch_router_wgrad_fixed) bit for bit against a host replay of
+// its documented order — per chunk of router_wgrad_chunk(T) tokens one fmaf chain in increasing t
+// from +0, then the chunk partials added in chunk order — and against an FP64 sum within the FP32
+// bound of that order: a chain of n roundings errs by at most γ_n · Σ_t |dl[t, e]·x[t, h]|,
+// γ_n = n·u / (1 − n·u), u = 2^-24 (the products are exact inside fmaf); here n = (longest chunk)
+// + (chunks − 1) <= T, so γ_T bounds it. Reruns give the same bits. Shapes: 12 chunks of 256 with
+// E = 32 (one full expert tile); E = 45 (a partial second tile) with H = 288 (a partial 256-column
+// tile); one chunk (T = 77, written without partials) with H = 96; E = 3 over 32 chunks of 288,
+// the last one 72 long; T = 0 (dwr = +0 over a poisoned buffer).
+TEST(MoeOpsGpu, RouterWgradIsItsFixedOrderWithinFp32BoundAndRerunsBitwise) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  struct Shape { int64_t T; int E; int H; };
+  for (const Shape s : {Shape{3000, 32, 1024}, Shape{1000, 45, 288}, Shape{77, 8, 96}, Shape{9000, 3, 32},
+                        Shape{0, 16, 256}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << s.T << " E " << s.E << " H " << s.H);
+    const int64_t T = s.T, E = s.E, H = s.H;
+    const auto x = random_bf16(T, H, Dist::kGaussian, rng);
+    std::vector<float> dl(size_t(T * E));
+    for (auto& v : dl) v = std::ldexp(g(rng), int(rng() % 9) - 4);  // mixed magnitudes
+    DevBuf<uint16_t> dx{x.size()};
+    DevBuf<float> ddl{dl.size()}, dpart{std::max<size_t>(1, detail::router_wgrad_partial_floats(T, s.E, s.H))},
+        dwr{size_t(E * H)}, dwr2{size_t(E * H)};
+    dx.upload(x);
+    ddl.upload(dl);
+    detail::launch_router_wgrad_fixed(ddl.p, dx.p, T, s.E, s.H, dpart.p, dwr.p, nullptr);
+    detail::launch_router_wgrad_fixed(ddl.p, dx.p, T, s.E, s.H, dpart.p, dwr2.p, nullptr);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto got = dwr.download(), got2 = dwr2.download();
+    EXPECT_LT(first_bit_mismatch(got, got2), 0) << "rerun differs";
+    if (T == 0) {
+      EXPECT_LT(first_bit_mismatch(got, std::vector<float>(got.size(), 0.0f)), 0) << "T = 0 must give dwr = +0";
+      continue;
+    }
+    // host replay of the order, and the FP64 sum with Σ|terms|
+    const int64_t chunk = detail::router_wgrad_chunk(T);
+    std::vector<float> want(size_t(E * H)), part(size_t(E * H));
+    std::vector<double> exact(size_t(E * H), 0.0), mag(size_t(E * H), 0.0);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      std::fill(part.begin(), part.end(), 0.0f);
+      for (int64_t t = t0; t < std::min(T, t0 + chunk); ++t)
+        for (int64_t e = 0; e < E; ++e) {
+          const float d = dl[size_t(t * E + e)];
+          for (int64_t h = 0; h < H; ++h) {
+            const float xv = ref::bf16_to_float(x[size_t(t * H + h)]);
+            const size_t i = size_t(e * H + h);
+            part[i] = std::fmaf(d, xv, part[i]);
+            exact[i] += double(d) * xv;
+            mag[i] += std::fabs(double(d) * xv);
+          }
+        }
+      for (size_t i = 0; i < want.size(); ++i) want[i] = t0 == 0 ? part[i] : want[i] + part[i];
+    }
+    const int64_t mm = first_bit_mismatch(got, want);
+    EXPECT_LT(mm, 0) << "first mismatch against the host replay at [" << mm / H << ", " << mm % H << "]: got "
+                     << got[size_t(std::max<int64_t>(mm, 0))] << " want " << want[size_t(std::max<int64_t>(mm, 0))];
+    const double u = std::ldexp(1.0, -24), gamma = double(T) * u / (1.0 - double(T) * u);
+    int64_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::fabs(double(got[i]) - exact[i]) > gamma * mag[i] && bad++ == 0)
+        ADD_FAILURE() << "first element outside the FP32 bound at [" << i / size_t(H) << ", " << i % size_t(H)
+                      << "]: got " << got[i] << " FP64 " << exact[i] << " bound " << gamma * mag[i];
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// The un-permute with the router's part of dX computed in place (launch_moe_combine_router_dgrad)
+// bit for bit against the two-step path it replaces in the layers — launch_router_dgrad_fixed into
+// an FP32 [T, H] buffer, then launch_moe_combine with it as the addend — and against a host replay
+// (slot sum in slot order with fmaf, plus one fmaf chain over e from +0, one FP32 add, BF16 RNE).
+// Unweighted (the layers' call) and weighted. Shapes: T not a multiple of the kernel's 4 tokens
+// per warp or 32 per CTA; H = 96 and 288 (a partial 256-column slab); E = 5, 33, 72; k = 1, 3, 8
+// with dropped (-1) and out-of-range slots; T = 0 (nothing written over a poisoned buffer).
+TEST(MoeOpsGpu, CombineWithRouterDgradEqualsDgradThenCombineBitwise) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uw(0.0f, 1.0f);
+  struct Shape { int64_t T; int64_t H; int E; int k; };
+  for (const Shape s : {Shape{333, 2048, 32, 8}, Shape{45, 96, 5, 3}, Shape{2, 7168, 72, 8}, Shape{130, 288, 33, 1},
+                        Shape{0, 256, 8, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << s.T << " H " << s.H << " E " << s.E << " k " << s.k);
+    const int64_t T = s.T, H = s.H, E = s.E, k = s.k, y_rows = T * k + 64;
+    const auto y = random_bf16(y_rows, H, Dist::kGaussian, rng);
+    const auto wr = random_bf16(E, H, Dist::kGaussian, rng);
+    std::vector<int32_t> row_of(size_t(T * k));
+    std::vector<float> w(size_t(T * k)), dl(size_t(T * E));
+    for (auto& r : row_of) {
+      const uint32_t c = rng() % 40;
+      r = c == 0 ? -1 : c == 1 ? int32_t(y_rows + rng() % 5) : int32_t(rng() % y_rows);  // dropped, out of range
+    }
+    for (auto& v : w) v = uw(rng);
+    for (auto& v : dl) v = std::ldexp(g(rng), int(rng() % 7) - 6);
+    const size_t out_n = size_t(std::max<int64_t>(T * H, 8));  // T = 0: one poisoned vector that must stay
+    DevBuf<uint16_t> dy{y.size()}, dwr{wr.size()}, two_step{out_n}, fused{out_n};
+    DevBuf<int32_t> drow{row_of.size()};
+    DevBuf<float> dw{w.size()}, ddl{dl.size()}, dxr{size_t(T * H)};
+    dy.upload(y);
+    dwr.upload(wr);
+    drow.upload(row_of);
+    dw.upload(w);
+    ddl.upload(dl);
+    for (const bool weighted : {false, true}) {
+      SCOPED_TRACE(weighted ? "weighted" : "unweighted (the un-permute)");
+      const float* wp = weighted ? dw.p : nullptr;
+      detail::launch_router_dgrad_fixed(ddl.p, dwr.p, T, s.E, int(H), dxr.p, nullptr);
+      detail::launch_moe_combine(dy.p, y_rows, H, drow.p, wp, T, s.k, dxr.p, nullptr, two_step.p, nullptr);
+      detail::launch_moe_combine_router_dgrad(dy.p, y_rows, H, drow.p, wp, T, s.k, ddl.p, dwr.p, s.E, fused.p,
+                                              nullptr);
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      const auto a = two_step.download(), b = fused.download();
+      const int64_t mm = first_bit_mismatch(b, a);
+      EXPECT_LT(mm, 0) << "first mismatch at [" << mm / std::max<int64_t>(H, 1) << ", " << mm % H << "]: fused 0x"
+                       << std::hex << b[size_t(std::max<int64_t>(mm, 0))] << " two-step 0x"
+                       << a[size_t(std::max<int64_t>(mm, 0))];
+      if (T == 0) {
+        EXPECT_LT(first_bit_mismatch(b, std::vector<uint16_t>(b.size(), 0xA5A5)), 0) << "T = 0 wrote";
+        continue;
+      }
+      int64_t bad = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t n = 0; n < H; ++n) {
+          float acc = 0.0f, r = 0.0f;
+          for (int64_t j = 0; j < k; ++j) {
+            const int32_t row = row_of[size_t(t * k + j)];
+            if (row < 0 || row >= y_rows) continue;
+            acc = std::fmaf(weighted ? w[size_t(t * k + j)] : 1.0f, ref::bf16_to_float(y[size_t(row * H + n)]), acc);
+          }
+          for (int64_t e = 0; e < E; ++e)
+            r = std::fmaf(dl[size_t(t * E + e)], ref::bf16_to_float(wr[size_t(e * H + n)]), r);
+          const uint16_t want = ref::float_to_bf16(acc + r);
+          if (b[size_t(t * H + n)] != want && bad++ == 0)
+            ADD_FAILURE() << "first mismatch against the host replay at [" << t << ", " << n << "]: got 0x" << std::hex
+                          << b[size_t(t * H + n)] << " want 0x" << want;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}

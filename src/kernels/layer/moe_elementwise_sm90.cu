@@ -5,6 +5,8 @@
 //            the k source rows read with 16-byte loads, FP32 sums in slot order, one BF16 store.
 //            Bytes: 2·k (read) + 2 (write) per output (+4 with the addend). With k = 1, no
 //            weights and an optional device count of used rows it is also moe_gather_rows.
+//            The layers' un-permute variant computes the addend (the router's part of dX,
+//            Σ_e dlogits·Wr) in place: combine_router_dgrad_kernel.
 //   combine backward: dw[t,j] = dout[t]·y[row_of[t,j]] (FP32), and per used padded row r either
 //            dy[r] = bf16(w[t,j]·dout[t]) or row_w[r] = w[t,j] (0 for pads). Token-major by
 //            default (one warp per token: dout[t] read once for its k rows); the row-major kernel
@@ -60,6 +62,43 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint16_t* __rest
   }
 }
 
+// The slot sum of token t at columns c..c+7: acc[i] = fmaf(w[t, j], y[row_of[t, j], c + i], acc[i])
+// for j = 0, 1, ..., top_k - 1 (weight 1 when w is null), skipping slots whose row is outside
+// [0, y_rows). The rows are read kSlotBatch at a time, so that several loads are in flight.
+constexpr int kSlotBatch = 4;
+__device__ __forceinline__ void add_slots(float (&acc)[8], const uint16_t* __restrict__ y, int64_t y_rows,
+                                          int64_t cols, const int32_t* __restrict__ row_of,
+                                          const float* __restrict__ w, int64_t t, int top_k, int64_t c) {
+  for (int j0 = 0; j0 < top_k; j0 += kSlotBatch) {  // slot order
+    uint4 q[kSlotBatch];
+    float wq[kSlotBatch];
+    bool ok[kSlotBatch];
+#pragma unroll
+    for (int s = 0; s < kSlotBatch; ++s) {
+      const int j = j0 + s;
+      const int32_t row = j < top_k ? __ldg(row_of + t * top_k + j) : -1;
+      ok[s] = row >= 0 && row < y_rows;
+      wq[s] = ok[s] && w ? __ldg(w + t * top_k + j) : 1.0f;
+      q[s] = ok[s] ? __ldg(reinterpret_cast<const uint4*>(y + int64_t(row) * cols + c)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int s = 0; s < kSlotBatch; ++s) {
+      if (!ok[s]) continue;
+      const uint32_t qw[4] = {q[s].x, q[s].y, q[s].z, q[s].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = fmaf(wq[s], bf16_lo(qw[i]), acc[2 * i]);
+        acc[2 * i + 1] = fmaf(wq[s], bf16_hi(qw[i]), acc[2 * i + 1]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void store_bf16x8(uint16_t* p, const float (&v)[8]) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2_rn(v[0], v[1]), pack_bf16x2_rn(v[2], v[3]),
+                                            pack_bf16x2_rn(v[4], v[5]), pack_bf16x2_rn(v[6], v[7]));
+}
+
 __global__ void __launch_bounds__(kThreads) combine_kernel(const uint16_t* __restrict__ y, int64_t y_rows,
                                                            int64_t cols, const int32_t* __restrict__ row_of,
                                                            const float* __restrict__ w, int64_t tokens, int top_k,
@@ -71,27 +110,67 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const uint16_t* __res
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = v / vec_per_row, c = (v - t * vec_per_row) * 8;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < top_k; ++j) {  // slot order
-      const int32_t row = __ldg(row_of + t * top_k + j);
-      if (row < 0 || row >= y_rows) continue;
-      const float wj = w ? __ldg(w + t * top_k + j) : 1.0f;
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(y + int64_t(row) * cols + c));
-      const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[2 * i] = fmaf(wj, bf16_lo(qw[i]), acc[2 * i]);
-        acc[2 * i + 1] = fmaf(wj, bf16_hi(qw[i]), acc[2 * i + 1]);
-      }
-    }
+    add_slots(acc, y, y_rows, cols, row_of, w, t, top_k, c);
     if (addend) {
       const float4 a0 = __ldg(reinterpret_cast<const float4*>(addend + t * cols + c));
       const float4 a1 = __ldg(reinterpret_cast<const float4*>(addend + t * cols + c + 4));
       acc[0] += a0.x; acc[1] += a0.y; acc[2] += a0.z; acc[3] += a0.w;
       acc[4] += a1.x; acc[5] += a1.y; acc[6] += a1.z; acc[7] += a1.w;
     }
-    *reinterpret_cast<uint4*>(out + t * cols + c) =
-        make_uint4(pack_bf16x2_rn(acc[0], acc[1]), pack_bf16x2_rn(acc[2], acc[3]), pack_bf16x2_rn(acc[4], acc[5]),
-                   pack_bf16x2_rn(acc[6], acc[7]));
+    store_bf16x8(out + t * cols + c, acc);
+  }
+}
+
+// ---- un-permute with the router's part of dX computed in place ---------------------------------
+//
+// out[t, n] = bf16(Σ_j w[t, j]·y[row_of[t, j], n]  +  r[t, n]),  r[t, n] = Σ_e dl[t, e]·wr[e, n]
+// with r one fmaf chain over e = 0, 1, ..., E-1 from +0 — launch_router_dgrad_fixed's definition,
+// fmaf(dl, wr, acc) with the same operands — and the slot sum add_slots' (combine_kernel's), then
+// one FP32 add as combine_kernel's addend: the bits of launch_router_dgrad_fixed + launch_moe_combine
+// without the FP32 [T, H] between them. dl FP32 [T, E]; wr BF16 [E, cols], 16-byte aligned rows.
+// A CTA of 256 threads owns kCrTokens · 8 tokens × 256 columns: warp w tokens
+// kCrTokens·(8·group + w) + r, lane l columns 8l..8l+7 of the slab. Per e a thread reads one 16-byte
+// wr vector (L1: the CTA's 8 warps read the same E × 512 B) and kCrTokens broadcast dl values, and
+// does 8 conversions + 8·kCrTokens fmaf; then per token the slot sum as combine_kernel. Registers:
+// 8·kCrTokens router sums + one batch of kSlotBatch row vectors.
+constexpr int kCrTokens = 4, kCrCols = 256;
+static_assert(kCrCols == 32 * 8, "a lane owns 8 columns of the slab");
+
+__global__ void __launch_bounds__(kThreads) combine_router_dgrad_kernel(
+    const uint16_t* __restrict__ y, int64_t y_rows, int64_t cols, const int32_t* __restrict__ row_of,
+    const float* __restrict__ w, int64_t tokens, int top_k, const float* __restrict__ dl,
+    const uint16_t* __restrict__ wr, int E, uint16_t* __restrict__ out) {
+  const int64_t slabs = (cols + kCrCols - 1) / kCrCols;
+  const int64_t group = int64_t(blockIdx.x) / slabs, slab = int64_t(blockIdx.x) - group * slabs;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int64_t c = slab * kCrCols + lane * 8;
+  const int64_t t0 = (group * (kThreads / 32) + warp) * kCrTokens;
+  if (c >= cols || t0 >= tokens) return;  // no barriers or shuffles below
+  const float* dlr[kCrTokens];  // dl rows (the last token's past the end: read, never stored)
+#pragma unroll
+  for (int r = 0; r < kCrTokens; ++r) dlr[r] = dl + min(t0 + r, tokens - 1) * E;
+  float rt[kCrTokens][8] = {};  // the router's part, [token][column]
+#pragma unroll 2
+  for (int e = 0; e < E; ++e) {
+    const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr + int64_t(e) * cols + c));  // [8] bf16
+    const float wf[8] = {bf16_lo(wv.x), bf16_hi(wv.x), bf16_lo(wv.y), bf16_hi(wv.y),
+                         bf16_lo(wv.z), bf16_hi(wv.z), bf16_lo(wv.w), bf16_hi(wv.w)};
+#pragma unroll
+    for (int r = 0; r < kCrTokens; ++r) {
+      const float d = __ldg(dlr[r] + e);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) rt[r][i] = fmaf(d, wf[i], rt[r][i]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kCrTokens; ++r) {
+    const int64_t t = t0 + r;
+    if (t >= tokens) break;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    add_slots(acc, y, y_rows, cols, row_of, w, t, top_k, c);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += rt[r][i];
+    store_bf16x8(out + t * cols + c, acc);
   }
 }
 
@@ -395,6 +474,30 @@ void launch_moe_swiglu(const uint16_t* gu, int64_t rows, int64_t inter, const in
                        cudaStream_t stream) {
   swiglu_kernel<<<grid_for(rows * inter / 8), kThreads, 0, stream>>>(gu, rows, inter, rows_used, h);
   MXMOE_CHECK_LAUNCH("moe_swiglu");
+}
+
+// Where the router's part of dX is made (docs/notes/layer.md "Router backward without FP32 round
+// trips"). In the un-permute it costs E fmaf per output element and saves the separate kernel's
+// 4-byte store and the combine's 4-byte load (8 B per element) — but the separate dgrad does the
+// same E fmaf (CUDA-core SGEMM or the fixed-order kernel), so folding is never worse in bytes;
+// what can go wrong is the un-permute turning from memory-bound into issue-bound. Per warp and
+// expert the fused kernel issues ~45 instructions (1 wr load, kCrTokens = 4 dl loads, 8
+// conversions, 32 FMA) for 1024 element-FMAs: at 4 issues / clock / SM, 132 SMs, 1.98 GHz that is
+// E · 4.2e-14 s per element, against (2k + 2) B · 2.5e-13 s/B (4 TB/s) of the combine's own
+// traffic (k BF16 rows in, one BF16 row out). Hidden entirely while E <= 5.9 · (2k + 2); with a
+// 1.5x margin for latency the rule is E <= 4 · (2k + 2): DSV3-EP8-local (E = 32, k = 8) and
+// Qwen3 at k = 8 up to E = 72 fold; E = 128 (Qwen3) and 256 (DeepSeek-V3) keep the separate kernel.
+bool router_dgrad_in_combine(int experts, int top_k) { return experts <= 4 * (2 * top_k + 2); }
+
+void launch_moe_combine_router_dgrad(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of,
+                                     const float* w, int64_t tokens, int top_k, const float* dlogits,
+                                     const uint16_t* wr, int experts, uint16_t* out, cudaStream_t stream) {
+  if (tokens == 0) return;
+  const int64_t slabs = (cols + kCrCols - 1) / kCrCols, tokens_per_cta = int64_t(kThreads / 32) * kCrTokens;
+  const int64_t blocks = (tokens + tokens_per_cta - 1) / tokens_per_cta * slabs;
+  combine_router_dgrad_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(y, y_rows, cols, row_of, w, tokens, top_k,
+                                                                         dlogits, wr, experts, out);
+  MXMOE_CHECK_LAUNCH("moe_combine (router dgrad in place)");
 }
 
 void launch_moe_combine(const uint16_t* y, int64_t y_rows, int64_t cols, const int32_t* row_of, const float* w,
