@@ -1,9 +1,5 @@
-// EpMoeLayer (include/mxmoe/ep_moe_layer.h): host orchestration, no host sync in a step. The
-// caller's stream carries everything, except that each dispatch runs on a side stream forked from
-// it (events; capturable) beside independent compute: the forward's dispatch beside the weights'
-// quantization, the backward's beside dw + the router backward (both need none of the received
-// rows, and the dispatch needs none of their results). Profiling (set_profiling) and
-// MXMOE_EP_OVERLAP=0 (read per call) keep one stream, so each stage is timed alone. The expert part is MoeLayer's own (host/moe_expert_block.h) on this rank's E/R experts;
+// EpMoeLayer (include/mxmoe/ep_moe_layer.h): host orchestration, one stream, no host sync in a
+// step. The expert part is MoeLayer's own (host/moe_expert_block.h) on this rank's E/R experts;
 // the communication is EpComm's (dispatch_bf16 / combine_send). Workspace: one cudaMalloc arena.
 //
 // Why the bits equal MoeLayer's on the concatenated tokens (docs/notes/ep.md "The EP layer"):
@@ -110,37 +106,6 @@ struct EpMoeLayer::Impl {
   // device barrier timed out; 2 also prints each stage as it completes (stderr), so a hang shows
   // the last stage reached. Skipped while the stream is being captured.
   int debug_sync = 0;
-  cudaStream_t side = nullptr;          // the dispatches' stream (forked from the caller's, joined back)
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-
-  bool overlap() const {
-    if (timer.on) return false;
-    const char* v = std::getenv("MXMOE_EP_OVERLAP");
-    return v == nullptr || v[0] != '0';
-  }
-  // Runs dispatch(s) on the side stream beside local(stream) when overlapping, else one after the
-  // other on `stream` (dispatch first, as the stage order of the profiled run reads).
-  template <class Dispatch, class Local>
-  void beside(const char* fn, cudaStream_t stream, Dispatch&& dispatch, Local&& local) {
-    if (!overlap()) {
-      dispatch(stream);
-      local();
-      return;
-    }
-    MXMOE_CUDA_CHECK(fn, cudaEventRecord(fork_ev, stream));
-    MXMOE_CUDA_CHECK(fn, cudaStreamWaitEvent(side, fork_ev, 0));
-    dispatch(side);
-    MXMOE_CUDA_CHECK(fn, cudaEventRecord(join_ev, side));
-    local();
-    MXMOE_CUDA_CHECK(fn, cudaStreamWaitEvent(stream, join_ev, 0));
-  }
-  void destroy_streams() noexcept {
-    if (side) cudaStreamDestroy(side);
-    if (fork_ev) cudaEventDestroy(fork_ev);
-    if (join_ev) cudaEventDestroy(join_ev);
-    side = nullptr;
-    fork_ev = join_ev = nullptr;
-  }
 
   size_t carve(uint8_t* base) {
     detail::Carver c(base);
@@ -235,9 +200,6 @@ EpMoeLayer::EpMoeLayer(const EpMoeLayerConfig& cfg, EpComm& comm) : impl_(new Im
       MXMOE_CUDA_CHECK(kFn, cudaMalloc(&m.arena, m.bytes));
       m.carve(m.arena);
       m.router.create();
-      MXMOE_CUDA_CHECK(kFn, cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
-      MXMOE_CUDA_CHECK(kFn, cudaEventCreateWithFlags(&m.fork_ev, cudaEventDisableTiming));
-      MXMOE_CUDA_CHECK(kFn, cudaEventCreateWithFlags(&m.join_ev, cudaEventDisableTiming));
       std::vector<int32_t> tok(size_t(m.maxT * m.k));
       for (size_t r = 0; r < tok.size(); ++r) tok[r] = int32_t(r / size_t(m.k));
       MXMOE_CUDA_CHECK(kFn, cudaMemcpy(m.home_token, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice));
@@ -247,7 +209,6 @@ EpMoeLayer::EpMoeLayer(const EpMoeLayerConfig& cfg, EpComm& comm) : impl_(new Im
     comm.agree(kFn, nullptr, nullptr, 0, alloc_err);
   } catch (...) {
     m.router.destroy();
-    m.destroy_streams();
     if (m.arena) cudaFree(m.arena);
     delete impl_;
     throw;
@@ -256,7 +217,6 @@ EpMoeLayer::EpMoeLayer(const EpMoeLayerConfig& cfg, EpComm& comm) : impl_(new Im
 
 EpMoeLayer::~EpMoeLayer() {
   impl_->router.destroy();
-  impl_->destroy_streams();
   if (impl_->arena) cudaFree(impl_->arena);
   delete impl_;
 }
@@ -282,25 +242,19 @@ void EpMoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bflo
     moe_topk(m.router.logits, T, int(E), c.routing, m.ids, m.weights, stream);
   }
   m.mark("router GEMM (batch-invariant) + top-k", stream);
-  // 3. BF16 rows to the ranks of their experts (every rank takes part, also with T = 0), beside
-  // 4. the local experts' weights, both ways (they need nothing received)
-  m.beside(
-      fn, stream,
-      [&](cudaStream_t s) {
-        m.comm->dispatch_bf16(x, m.ids, nullptr, T, s);
-        m.mark("dispatch (BF16 rows)", s);
-      },
-      [&] {
-        m.blk.quantize_weights(w1, w2, stream);
-        m.mark("quantize W1, W2 (both ways)", stream);
-      });
-  // 5. plan over the received records, gather + quantize both ways (col: the W1 wgrad operand)
+  // 3. BF16 rows to the ranks of their experts (every rank takes part, also with T = 0)
+  m.comm->dispatch_bf16(x, m.ids, nullptr, T, stream);
+  m.mark("dispatch (BF16 rows)", stream);
+  // 4. plan over the received records, gather + quantize both ways (col: the W1 wgrad operand)
   moe_plan(m.comm->recv_local_ids(), m.recv_rows, k, m.El, m.cap, m.plan_ws, m.plan_ws_bytes, m.plan, stream);
   m.checkpoint("local plan (moe_plan)", stream);
   const MxOut xr = m.blk.x_row.out(), xc = m.blk.x_col.out();
   quantize_mxfp8_gather(m.comm->recv_bf16_rows(), m.recv_rows, H, m.plan.row_index, m.cap, m.rows_used(), &xr, &xc,
                         ScaleMode::kRceil, stream);
   m.mark("local plan + gather-quantize x", stream);
+  // 5. local experts' weights, both ways
+  m.blk.quantize_weights(w1, w2, stream);
+  m.mark("quantize W1, W2 (both ways)", stream);
   // 6-8. GEMM1, SwiGLU + quantize, GEMM2 (MoeLayer's launches)
   m.blk.forward(m.plan.padded_offsets, stream, m.marker(stream));
   // 9. rows back to the tokens' ranks; keep them (dw in backward) and sum in slot order
@@ -331,26 +285,19 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
   detail::check_on_device(fn, m.comm->device(), stream,
                           {{"dout", dout}, {"x", x}, {"wr", wr}, {"dx", dx}, {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}});
   m.mark("", stream, "backward entry (the caller's work since forward)");
-  // 1. dOut rows and routing weights to the experts' ranks, beside
-  // 2. at the owner: dw = dOut · Y(t, j) on the kept rows, then the router's backward (the
-  //    dispatch reads dOut, ids and the forward's weights; it needs neither dw nor dWr)
-  m.beside(
-      fn, stream,
-      [&](cudaStream_t s) {
-        m.comm->dispatch_bf16(dout, m.ids, m.weights, T, s);
-        m.mark("bwd: dispatch (BF16 dOut + weights)", s);
-      },
-      [&] {
-        if (T > 0) {
-          moe_combine_backward_scales(dout, m.y_home, T * k, H, nullptr, m.home_token, m.home_row, m.weights, T, k,
-                                      m.home_row_w, m.dw, stream);
-          m.checkpoint("bwd: dw (routing-weight grad)", stream);
-          m.router.backward(x, T, wr, m.ids, m.dw, c.routing, dwr, stream);
-        } else {
-          MXMOE_CUDA_CHECK(fn, cudaMemsetAsync(dwr, 0, size_t(E * H) * 4, stream));
-        }
-        m.mark("bwd: dw + router backward", stream);
-      });
+  // 1. at the owner: dw = dOut · Y(t, j) on the kept rows, then the router's backward
+  if (T > 0) {
+    moe_combine_backward_scales(dout, m.y_home, T * k, H, nullptr, m.home_token, m.home_row, m.weights, T, k,
+                                m.home_row_w, m.dw, stream);
+    m.checkpoint("bwd: dw (routing-weight grad)", stream);
+    m.router.backward(x, T, wr, m.ids, m.dw, c.routing, dwr, stream);
+  } else {
+    MXMOE_CUDA_CHECK(fn, cudaMemsetAsync(dwr, 0, size_t(E * H) * 4, stream));
+  }
+  m.mark("bwd: dw + router backward", stream);
+  // 2. dOut rows and routing weights to the experts' ranks
+  m.comm->dispatch_bf16(dout, m.ids, m.weights, T, stream);
+  m.mark("bwd: dispatch (BF16 dOut + weights)", stream);
   // 3. each padded row's weight (and the same dw again, unused), then dY = bf16(w · dOut) gathered
   //    into the local layout and quantized both ways in one pass
   moe_combine_backward_scales(m.comm->recv_bf16_rows(), m.blk.y, m.cap, H, m.rows_used(), m.plan.row_index,
