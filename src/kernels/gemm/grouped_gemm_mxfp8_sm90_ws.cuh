@@ -590,6 +590,30 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMa
   }
 }
 
+// A math warpgroup's end of tile t: its fragment out through store_tile_tma (kTmaStore; staging at
+// kOffOut of the layout with out_stage_bytes) or store_tile; and, after its last tile,
+// finish_tile_stores: the TMA stores' global writes are done before the issuing thread leaves (the
+// staging must stay valid while they read it).
+template <int kBlockN, int kNumStages, bool kExact, bool kPipelined, bool kOutF32, bool kTmaStore, class Scheduler>
+__device__ __forceinline__ void store_tile_any(const Params& p, const CUtensorMap* tm_y, const Scheduler& sched, int t,
+                                               const float (&frag)[kBlockN / 2], uint8_t* smem, int math_wg, int warp,
+                                               int lane, int r_tile, int c_frag) {
+  if constexpr (kTmaStore) {
+    using LO = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes<kBlockN>()>;
+    store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
+        p, tm_y, sched.tile(t), frag,
+        smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups), math_wg, warp, lane);
+  } else {
+    store_tile<kBlockN, kOutF32>(p, sched.tile(t), frag, r_tile, c_frag);
+  }
+}
+
+template <bool kTmaStore>
+__device__ __forceinline__ void finish_tile_stores() {
+  if constexpr (kTmaStore)
+    if (threadIdx.x % 128 == 0) device::cp_async_bulk_wait_group<0>();
+}
+
 // Fast mode, serial schedule (kConfigFastPipelined = false): issue a chunk's four wgmmas, wait for
 // them, decode the scale bytes in every thread, promote.
 template <int kBlockN, int kNumStages, bool kOutF32, bool kMulticast, class Scheduler>
@@ -719,17 +743,10 @@ __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const
       __syncwarp();
       if (lane == 0) arrive_empty<false>(&empty[held.s]);
     }
-    if constexpr (kTmaStore) {
-      using LO = SmemLayout<kBlockN, kNumStages, true, false, out_stage_bytes<kBlockN>()>;
-      store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
-          p, tm_y, sched.tile(t), acc,
-          smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups), math_wg, warp, lane);
-    } else {
-      store_tile<kBlockN, kOutF32>(p, sched.tile(t), acc, r_tile, c_frag);
-    }
+    store_tile_any<kBlockN, kNumStages, true, false, kOutF32, kTmaStore>(p, tm_y, sched, t, acc, smem, math_wg, warp,
+                                                                         lane, r_tile, c_frag);
   }
-  if constexpr (kTmaStore)  // the last boxes' writes are done before the staging goes away
-    if (threadIdx.x % 128 == 0) device::cp_async_bulk_wait_group<0>();
+  finish_tile_stores<kTmaStore>();
 }
 
 // ---- fast mode, pipelined schedule (kConfigFastPipelined) -----------------------------------
@@ -953,19 +970,10 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
       __syncwarp();
       if (lane == 0) arrive_empty<false>(&empty[cur.s]);
     }
-    if constexpr (kTmaStore) {
-      using LO = SmemLayout<kBlockN, kNumStages, false, true, out_stage_bytes<kBlockN>()>;
-      store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
-          p, tm_y, sched.tile(t), tot,
-          smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups), math_wg, warp, lane);
-    } else {
-      store_tile<kBlockN, kOutF32>(p, sched.tile(t), tot, r_tile, c_frag);
-    }
+    store_tile_any<kBlockN, kNumStages, false, true, kOutF32, kTmaStore>(p, tm_y, sched, t, tot, smem, math_wg, warp,
+                                                                         lane, r_tile, c_frag);
   }
-  // The last boxes' global writes are done before the warpgroup's leader leaves (the staging
-  // must stay valid while they are read).
-  if constexpr (kTmaStore)
-    if (threadIdx.x % 128 == 0) device::cp_async_bulk_wait_group<0>();
+  finish_tile_stores<kTmaStore>();
 }
 
 // ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
