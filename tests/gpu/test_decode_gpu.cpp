@@ -721,6 +721,21 @@ void check_expert_centric(const Layer& L, const EcWeights& W, int B, const std::
   EXPECT_TRUE(call.out.download() == o1) << "out differs between runs";
 }
 
+// Every small config (Qwen3-like, DeepSeek-like) in both weight dtypes: a layer with every expert
+// filled and its expert-centric weights, under a SCOPED_TRACE naming them; fn(cfg, d, L, W).
+template <class Fn>
+void for_each_filled_layer(std::mt19937& rng, Fn&& fn) {
+  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
+    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
+      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d));
+      Layer L(cfg, d, rng);
+      fill_all_experts(L, rng);
+      const EcWeights W(L);
+      fn(cfg, d, L, W);
+    }
+  }
+}
+
 void expert_centric_shapes(const Config& cfg, uint32_t seed) {
   std::mt19937 rng(seed);
   for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
@@ -759,37 +774,31 @@ TEST(DecodeGpu, ExpertCentricSharedExpertShape) {
 TEST(DecodeGpu, ExpertCentricBatchInvariance) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed() + 7);
-  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
-    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
-      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d));
-      Layer L(cfg, d, rng);
-      fill_all_experts(L, rng);
-      const EcWeights W(L);
-      const int B = 37;
-      std::vector<int32_t> ids;
-      std::vector<float> w;
-      make_routing(B, cfg.k, 0, cfg.E, rng, &ids, &w);
-      const std::vector<uint16_t> xs = gaussian_bf16(int64_t(B) * cfg.H, rng);
-      EcCall big(L, W, B, B);
-      big.x.upload(xs);
-      big.ids.upload(ids);
-      big.w.upload(w);
-      big.run();
+  for_each_filled_layer(rng, [&](const Config& cfg, DecodeWeightDtype, Layer& L, const EcWeights& W) {
+    const int B = 37;
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    make_routing(B, cfg.k, 0, cfg.E, rng, &ids, &w);
+    const std::vector<uint16_t> xs = gaussian_bf16(int64_t(B) * cfg.H, rng);
+    EcCall big(L, W, B, B);
+    big.x.upload(xs);
+    big.ids.upload(ids);
+    big.w.upload(w);
+    big.run();
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto out = big.out.download();
+    const size_t H = size_t(cfg.H), k = size_t(cfg.k);
+    for (int b : {0, 1, 5, 17, 36}) {
+      EcCall one(L, W, 1, 1);
+      one.x.upload(std::vector<uint16_t>(xs.begin() + b * H, xs.begin() + (b + 1) * H));
+      one.ids.upload(std::vector<int32_t>(ids.begin() + b * k, ids.begin() + (b + 1) * k));
+      one.w.upload(std::vector<float>(w.begin() + b * k, w.begin() + (b + 1) * k));
+      one.run();
       MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-      const auto out = big.out.download();
-      const size_t H = size_t(cfg.H), k = size_t(cfg.k);
-      for (int b : {0, 1, 5, 17, 36}) {
-        EcCall one(L, W, 1, 1);
-        one.x.upload(std::vector<uint16_t>(xs.begin() + b * H, xs.begin() + (b + 1) * H));
-        one.ids.upload(std::vector<int32_t>(ids.begin() + b * k, ids.begin() + (b + 1) * k));
-        one.w.upload(std::vector<float>(w.begin() + b * k, w.begin() + (b + 1) * k));
-        one.run();
-        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-        const auto out1 = one.out.download();
-        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, H * 2), 0) << "out, token " << b;
-      }
+      const auto out1 = one.out.download();
+      EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, H * 2), 0) << "out, token " << b;
     }
-  }
+  });
 }
 
 // decode_expert_centric captured once in a CUDA graph, replayed with new tokens and new routing
@@ -844,60 +853,55 @@ TEST(DecodeGpu, ExpertCentricCudaGraphReplayWithNewTokens) {
 TEST(DecodeGpu, DecodeStepPicksThePathAndPathsAgree) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed() + 9);
-  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
-    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
-      Layer L(cfg, d, rng);
-      fill_all_experts(L, rng);
-      const EcWeights W(L);
-      const DecodeShape shape{cfg.H, cfg.I, cfg.E, cfg.k, cfg.shared};
-      const int cross = decode_crossover(shape, d).max_batch;
-      for (int B : {cross, cross + 1}) {
-        SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d) + " B=" + std::to_string(B));
-        const std::vector<uint16_t> xs = int_grid_bf16(int64_t(B) * cfg.H, 8, rng);
-        DevBuf<uint16_t> x(xs.size()), out(xs.size(), 0xFF), out_other(xs.size(), 0xFF);
-        x.upload(xs);
-        DevBuf<int32_t> ids(size_t(B) * cfg.k);
-        DevBuf<float> w(size_t(B) * cfg.k);
-        DevBuf<uint8_t> ws(decode_step_workspace_bytes(shape, d, B + 3));
-        const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x.p);
-        const DecodePath p = decode_step(xb, B, shape, reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p),
-                                         L.router_params(), W.w1, W.w2, ids.p, w.p,
-                                         reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, ws.n);
-        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-        EXPECT_EQ(p, choose_decode_path(shape, d, B));
-        EXPECT_EQ(p, B <= cross ? DecodePath::kWarpDecode : DecodePath::kExpertCentric);
-        const std::vector<uint16_t> o_step = out.download();
+  for_each_filled_layer(rng, [&](const Config& cfg, DecodeWeightDtype d, Layer& L, const EcWeights& W) {
+    const DecodeShape shape{cfg.H, cfg.I, cfg.E, cfg.k, cfg.shared};
+    const int cross = decode_crossover(shape, d).max_batch;
+    for (int B : {cross, cross + 1}) {
+      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d) + " B=" + std::to_string(B));
+      const std::vector<uint16_t> xs = int_grid_bf16(int64_t(B) * cfg.H, 8, rng);
+      DevBuf<uint16_t> x(xs.size()), out(xs.size(), 0xFF), out_other(xs.size(), 0xFF);
+      x.upload(xs);
+      DevBuf<int32_t> ids(size_t(B) * cfg.k);
+      DevBuf<float> w(size_t(B) * cfg.k);
+      DevBuf<uint8_t> ws(decode_step_workspace_bytes(shape, d, B + 3));
+      const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x.p);
+      const DecodePath p = decode_step(xb, B, shape, reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p),
+                                       L.router_params(), W.w1, W.w2, ids.p, w.p,
+                                       reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, ws.n);
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(p, choose_decode_path(shape, d, B));
+      EXPECT_EQ(p, B <= cross ? DecodePath::kWarpDecode : DecodePath::kExpertCentric);
+      const std::vector<uint16_t> o_step = out.download();
 
-        // Both paths by hand on decode_step's routing.
-        Step warp(L, xs, B, DecodeHDtype::kFP32);
-        MXMOE_ASSERT_CUDA(cudaMemcpy(warp.ids.p, ids.p, ids.n * 4, cudaMemcpyDeviceToDevice));
-        MXMOE_ASSERT_CUDA(cudaMemcpy(warp.w.p, w.p, w.n * 4, cudaMemcpyDeviceToDevice));
-        warp.gate_up();
-        warp.down();
-        EcCall ec(L, W, B, B);
-        ec.x.upload(xs);
-        MXMOE_ASSERT_CUDA(cudaMemcpy(ec.ids.p, ids.p, ids.n * 4, cudaMemcpyDeviceToDevice));
-        MXMOE_ASSERT_CUDA(cudaMemcpy(ec.w.p, w.p, w.n * 4, cudaMemcpyDeviceToDevice));
-        ec.run();
-        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-        const std::vector<uint16_t> o_warp = warp.out.download(), o_ec = ec.out.download();
-        EXPECT_TRUE(o_step == (p == DecodePath::kWarpDecode ? o_warp : o_ec))
-            << "decode_step's output is not that of " << path_name(p);
-        const std::vector<double> gw = to_double_bf16(o_warp), ge = to_double_bf16(o_ec);
-        EXPECT_TRUE(per_token_close("expert-centric vs warp decode", ge, gw, B, cfg.H,
-                                    d == DecodeWeightDtype::kMXFP8 ? 0.15 : 2e-2));
-        const std::vector<int32_t> hid = ids.download();
-        const std::vector<float> hw = w.download();
-        const std::vector<double> wd(hw.begin(), hw.end());
-        const ref::GateUpRef gr = ref::decode_gate_up(to_double_bf16(xs), B, cfg.H, cfg.I, L.w1->ref, hid.data(), cfg.k);
-        std::vector<double> exact;
-        ref::decode_down(gr.h, B, cfg.I, cfg.H, L.w2->ref, hid.data(), wd.data(), cfg.k, &exact, nullptr);
-        std::printf("[decode_step] %s %s B=%d (%s): rel. Frobenius error vs FP64: warp decode %.5f, expert-centric %.5f\n",
-                    cfg.name, dtype_name(d), B, path_name(p), rel_frobenius(gw, exact), rel_frobenius(ge, exact));
-        EXPECT_LT(rel_frobenius(gw, exact), 1e-2);
-      }
+      // Both paths by hand on decode_step's routing.
+      Step warp(L, xs, B, DecodeHDtype::kFP32);
+      MXMOE_ASSERT_CUDA(cudaMemcpy(warp.ids.p, ids.p, ids.n * 4, cudaMemcpyDeviceToDevice));
+      MXMOE_ASSERT_CUDA(cudaMemcpy(warp.w.p, w.p, w.n * 4, cudaMemcpyDeviceToDevice));
+      warp.gate_up();
+      warp.down();
+      EcCall ec(L, W, B, B);
+      ec.x.upload(xs);
+      MXMOE_ASSERT_CUDA(cudaMemcpy(ec.ids.p, ids.p, ids.n * 4, cudaMemcpyDeviceToDevice));
+      MXMOE_ASSERT_CUDA(cudaMemcpy(ec.w.p, w.p, w.n * 4, cudaMemcpyDeviceToDevice));
+      ec.run();
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<uint16_t> o_warp = warp.out.download(), o_ec = ec.out.download();
+      EXPECT_TRUE(o_step == (p == DecodePath::kWarpDecode ? o_warp : o_ec))
+          << "decode_step's output is not that of " << path_name(p);
+      const std::vector<double> gw = to_double_bf16(o_warp), ge = to_double_bf16(o_ec);
+      EXPECT_TRUE(per_token_close("expert-centric vs warp decode", ge, gw, B, cfg.H,
+                                  d == DecodeWeightDtype::kMXFP8 ? 0.15 : 2e-2));
+      const std::vector<int32_t> hid = ids.download();
+      const std::vector<float> hw = w.download();
+      const std::vector<double> wd(hw.begin(), hw.end());
+      const ref::GateUpRef gr = ref::decode_gate_up(to_double_bf16(xs), B, cfg.H, cfg.I, L.w1->ref, hid.data(), cfg.k);
+      std::vector<double> exact;
+      ref::decode_down(gr.h, B, cfg.I, cfg.H, L.w2->ref, hid.data(), wd.data(), cfg.k, &exact, nullptr);
+      std::printf("[decode_step] %s %s B=%d (%s): rel. Frobenius error vs FP64: warp decode %.5f, expert-centric %.5f\n",
+                  cfg.name, dtype_name(d), B, path_name(p), rel_frobenius(gw, exact), rel_frobenius(ge, exact));
+      EXPECT_LT(rel_frobenius(gw, exact), 1e-2);
     }
-  }
+  });
 }
 
 // Programmatic Dependent Launch (src/host/pdl_launch.h): chained decode_steps, each reading the
@@ -911,84 +915,78 @@ TEST(DecodeGpu, DecodeStepPicksThePathAndPathsAgree) {
 TEST(DecodeGpu, PdlChainedStepsMatchSerializedLaunches) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed() + 10);
-  for (const Config& cfg : {kQwenSmall, kDsSmall}) {
-    for (DecodeWeightDtype d : {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8}) {
-      SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d));
-      Layer L(cfg, d, rng);
-      fill_all_experts(L, rng);
-      const EcWeights W(L);
-      const DecodeShape shape{cfg.H, cfg.I, cfg.E, cfg.k, cfg.shared};
-      const int cross = decode_crossover(shape, d).max_batch;
-      const int batches[] = {cross, cross + 1, cross, cross + 1, cross};
-      constexpr int kSteps = 5;
-      const int bmax = cross + 1;
-      const size_t act_n = size_t(bmax) * cfg.H;
-      // act[0] = x; act[s + 1] = step s's output (rows past its B keep their initial values).
-      std::vector<std::vector<uint16_t>> init;
-      std::vector<std::unique_ptr<DevBuf<uint16_t>>> act;
-      for (int s = 0; s <= kSteps; ++s) {
-        init.push_back(gaussian_bf16(int64_t(act_n), rng));
-        act.push_back(std::make_unique<DevBuf<uint16_t>>(act_n));
-      }
-      DevBuf<int32_t> ids(size_t(bmax) * cfg.k);
-      DevBuf<float> w(size_t(bmax) * cfg.k);
-      DevBuf<uint8_t> ws(decode_step_workspace_bytes(shape, d, bmax));
-      auto reset = [&] {
-        for (int s = 0; s <= kSteps; ++s) act[size_t(s)]->upload(init[size_t(s)]);
-        MXMOE_ASSERT_CUDA(cudaMemset(ids.p, 0xFF, ids.n * 4));
-        MXMOE_ASSERT_CUDA(cudaMemset(w.p, 0xFF, w.n * 4));
-        MXMOE_ASSERT_CUDA(cudaMemset(ws.p, 0xFF, ws.n));
-        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-      };
-      auto x_of = [&](int s) { return reinterpret_cast<const __nv_bfloat16*>(act[size_t(s)]->p); };
-      auto out_of = [&](int s) { return reinterpret_cast<__nv_bfloat16*>(act[size_t(s) + 1]->p); };
-      const auto* wr = reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p);
-
-      // Serialized: the launches decode_step makes, one at a time.
-      reset();
-      for (int s = 0; s < kSteps; ++s) {
-        const int B = batches[s];
-        decode_router(x_of(s), B, cfg.H, wr, cfg.E, L.router_params(), ids.p, w.p);
-        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-        if (choose_decode_path(shape, d, B) == DecodePath::kWarpDecode) {
-          decode_gate_up(x_of(s), B, cfg.H, cfg.I, W.w1, cfg.E, ids.p, cfg.k, ws.p, DecodeHDtype::kFP32);
-          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-          decode_down(ws.p, DecodeHDtype::kFP32, B, cfg.I, cfg.H, W.w2, cfg.E, ids.p, w.p, cfg.k, out_of(s));
-        } else {
-          decode_expert_centric(x_of(s), B, cfg.H, cfg.I, W.w1, W.w2, cfg.E, ids.p, w.p, cfg.k, out_of(s), ws.p,
-                                ws.n);
-        }
-        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-      }
-      std::vector<std::vector<uint16_t>> expect;
-      for (int s = 1; s <= kSteps; ++s) expect.push_back(act[size_t(s)]->download());
-      const std::vector<int32_t> ids_expect = ids.download();
-      const std::vector<float> w_expect = w.download();
-
-      cudaStream_t stream;
-      MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      cudaGraph_t graph;
-      MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      for (int s = 0; s < kSteps; ++s) {
-        const DecodePath p = decode_step(x_of(s), batches[s], shape, wr, L.router_params(), W.w1, W.w2, ids.p,
-                                         w.p, out_of(s), ws.p, ws.n, stream);
-        EXPECT_EQ(p, s % 2 == 0 ? DecodePath::kWarpDecode : DecodePath::kExpertCentric) << "step " << s;
-      }
-      MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-      cudaGraphExec_t exec;
-      MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-      for (int rep = 0; rep < 3; ++rep) {
-        reset();
-        MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-        MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
-        for (int s = 1; s <= kSteps; ++s)
-          EXPECT_TRUE(act[size_t(s)]->download() == expect[size_t(s) - 1]) << "replay " << rep << ", step " << s - 1;
-        EXPECT_TRUE(ids.download() == ids_expect) << "replay " << rep;
-        EXPECT_TRUE(w.download() == w_expect) << "replay " << rep;
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
+  for_each_filled_layer(rng, [&](const Config& cfg, DecodeWeightDtype d, Layer& L, const EcWeights& W) {
+    const DecodeShape shape{cfg.H, cfg.I, cfg.E, cfg.k, cfg.shared};
+    const int cross = decode_crossover(shape, d).max_batch;
+    const int batches[] = {cross, cross + 1, cross, cross + 1, cross};
+    constexpr int kSteps = 5;
+    const int bmax = cross + 1;
+    const size_t act_n = size_t(bmax) * cfg.H;
+    // act[0] = x; act[s + 1] = step s's output (rows past its B keep their initial values).
+    std::vector<std::vector<uint16_t>> init;
+    std::vector<std::unique_ptr<DevBuf<uint16_t>>> act;
+    for (int s = 0; s <= kSteps; ++s) {
+      init.push_back(gaussian_bf16(int64_t(act_n), rng));
+      act.push_back(std::make_unique<DevBuf<uint16_t>>(act_n));
     }
-  }
+    DevBuf<int32_t> ids(size_t(bmax) * cfg.k);
+    DevBuf<float> w(size_t(bmax) * cfg.k);
+    DevBuf<uint8_t> ws(decode_step_workspace_bytes(shape, d, bmax));
+    auto reset = [&] {
+      for (int s = 0; s <= kSteps; ++s) act[size_t(s)]->upload(init[size_t(s)]);
+      MXMOE_ASSERT_CUDA(cudaMemset(ids.p, 0xFF, ids.n * 4));
+      MXMOE_ASSERT_CUDA(cudaMemset(w.p, 0xFF, w.n * 4));
+      MXMOE_ASSERT_CUDA(cudaMemset(ws.p, 0xFF, ws.n));
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    };
+    auto x_of = [&](int s) { return reinterpret_cast<const __nv_bfloat16*>(act[size_t(s)]->p); };
+    auto out_of = [&](int s) { return reinterpret_cast<__nv_bfloat16*>(act[size_t(s) + 1]->p); };
+    const auto* wr = reinterpret_cast<const __nv_bfloat16*>(L.d_wr->p);
+
+    // Serialized: the launches decode_step makes, one at a time.
+    reset();
+    for (int s = 0; s < kSteps; ++s) {
+      const int B = batches[s];
+      decode_router(x_of(s), B, cfg.H, wr, cfg.E, L.router_params(), ids.p, w.p);
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      if (choose_decode_path(shape, d, B) == DecodePath::kWarpDecode) {
+        decode_gate_up(x_of(s), B, cfg.H, cfg.I, W.w1, cfg.E, ids.p, cfg.k, ws.p, DecodeHDtype::kFP32);
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        decode_down(ws.p, DecodeHDtype::kFP32, B, cfg.I, cfg.H, W.w2, cfg.E, ids.p, w.p, cfg.k, out_of(s));
+      } else {
+        decode_expert_centric(x_of(s), B, cfg.H, cfg.I, W.w1, W.w2, cfg.E, ids.p, w.p, cfg.k, out_of(s), ws.p,
+                              ws.n);
+      }
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    }
+    std::vector<std::vector<uint16_t>> expect;
+    for (int s = 1; s <= kSteps; ++s) expect.push_back(act[size_t(s)]->download());
+    const std::vector<int32_t> ids_expect = ids.download();
+    const std::vector<float> w_expect = w.download();
+
+    cudaStream_t stream;
+    MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int s = 0; s < kSteps; ++s) {
+      const DecodePath p = decode_step(x_of(s), batches[s], shape, wr, L.router_params(), W.w1, W.w2, ids.p,
+                                       w.p, out_of(s), ws.p, ws.n, stream);
+      EXPECT_EQ(p, s % 2 == 0 ? DecodePath::kWarpDecode : DecodePath::kExpertCentric) << "step " << s;
+    }
+    MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      reset();
+      MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      for (int s = 1; s <= kSteps; ++s)
+        EXPECT_TRUE(act[size_t(s)]->download() == expect[size_t(s) - 1]) << "replay " << rep << ", step " << s - 1;
+      EXPECT_TRUE(ids.download() == ids_expect) << "replay " << rep;
+      EXPECT_TRUE(w.download() == w_expect) << "replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  });
 }
