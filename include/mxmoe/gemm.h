@@ -80,7 +80,11 @@ struct GemmOptions {
   int fast_tile_n = 0;            // fast mode's output tile width, 128 or 192 (same bytes either
                                   // way); 0 = the library's choice: m-grouped 192, k-grouped 192
                                   // when the reduced-over weight dim k >= 1024, else 128
-                                  // (docs/notes/gemm.md). MXMOE_GEMM_TILE overrides it.
+                                  // (docs/notes/gemm.md). MXMOE_GEMM_TILE overrides it. Wide
+                                  // tiles (fast 192, exact 256) write their output through shared
+                                  // memory and TMA stores overlapped with the next tile (FP32 with
+                                  // accumulate: TMA reduce-add, one FP32 add per element); the
+                                  // bytes are the direct stores', which MXMOE_GEMM_TMA_STORE=0 picks.
   bool accumulate = false;        // out += result (read, add in FP32, round once, write) instead
                                   // of out = result; pad rows then stay as they were
   cudaStream_t stream = nullptr;
