@@ -1305,6 +1305,29 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
   MXMOE_CHECK_LAUNCH(fn);
 }
 
+// One (width, mode): the four output forms, FP32 or BF16, with the TMA-store epilogue (wide
+// widths only; use_tma_store never asks it of 128) or direct stores.
+template <int kBlockN, bool kExact, bool kKGrouped>
+void launch_by_output(const char* fn, bool out_f32, bool tma_store, bool multicast, const CUtensorMap& tm_a,
+                      const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p,
+                      int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
+  if constexpr (kBlockN > kConfigBlockN) {
+    if (tma_store) {
+      if (out_f32)
+        launch_grouped<kBlockN, kExact, true, kKGrouped, true>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream,
+                                                               tm_y);
+      else
+        launch_grouped<kBlockN, kExact, false, kKGrouped, true>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+                                                                stream, tm_y);
+      return;
+    }
+  }
+  if (out_f32)
+    launch_grouped<kBlockN, kExact, true, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
+  else
+    launch_grouped<kBlockN, kExact, false, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
+}
+
 // path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
 // map's box and the B scale map's box path.block_n rows). tm_y: the output map of the TMA-store
 // epilogue (path.tma_store; out_tma_map), otherwise any map (unused).
@@ -1314,26 +1337,15 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream,
                       const CUtensorMap& tm_y) {
   constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN, kXW = kConfigExactWideBlockN;
-  const bool mc = path.multicast;
-#define MXMOE_LAUNCH(...) launch_grouped<__VA_ARGS__>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y)
-  if (exact && path.block_n == kXW) {
-    if (out_f32 && path.tma_store) MXMOE_LAUNCH(kXW, true, true, kKGrouped, true);
-    else if (out_f32) MXMOE_LAUNCH(kXW, true, true, kKGrouped);
-    else if (path.tma_store) MXMOE_LAUNCH(kXW, true, false, kKGrouped, true);
-    else MXMOE_LAUNCH(kXW, true, false, kKGrouped);
-  } else if (exact) {
-    if (out_f32) MXMOE_LAUNCH(kN, true, true, kKGrouped);
-    else MXMOE_LAUNCH(kN, true, false, kKGrouped);
-  } else if (path.block_n == kW) {
-    if (out_f32 && path.tma_store) MXMOE_LAUNCH(kW, false, true, kKGrouped, true);
-    else if (out_f32) MXMOE_LAUNCH(kW, false, true, kKGrouped);
-    else if (path.tma_store) MXMOE_LAUNCH(kW, false, false, kKGrouped, true);
-    else MXMOE_LAUNCH(kW, false, false, kKGrouped);
-  } else {
-    if (out_f32) launch_grouped<kN, false, true, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
-    else launch_grouped<kN, false, false, kKGrouped>(fn, mc, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
-  }
-#undef MXMOE_LAUNCH
+  const auto launch = [&](auto width, auto exact_mode) {
+    launch_by_output<decltype(width)::value, decltype(exact_mode)::value, kKGrouped>(
+        fn, out_f32, path.tma_store, path.multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
+  };
+  using std::integral_constant;
+  if (exact && path.block_n == kXW) launch(integral_constant<int, kXW>{}, std::true_type{});
+  else if (exact) launch(integral_constant<int, kN>{}, std::true_type{});
+  else if (path.block_n == kW) launch(integral_constant<int, kW>{}, std::false_type{});
+  else launch(integral_constant<int, kN>{}, std::false_type{});
 }
 
 // Persistent grid: opts.num_sms if in (0, #SMs), else every SM. (The multicast launch rounds it
