@@ -163,6 +163,27 @@ class EpComm {
   const __nv_bfloat16* combine_rows() const;
   const int32_t* home_rows() const;
 
+  // The fused combine (EpMoeLayer's default; docs/notes/ep.md, "Fused combine"): the caller's
+  // kernel writes each output row straight into its combine slot (EpMoeLayer: the expert GEMM's
+  // row epilogue), and combine_commit publishes them; no copy of y.
+  //   combine_targets: targets [rows] (device, 8-byte aligned) gets, for each padded row r of the
+  //   local layout, the address (as this GPU maps it, a peer's window or ours) of the combine slot
+  //   that combine_send(y, rows, row_of, ...) would copy y[r] to: row_index[r] = u = s·max_tokens + t
+  //   (moe_plan over recv_local_ids(), its row_index), the slot j with recv_local_ids() >= 0 and
+  //   row_of[u·k + j] == r, i.e. row t·k + j of rank s's combine region; null for rows no slot
+  //   names (pad rows) and rows at or beyond *rows_used (optional device int32). Valid until the
+  //   next dispatch; reads the last dispatch's recv_local_ids(). rows <= 2^31.
+  //   The writer may write into a slot of rank s only once s has finished reading its combine
+  //   region (its last combine sum): after a dispatch in this rank's stream (the dispatch's barriers
+  //   order it after rank s's earlier work), as EpMoeLayer does in every pass. It must complete its
+  //   writes and order them at system scope before it ends (m_grouped_mxfp8_gemm_nt_to_rows does).
+  //   combine_commit: then, in stream order, on every rank: the combine kernel's two barriers
+  //   without its copies. Afterwards combine_rows() / home_rows() are as after combine_send. The
+  //   barrier sequence is combine_send's, so ranks may mix the two forms in one step.
+  void combine_targets(const int32_t* row_index, const int32_t* row_of, int64_t rows, const int32_t* rows_used,
+                       void** targets, cudaStream_t stream = nullptr) const;
+  void combine_commit(int64_t tokens, cudaStream_t stream = nullptr);
+
   // Dispatch of BF16 rows (needs cfg.bf16_rows): the same destinations, ids records and
   // recv_local_ids() as dispatch(), but the payload is x BF16 [tokens, H] (16-byte aligned) and,
   // if topk_weights FP32 [tokens, k] is given, the token's k routing weights. After it (stream

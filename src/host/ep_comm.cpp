@@ -356,6 +356,36 @@ void EpComm::combine_send(const __nv_bfloat16* y, int64_t y_rows, const int32_t*
   detail::launch_ep_combine(impl_->dev, impl_->args(tokens), c.num_ctas, y, y_rows, row_of, stream);
 }
 
+void EpComm::combine_targets(const int32_t* row_index, const int32_t* row_of, int64_t rows, const int32_t* rows_used,
+                             void** targets, cudaStream_t stream) const {
+  const char* fn = "EpComm::combine_targets";
+  if (impl_->last_tokens < 0) throw Error("mxmoe::EpComm::combine_targets: no dispatch yet (it reads its routing)");
+  if (rows < 0 || rows > std::numeric_limits<int32_t>::max())
+    detail::throw_arg(fn, "rows", detail::to_str(rows), "must be in [0, 2^31)");
+  if (rows > 0) {
+    detail::check_not_null(fn, "row_index", row_index);
+    detail::check_not_null(fn, "targets", targets);
+    detail::check_aligned(fn, "row_index", row_index, 4);
+    detail::check_aligned(fn, "targets", targets, 8);
+  }
+  detail::check_not_null(fn, "row_of", row_of);
+  detail::check_aligned(fn, "row_of", row_of, 4);
+  if (rows_used != nullptr) detail::check_aligned(fn, "rows_used", rows_used, 4);
+  detail::check_on_device(fn, impl_->device, stream,
+                          {{"row_index", row_index}, {"row_of", row_of}, {"rows_used", rows_used}, {"targets", targets}});
+  detail::launch_ep_combine_targets(impl_->args(impl_->last_tokens), row_index, row_of, rows, rows_used, targets,
+                                    stream);
+}
+
+void EpComm::combine_commit(int64_t tokens, cudaStream_t stream) {
+  const char* fn = "EpComm::combine_commit";
+  if (tokens != impl_->last_tokens)
+    detail::throw_arg(fn, "tokens", detail::to_str(tokens),
+                      "must equal the last dispatch's tokens = " + detail::to_str(impl_->last_tokens));
+  detail::check_on_device(fn, impl_->device, stream, {});
+  detail::launch_ep_combine_barrier(impl_->dev, impl_->args(tokens), impl_->cfg.num_ctas, stream);
+}
+
 const __nv_bfloat16* EpComm::combine_rows() const {
   return reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(impl_->window_buf) +
                                                 impl_->layout.combine_offset);

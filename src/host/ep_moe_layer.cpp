@@ -75,6 +75,17 @@ void check_local(const EpMoeLayerConfig& cfg, const EpComm& comm) {
     throw_arg(kFn, "comm.config().bf16_rows", "false", "must be true (the layer dispatches BF16 rows)");
 }
 
+// MXMOE_EP_FUSED_COMBINE, read on every forward/backward: unset or "1" = the fused combine (the
+// expert GEMM writes each row into its owner's combine slot: EpComm::combine_targets +
+// m_grouped_mxfp8_gemm_nt_to_rows + EpComm::combine_commit), "0" = the copy path (GEMM into the
+// local Y, then EpComm::combine_send). Same bits either way; ranks may differ (same barriers).
+bool fused_combine(const char* fn) {
+  const char* v = std::getenv("MXMOE_EP_FUSED_COMBINE");
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  throw_arg(fn, "MXMOE_EP_FUSED_COMBINE (environment)", v, "must be 0 or 1");
+}
+
 }  // namespace
 
 struct EpMoeLayer::Impl {
@@ -92,6 +103,7 @@ struct EpMoeLayer::Impl {
   int32_t* home_token = nullptr;   // [maxT · k]: r / k (constant), the row_index of the home layout
   float* home_row_w = nullptr;     // [maxT · k] scratch (moe_combine_backward_scales' row_w)
   __nv_bfloat16* y_home = nullptr; // [maxT · k, H]: the expert rows Y(t, j) of this rank's tokens
+  void** row_dst = nullptr;        // [cap]: each padded row's combine slot (EpComm::combine_targets)
   // the local experts
   MoePlan plan;                    // over recv_local_ids: [recv_rows, k], E/R experts
   void* plan_ws = nullptr;
@@ -117,6 +129,7 @@ struct EpMoeLayer::Impl {
     home_token = c.take_n<int32_t>(size_t(maxT * k));
     home_row_w = c.take_n<float>(size_t(maxT * k));
     y_home = c.take_n<__nv_bfloat16>(size_t(maxT * k * H));
+    row_dst = c.take_n<void*>(size_t(cap));
     detail::carve_plan(c, recv_rows, k, El, cap, plan, plan_ws, plan_ws_bytes);
     dw_recv = c.take_n<float>(size_t(recv_rows * k));
     blk.cap = cap;
@@ -159,6 +172,12 @@ struct EpMoeLayer::Impl {
     return [this, stream](const char* stage) { mark(stage, stream); };
   }
   const int32_t* rows_used() const { return plan.padded_offsets + El; }
+  // The fused combine's row addresses for the current plan, made by every pass that uses them (a
+  // few microseconds; no host state to go stale between eager and captured passes).
+  void* const* combine_targets(cudaStream_t stream) {
+    comm->combine_targets(plan.row_index, plan.row_of, cap, rows_used(), row_dst, stream);
+    return row_dst;
+  }
 };
 
 EpMoeLayer::EpMoeLayer(const EpMoeLayerConfig& cfg, EpComm& comm) : impl_(new Impl) {
@@ -233,6 +252,7 @@ void EpMoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bflo
   if (T > 0)
     detail::check_device_ptrs(fn, {{"x", x}, {"out", out}});
   detail::check_on_device(fn, m.comm->device(), stream, {{"x", x}, {"wr", wr}, {"w1", w1}, {"w2", w2}, {"out", out}});
+  const bool fused = fused_combine(fn);
   m.timer.restart(stream);
   m.checkpoint("forward entry (the caller's work before it)", stream);
   // 1-2. routing of this rank's tokens
@@ -255,11 +275,14 @@ void EpMoeLayer::forward(const __nv_bfloat16* x, int64_t tokens, const __nv_bflo
   // 5. local experts' weights, both ways
   m.blk.quantize_weights(w1, w2, stream);
   m.mark("quantize W1, W2 (both ways)", stream);
-  // 6-8. GEMM1, SwiGLU + quantize, GEMM2 (MoeLayer's launches)
-  m.blk.forward(m.plan.padded_offsets, stream, m.marker(stream));
-  // 9. rows back to the tokens' ranks; keep them (dw in backward) and sum in slot order
-  m.comm->combine_send(m.blk.y, m.cap, m.plan.row_of, T, stream);
-  m.mark("combine (rows to owners)", stream);
+  // 6-8. GEMM1, SwiGLU + quantize, GEMM2 (MoeLayer's launches; fused: GEMM2 writes each row into
+  //      its owner's combine slot, docs/notes/ep.md "Fused combine")
+  m.blk.forward(m.plan.padded_offsets, stream, m.marker(stream), fused ? m.combine_targets(stream) : nullptr);
+  // 9. rows back to the tokens' ranks (fused: only the barriers that publish them); keep them (dw in
+  //    backward) and sum in slot order
+  if (fused) m.comm->combine_commit(T, stream);
+  else m.comm->combine_send(m.blk.y, m.cap, m.plan.row_of, T, stream);
+  m.mark(fused ? "combine (barrier; rows written by GEMM2)" : "combine (rows to owners)", stream);
   if (T > 0) {
     MXMOE_CUDA_CHECK(fn, cudaMemcpyAsync(m.y_home, m.comm->combine_rows(), size_t(T * k * H) * 2,
                                          cudaMemcpyDeviceToDevice, stream));
@@ -284,6 +307,7 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
     detail::check_device_ptrs(fn, {{"dout", dout}, {"x", x}, {"dx", dx}});
   detail::check_on_device(fn, m.comm->device(), stream,
                           {{"dout", dout}, {"x", x}, {"wr", wr}, {"dx", dx}, {"dwr", dwr}, {"dw1", dw1}, {"dw2", dw2}});
+  const bool fused = fused_combine(fn);
   m.mark("", stream, "backward entry (the caller's work since forward)");
   // 1. at the owner: dw = dOut · Y(t, j) on the kept rows, then the router's backward
   if (T > 0) {
@@ -298,7 +322,8 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
   // 2. dOut rows and routing weights to the experts' ranks
   m.comm->dispatch_bf16(dout, m.ids, m.weights, T, stream);
   m.mark("bwd: dispatch (BF16 dOut + weights)", stream);
-  // 3. each padded row's weight (and the same dw again, unused), then dY = bf16(w · dOut) gathered
+  // 3. each padded row's weight (and the same dw again, unused; from blk.y, which the fused forward
+  //    leaves stale: only row_w is used), then dY = bf16(w · dOut) gathered
   //    into the local layout and quantized both ways in one pass
   moe_combine_backward_scales(m.comm->recv_bf16_rows(), m.blk.y, m.cap, H, m.rows_used(), m.plan.row_index,
                               m.plan.row_of, m.comm->recv_weights(), m.recv_rows, k, m.blk.row_w, m.dw_recv, stream);
@@ -307,10 +332,12 @@ void EpMoeLayer::backward(const __nv_bfloat16* dout, const __nv_bfloat16* x, con
                                m.rows_used(), &dyr, &dyc, ScaleMode::kRceil, stream);
   m.mark("bwd: row weights + gather-quantize dY", stream);
   // 4. W2 dgrad + wgrad, SwiGLU backward + quantize, W1 dgrad + wgrad (MoeLayer's launches)
-  m.blk.backward(m.plan.padded_offsets, dw1, dw2, stream, m.marker(stream));
-  // 5. dX rows back to the owners, summed in slot order plus the router's part
-  m.comm->combine_send(m.blk.dxp, m.cap, m.plan.row_of, T, stream);
-  m.mark("bwd: combine (dX rows to owners)", stream);
+  //    (fused: the W1 dgrad writes each dX row into its owner's combine slot)
+  m.blk.backward(m.plan.padded_offsets, dw1, dw2, stream, m.marker(stream), fused ? m.combine_targets(stream) : nullptr);
+  // 5. dX rows back to the owners (fused: the barriers), summed in slot order plus the router's part
+  if (fused) m.comm->combine_commit(T, stream);
+  else m.comm->combine_send(m.blk.dxp, m.cap, m.plan.row_of, T, stream);
+  m.mark(fused ? "bwd: combine (barrier; rows written by W1 dgrad)" : "bwd: combine (dX rows to owners)", stream);
   if (T > 0)
     m.router.unpermute(m.comm->combine_rows(), m.maxT * k, m.home_row, T, wr, dx, stream);
   m.mark("bwd: un-permute dX", stream);

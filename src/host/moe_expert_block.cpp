@@ -5,6 +5,7 @@
 #include <string>
 
 #include "host/check.h"
+#include "kernels/gemm/m_grouped_gemm_rows.h"
 #include "kernels/layer/moe_ops_launch.h"
 #include "mxmoe/dequantize.h"
 #include "mxmoe/moe_ops.h"
@@ -13,6 +14,13 @@ namespace mxmoe::detail {
 
 namespace {
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An m-grouped GEMM whose BF16 output goes to y, or row by row to rows[r] when rows is given.
+void m_grouped_to(const MxOperand& a, int64_t m_total, const MxOperand& b, int experts, int64_t n, int64_t k,
+                  const int32_t* offsets, void* y, void* const* rows, const GemmOptions& go) {
+  if (rows != nullptr) m_grouped_mxfp8_gemm_nt_to_rows(a, m_total, b, experts, n, k, offsets, rows, go);
+  else m_grouped_mxfp8_gemm_nt(a, m_total, b, experts, n, k, offsets, y, go);
+}
 
 void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -123,7 +131,8 @@ void ExpertBlock::quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16*
   w2c_op = w2_col.operand();
 }
 
-void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, const StageMark& mark) const {
+void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, const StageMark& mark,
+                          void* const* y_rows) const {
   const int64_t H = hidden, I = inter;
   const int32_t* rows_used = padded_offsets + experts;
   GemmOptions go;
@@ -140,14 +149,14 @@ void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, co
   quantize_mxfp8_grouped(hact, cap, I, padded_offsets, padded_offsets, experts, cap, &hr, &hc, ScaleMode::kRceil,
                          stream);
   mark("SwiGLU + quantize");
-  // GEMM2: Y [cap, H] = Hact · W2[e]ᵀ
-  m_grouped_mxfp8_gemm_nt(gemm_operand(h_row.operand(), cap, I, img_a, stream), cap,
-                          gemm_operand(w2r_op, experts * H, I, img_b, stream), experts, H, I, padded_offsets, y, go);
-  mark("GEMM2 (down)");
+  // GEMM2: Y [cap, H] = Hact · W2[e]ᵀ (to y, or to the rows' combine slots)
+  m_grouped_to(gemm_operand(h_row.operand(), cap, I, img_a, stream), cap,
+               gemm_operand(w2r_op, experts * H, I, img_b, stream), experts, H, I, padded_offsets, y, y_rows, go);
+  mark(y_rows ? "GEMM2 (down) + rows to owners" : "GEMM2 (down)");
 }
 
 void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2, cudaStream_t stream,
-                           const StageMark& mark) const {
+                           const StageMark& mark, void* const* dxp_rows) const {
   const int64_t H = hidden, I = inter;
   const int32_t* rows_used = padded_offsets + experts;
   GemmOptions go;
@@ -168,14 +177,15 @@ void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2
   quantize_mxfp8_grouped(dgu, cap, 2 * I, padded_offsets, padded_offsets, experts, cap, &gr, &gc, ScaleMode::kRceil,
                          stream);
   mark("bwd: SwiGLU backward + quantize");
-  // dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]);  dW1[e] = Σ dGUᵀ · Xp
-  m_grouped_mxfp8_gemm_nt(gemm_operand(dgu_row.operand(), cap, 2 * I, img_a, stream), cap,
-                          gemm_operand(w1c_op, experts * H, 2 * I, img_b, stream), experts, H, 2 * I, padded_offsets,
-                          dxp, go);
+  // dXp [cap, H] = dGU · W1[e] (B = col(W1) [E, H, 2I]; to dxp, or to the rows' combine slots);
+  // dW1[e] = Σ dGUᵀ · Xp
+  m_grouped_to(gemm_operand(dgu_row.operand(), cap, 2 * I, img_a, stream), cap,
+               gemm_operand(w1c_op, experts * H, 2 * I, img_b, stream), experts, H, 2 * I, padded_offsets, dxp,
+               dxp_rows, go);
   k_grouped_mxfp8_gemm_nt(gemm_operand(dgu_col.operand(), 2 * I, cap, img_a, stream),
                           gemm_operand(x_col.operand(), H, cap, img_b, stream), cap, experts, 2 * I, H, padded_offsets,
                           dw1, go32);
-  mark("bwd: W1 dgrad + wgrad GEMMs");
+  mark(dxp_rows ? "bwd: W1 dgrad (+ rows to owners) + wgrad GEMMs" : "bwd: W1 dgrad + wgrad GEMMs");
 }
 
 bool RouterBlock::dgrad_in_unpermute() const { return router_dgrad_in_combine(experts, top_k); }

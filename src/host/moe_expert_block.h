@@ -120,10 +120,14 @@ struct ExpertBlock {
   void quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16* w2, cudaStream_t stream);
   // GEMM1 → SwiGLU + quantize → GEMM2: y [cap, H] from x_row (rows of expert e in
   // [padded_offsets[e], padded_offsets[e+1]); rows at or beyond padded_offsets[experts] untouched).
-  void forward(const int32_t* padded_offsets, cudaStream_t stream, const StageMark& mark) const;
+  // y_rows (EpMoeLayer's fused combine): [cap] row addresses; GEMM2 then writes row r to y_rows[r]
+  // (null: not written) instead of y (m_grouped_mxfp8_gemm_nt_to_rows: the same bits).
+  void forward(const int32_t* padded_offsets, cudaStream_t stream, const StageMark& mark,
+               void* const* y_rows = nullptr) const;
   // From dy_row/dy_col (filled by the caller): dH, dW2, SwiGLU backward + quantize, dXp [cap, H], dW1.
-  void backward(const int32_t* padded_offsets, float* dw1, float* dw2, cudaStream_t stream,
-                const StageMark& mark) const;
+  // dxp_rows: as y_rows, for dXp.
+  void backward(const int32_t* padded_offsets, float* dw1, float* dw2, cudaStream_t stream, const StageMark& mark,
+                void* const* dxp_rows = nullptr) const;
 };
 
 // The router's GEMMs (forward logits; backward dlogits, dWr, the router's part of dX), shared by

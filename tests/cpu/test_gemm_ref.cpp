@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm/m_grouped_gemm_rows.h"
 #include "mxmoe/gemm.h"
 #include "ref/gemm_ref.h"
 #include "ref/mx_ref.h"
@@ -168,6 +169,34 @@ TEST(GemmArgs, EmptyProblemNeedsNoGpu) {
   x.a = MxOperand{};
   x.y = nullptr;
   EXPECT_NO_THROW(m_grouped_mxfp8_gemm_nt(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, x.y, x.o));
+}
+
+// The EP layer's row entry (m_grouped_gemm_rows.h): the same checks, plus its own — a row table,
+// 8-byte aligned; BF16 out; no accumulate — each named, before any CUDA call.
+void expect_rows_throw_naming(const Args& x, void* const* rows, const std::string& arg) {
+  try {
+    detail::m_grouped_mxfp8_gemm_nt_to_rows(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, rows, x.o);
+    ADD_FAILURE() << "no exception for a bad '" << arg << "'";
+  } catch (const mxmoe::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'" + arg + "'"), std::string::npos) << "message does not name '" << arg << "': " << msg;
+    EXPECT_NE(msg.find("m_grouped_mxfp8_gemm_nt_to_rows"), std::string::npos) << msg;
+  }
+}
+
+TEST(GemmArgs, RowEntryEachBadArgumentIsNamed) {
+  void* const* rows = reinterpret_cast<void* const*>(g_buf);
+  { Args x; expect_rows_throw_naming(x, nullptr, "row_dst"); }
+  { Args x; expect_rows_throw_naming(x, reinterpret_cast<void* const*>(g_buf + 4), "row_dst"); }
+  { Args x; x.o.out_dtype = GemmOutDtype::kFP32; expect_rows_throw_naming(x, rows, "opts.out_dtype"); }
+  { Args x; x.o.accumulate = true; expect_rows_throw_naming(x, rows, "opts.accumulate"); }
+  { Args x; x.k = 100; expect_rows_throw_naming(x, rows, "k"); }
+  { Args x; x.a.fast_data = nullptr; expect_rows_throw_naming(x, rows, "a.fast_data"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.b.image = nullptr; expect_rows_throw_naming(x, rows, "b.image"); }
+  // y is not an argument of this entry: a null y is fine, m_total == 0 returns without CUDA.
+  Args x;
+  x.m_total = 0;
+  EXPECT_NO_THROW(detail::m_grouped_mxfp8_gemm_nt_to_rows(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, rows, x.o));
 }
 
 // k-grouped reference against an int64 computation (an empty expert gets zeros).

@@ -24,6 +24,9 @@
 // T_r = 4096 - 37r) with inputs from a fast approximate-normal generator and no reference check.
 // MXMOE_EP_LAYER_CASE=<text> runs only the cases whose name contains <text> (no set-up checks), each
 // as the first thing the process does (the situation of the DSV3-only run, at any size).
+// MXMOE_EP_FUSED_COMBINE=0 makes the copy path (combine kernel) the one every case checks against the
+// reference and times (default: the fused combine); each case also runs one step on the other path and,
+// with R >= 2, one with even ranks fused and odd ranks copying, each bitwise equal to the first.
 // MXMOE_EP_DEBUG_SYNC=1 (or 2) prints and synchronises at each step of a case here, and makes
 // EpMoeLayer synchronise after each of its stages, naming the first that failed (ep_moe_layer.cpp).
 // Exit: 0 all pass, 1 a check failed, 2 an error.
@@ -64,6 +67,35 @@ struct LayerCase {
   bool graph = false, timed = false;
   const char* tag = nullptr;  // timed cases: the case name of bench/bench_ep_layer_a2a.py at these shapes
   bool timing_only = false;   // no reference check (opt-in DSV3-size timing, MXMOE_EP_LAYER_DSV3)
+};
+
+// MXMOE_EP_FUSED_COMBINE (read by EpMoeLayer on every pass): unset or 1 = the fused combine (the
+// expert GEMMs write the rows into the owners' combine slots), 0 = the copy path (combine kernel).
+bool fused_combine_env() {
+  const char* v = std::getenv("MXMOE_EP_FUSED_COMBINE");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// Sets an environment variable for one scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* v = std::getenv(name);
+    had_ = v != nullptr;
+    if (had_) old_ = v;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
 };
 
 int64_t tokens_of(const LayerCase& c, int rank, int world) {
@@ -257,6 +289,7 @@ class CaseRun {
                 "dWr |diff| at most %.3g of its bound; rerun bitwise %s)\n",
                 ctx_, ok ? "PASS" : "FAIL", (long long)T, (long long)T_all, worst_ratio_,
                 identical_last_ ? "equal" : "DIFFERENT");
+    ok &= other_combine_paths(got);
     if (c_.graph) ok &= graph_replay();
     if (c_.timed) timing();
     CK(cudaStreamDestroy(st));
@@ -427,6 +460,28 @@ class CaseRun {
     return ok;
   }
 
+  // The combine path the environment did not pick (MXMOE_EP_FUSED_COMBINE flipped for one step),
+  // and, with R >= 2, a step with even ranks fused and odd ranks copying (the two paths run the same
+  // barrier sequence, so ranks may differ): both must give `got`'s bits.
+  bool other_combine_paths(const StepOut& got) {
+    const bool fused = fused_combine_env();
+    bool ok;
+    {
+      ScopedEnv flip("MXMOE_EP_FUSED_COMBINE", fused ? "0" : "1");
+      ep_step();
+      ok = identical(got, ep_results(), fused ? "copy-path combine" : "fused combine");
+    }
+    if (R > 1) {
+      ScopedEnv mixed("MXMOE_EP_FUSED_COMBINE", r % 2 == 0 ? "1" : "0");
+      ep_step();
+      ok &= identical(got, ep_results(), "mixed combine paths");
+    }
+    std::printf("%s: combine paths: %s (default here: %s; the %s path%s bitwise equal)\n", ctx_, ok ? "PASS" : "FAIL",
+                fused ? "fused" : "copy", fused ? "copy" : "fused",
+                R > 1 ? " and a step with even ranks fused, odd ranks copying," : "");
+    return ok;
+  }
+
   // Forward + backward captured once on every rank, replayed on new tokens (new routing).
   bool graph_replay() {
     cudaGraph_t g;
@@ -508,19 +563,41 @@ class CaseRun {
       for (int q = 0; q < R; ++q) list += (q ? ", " : "") + std::to_string(per_owner[size_t(q)]);
       std::printf("%s: slots of this rank's %lld tokens per owner rank: [%s]\n", ctx_, (long long)T, list.c_str());
     }
+    // Communication stages: the dispatches and the combines (fused: only the combine's barriers, the
+    // rows having moved inside GEMM2 / the W1 dgrad, which count as compute here).
+    const auto is_comm_stage = [](const std::string& name) {
+      return name.find("dispatch") != std::string::npos || name.find("combine (") != std::string::npos;
+    };
     double comm_ms = 0, compute_ms = 0;
     for (const auto& [name, ms] : stages) {
-      const bool is_comm = name.find("dispatch") != std::string::npos || name.find("combine (") != std::string::npos;
+      const bool is_comm = is_comm_stage(name);
       (is_comm ? comm_ms : compute_ms) += ms;
       double bytes = 0;  // this rank's share of what the stage moves
       if (name.find("dispatch") != std::string::npos) bytes = rows_out * 2.0 * H;
-      if (name.find("combine (") != std::string::npos) bytes = rows_in * 2.0 * H;
+      if (name.find("combine (") != std::string::npos && name.find("barrier") == std::string::npos)
+        bytes = rows_in * 2.0 * H;
       if (r == 0)
         std::printf("[rank 0]   stage %-40s %8.3f ms%s\n", name.c_str(), ms,
                     is_comm ? ("  (communication, " + std::to_string(int(bytes / 1e6 + 0.5)) + " MB of this rank: " +
                                std::to_string(ms > 0 ? int(bytes / (ms * 1e6) + 0.5) : 0) + " GB/s)")
                                   .c_str()
                             : "");
+    }
+    // Compute-only is the copy path's compute stages (with the fused combine, GEMM2 and the W1 dgrad
+    // also carry the rows), so the efficiency below compares the layer with the same kernels minus
+    // all communication either way.
+    const bool fused = fused_combine_env();
+    double compute_only = compute_ms;
+    if (fused) {
+      ScopedEnv copy("MXMOE_EP_FUSED_COMBINE", "0");
+      layer_->set_profiling(true);
+      ep_step();
+      const auto copy_stages = layer_->stage_times();
+      layer_->set_profiling(false);
+      comm_->check(st_);
+      compute_only = 0;
+      for (const auto& [name, ms] : copy_stages)
+        if (!is_comm_stage(name)) compute_only += ms;
     }
     note("per-stage run done; next: the single-GPU layer's timing");
     for (int rep = 0; rep < 5; ++rep) {  // the single-GPU layer on all R ranks' tokens, for orientation
@@ -533,15 +610,16 @@ class CaseRun {
       tr.push_back(a);
     }
     const float fwd = median(tf), bwd = median(tb);
-    std::printf("%s: timing: forward %.3f ms, backward %.3f ms (median of 10); per-stage run: communication %.3f ms, "
-                "compute-only %.3f ms; overlap efficiency compute-only / layer = %.3f; single-GPU MoeLayer on all "
-                "%lld tokens fwd+bwd %.3f ms\n",
-                ctx_, fwd, bwd, comm_ms, compute_ms, compute_ms / double(fwd + bwd), (long long)T_all, median(tr));
+    std::printf("%s: timing (combine=%s): forward %.3f ms, backward %.3f ms (median of 10); per-stage run: "
+                "communication %.3f ms, compute %.3f ms; compute-only (copy path's compute stages) %.3f ms; overlap "
+                "efficiency compute-only / layer = %.3f; single-GPU MoeLayer on all %lld tokens fwd+bwd %.3f ms\n",
+                ctx_, fused ? "fused" : "copy", fwd, bwd, comm_ms, compute_ms, compute_only,
+                compute_only / double(fwd + bwd), (long long)T_all, median(tr));
   if (c_.tag)  // the format of bench/bench_ep_layer_a2a.py's "a2a-baseline" lines (same shapes and T)
     std::printf("[rank %d] ep-layer %s H=%d I=%d E=%d k=%d T=%lld %s: fwd ms %.3f fwd+bwd ms %.3f | compute-only "
-                "fwd+bwd ms %.3f\n",
+                "fwd+bwd ms %.3f | combine=%s\n",
                 r, c_.tag, H, I, E, k, (long long)T, c_.mode == mxmoe::GemmMode::kFast ? "fast" : "exact", fwd,
-                fwd + bwd, compute_ms);
+                fwd + bwd, compute_only, fused ? "fused" : "copy");
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaEventDestroy(e2));

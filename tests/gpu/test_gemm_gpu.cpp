@@ -61,6 +61,7 @@
 #include <cuda_runtime.h>
 
 #include "common/gpu_test_util.h"
+#include "kernels/gemm/m_grouped_gemm_rows.h"
 #include "mxmoe/dequantize.h"
 #include "mxmoe/gemm.h"
 #include "ref/gemm_ref.h"
@@ -856,6 +857,78 @@ TEST_F(GemmGpu, ExactWideDirectStoresBitwiseMatchDefault) {
   direct.tma_store = false;
   expect_path_matches_default("exact 256-wide, direct stores", direct, c.m, c.k, {0, 7}, true, rng_,
                               GemmMode::kExact);
+}
+
+// ---- the EP layer's row epilogue ---------------------------------------------------------------
+//
+// detail::m_grouped_mxfp8_gemm_nt_to_rows (OutStore::kRows): each output row to its own address
+// (in the EP layer, a token owner's combine slot). Destinations: a random permutation of the rows
+// of a poisoned buffer with 64 extra rows; pad rows and a random ~1/8 of the token rows get none
+// (null). Every destination row must hold the default path's y row byte for byte (192 wide: full
+// and partial last n-tiles of 384 / 64..320 bytes), every other row of the buffer stays poisoned.
+// Both modes (fast: 192-wide tiles, exact: 256-wide), with the environment asking for other
+// kernels (128 wide, no TMA store: the entry must ignore it), num_sms 0, 1, 7 (staging reused
+// across many tiles, the store warps' FREE/STAGED handoff over many phases).
+TEST_F(GemmGpu, RowEpilogueBitwiseMatchesDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const PathCases c = tile_width_cases(rng_);
+  PathEnv other{128};
+  other.exact_tile = 128;
+  other.tma_store = false;
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+    for (const PathCase& pc : c.m) {
+      Problem P;
+      build(P, pc.E, pc.n, pc.k, pc.counts, Dist::kGaussian, rng_);
+      std::vector<uint8_t> want;
+      {
+        ScopedKernelPath env(kDefaultPath);
+        run(P, mode, GemmOutDtype::kBF16, &want);
+      }
+      const size_t row_bytes = size_t(P.n) * 2;
+      const int64_t dst_rows = P.m_total + 64;
+      std::vector<int64_t> perm(static_cast<size_t>(dst_rows));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      DevBuf<uint8_t> dst(size_t(dst_rows) * row_bytes, 0xFF);
+      std::vector<uint64_t> table(size_t(P.m_total), 0);
+      std::vector<int64_t> src_of(size_t(dst_rows), -1);  // destination row -> output row
+      std::bernoulli_distribution drop(0.125);
+      for (int e = 0; e < P.E; ++e)
+        for (int64_t r = P.offsets[e]; r < P.offsets[e] + P.counts[e]; ++r) {
+          if (drop(rng_)) continue;
+          table[size_t(r)] = reinterpret_cast<uint64_t>(dst.p + size_t(perm[size_t(r)]) * row_bytes);
+          src_of[size_t(perm[size_t(r)])] = r;
+        }
+      DevBuf<uint64_t> d_table(table.size());
+      d_table.upload(table);
+      for (int sms : {0, 1, 7}) {
+        ASSERT_EQ(cudaMemset(dst.p, 0xFF, dst.n), cudaSuccess);
+        GemmOptions o;
+        o.mode = mode;
+        o.num_sms = sms;
+        {
+          ScopedKernelPath env(other);
+          detail::m_grouped_mxfp8_gemm_nt_to_rows(P.a_op(), P.m_total, P.b_op(), P.E, P.n, P.k, P.d_offsets->p,
+                                                  reinterpret_cast<void* const*>(d_table.p), o);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+        const std::vector<uint8_t> got = dst.download();
+        int64_t bad = 0, first = -1;
+        for (int64_t d = 0; d < dst_rows; ++d) {
+          const uint8_t* g = &got[size_t(d) * row_bytes];
+          const int64_t r = src_of[size_t(d)];
+          bool ok = true;
+          for (size_t b = 0; b < row_bytes && ok; ++b)
+            ok = g[b] == (r >= 0 ? want[size_t(r) * row_bytes + b] : uint8_t(0xFF));
+          if (!ok && bad++ == 0) first = d;
+        }
+        EXPECT_EQ(bad, 0) << mode_name(mode) << " E=" << pc.E << " N=" << pc.n << " K=" << pc.k << " num_sms=" << sms
+                          << ": " << bad << " destination rows wrong, first " << first << " (output row "
+                          << (first >= 0 ? src_of[size_t(first)] : -1) << "; -1: must stay poisoned)";
+      }
+    }
+  }
 }
 
 // What exact mode computes when a block's scale is outside the image's exact range (dequantize.h):

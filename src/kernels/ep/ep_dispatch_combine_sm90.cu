@@ -12,6 +12,8 @@
 // combine: for every (s, t, j) with local_ids >= 0 and row = row_of[s·max_tokens + t, j] >= 0:
 //     window_s.combine[t·k + j, :] = y[row, :]   BF16 [H]
 //   (the final Σ_j w·Y runs afterwards as moe_combine on the local combine region.)
+// fused combine: combine_targets gives each padded row r its slot's address (the inverse of
+//   row_of), an expert GEMM writes the rows there (row epilogue), combine_barrier syncs as combine.
 //
 // Work split: CTA b owns tokens t ≡ b (mod gridDim.x) on every rank, one warp per token at a time.
 // Because the split is the same on every rank, CTA b's LSA barrier (index b) is enough: after it,
@@ -30,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include "host/check.h"
+#include "kernels/ep/combine_slot.h"
 #include "kernels/ep/ep_launch.h"
 #include "kernels/ep/lsa_barrier_timed.cuh"
 #include "mxmoe/ep.h"
@@ -241,6 +244,58 @@ __global__ void __launch_bounds__(kThreads) ep_combine_kernel(const __grid_const
   bar.sync(a, detail::kEpErrCombineExit);
 }
 
+// ---- fused combine (EpComm::combine_targets / combine_commit; docs/notes/ep.md, "Fused combine") ----
+//
+// The combine kernel above copies row row_of[(s, t, j)] of y to slot t·k + j of rank s's combine
+// region, for every (s, t, j) with local_ids >= 0 and 0 <= row < y_rows. In the fused combine the
+// expert GEMM writes each output row there itself (m_grouped_mxfp8_gemm_nt_to_rows), so it needs,
+// per padded row r, that destination: the inverse of row_of (combine_slot_of_row, combine_slot.h:
+// row_of is injective on valid slots, every (record, slot) has its own padded row). One thread per
+// row; dst = win_ptr(s, slot) exactly as the combine kernel forms it, null for a pad row, a row at
+// or beyond *rows_used, or a row no valid slot names. So the rows written and their places are the
+// combine kernel's.
+template <bool kSingle>
+__global__ void __launch_bounds__(256) ep_combine_targets_kernel(const EpKernelArgs a, const int32_t* row_index,
+                                                                 const int32_t* row_of, int64_t rows,
+                                                                 const int32_t* rows_used, void** targets) {
+  const int64_t limit = rows_used ? min(rows, int64_t(*rows_used)) : rows;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    const CombineSlot c =
+        combine_slot_of_row(r, limit, row_index, row_of, a.local_ids, a.top_k, a.max_tokens, a.world);
+    targets[r] = c.rank < 0 ? nullptr : win_ptr<kSingle>(a, a.combine_offset + c.slot * a.hidden * 2, c.rank);
+  }
+}
+
+// The combine kernel's two barriers without its copies: the rows are already in the owners'
+// windows (or on their way), written by the previous kernel of this stream (the row-epilogue GEMM).
+// Ordering, the argument of the combine kernel with one more link:
+//  - Free to write (WAR): the GEMM writes into rank s's combine region only after this pass's
+//    dispatch, whose entry barrier CTA b of rank s reached after its previous reads of that region
+//    (the last combine sum / un-permute, earlier in its stream; no PDL anywhere in the EP step), and
+//    whose exit barrier every CTA of ours waited on before the GEMM was launched (stream order).
+//    The GEMM's store warps issue fence.proxy.async.global before their first bulk copy, so that
+//    order also holds for the async proxy that performs the copies.
+//  - Published (RAW): each issuing thread ends with cp.async.bulk.wait_group 0 (its copies'
+//    writes are complete and visible to it), fence.proxy.async.global (ordered before its later
+//    generic accesses) and fence.sc.sys, then the GEMM grid completes; this kernel starts after
+//    that (plain launch, stream order), and each CTA's arrive is __syncthreads + st.release.sys of
+//    the epoch into every peer's inbox (NCCL's arrive), which is ordered after the GEMM's writes.
+//    A peer's CTA b that acquires that epoch (lsa_wait_timed, ld.acquire.sys) therefore sees
+//    every row this rank wrote to it — the whole GEMM, not only "CTA b's rows", because the
+//    release comes after the whole grid — and so does every later kernel of the peer's stream.
+//  - Two syncs (entry, exit) as in ep_combine_kernel, so the barrier epochs advance alike on both
+//    paths: a rank on the copy path (MXMOE_EP_FUSED_COMBINE=0) pairs with a rank on this one. Its
+//    copies into our region start after its entry sync, which needs our first arrival (after our
+//    GEMM; our region has been free since our dispatch), and our exit wait needs its exit arrival
+//    (after its copies). Our rows reach it before our first arrival, before its exit wait returns.
+// (world == 1 launches nothing: no peers, stream order suffices.)
+__global__ void __launch_bounds__(32) ep_combine_barrier_kernel(const __grid_constant__ ncclDevComm dev,
+                                                                const EpKernelArgs a) {
+  RankBarrier<false> bar(dev);
+  bar.sync(a, detail::kEpErrCombineEntry);
+  bar.sync(a, detail::kEpErrCombineExit);
+}
+
 // One warp per output row: data (16-byte vectors) and scales (bytes) of record row_index[r].
 __global__ void __launch_bounds__(256) ep_gather_recv_mx_kernel(const uint8_t* records, int64_t record_bytes,
                                                                 int64_t num_records, int hidden,
@@ -303,6 +358,23 @@ void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ct
   if (a.world == 1) ep::ep_combine_kernel<true><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, yv, y_rows, row_of);
   else ep::ep_combine_kernel<false><<<num_ctas, ep::kThreads, 0, stream>>>(dev, a, yv, y_rows, row_of);
   MXMOE_CHECK_LAUNCH("EpComm::combine");
+}
+
+void launch_ep_combine_targets(const EpKernelArgs& a, const int32_t* row_index, const int32_t* row_of, int64_t rows,
+                               const int32_t* rows_used, void** targets, cudaStream_t stream) {
+  if (rows == 0) return;
+  const int blocks = int(std::min<int64_t>((rows + 255) / 256, 132 * 8));
+  if (a.world == 1)
+    ep::ep_combine_targets_kernel<true><<<blocks, 256, 0, stream>>>(a, row_index, row_of, rows, rows_used, targets);
+  else
+    ep::ep_combine_targets_kernel<false><<<blocks, 256, 0, stream>>>(a, row_index, row_of, rows, rows_used, targets);
+  MXMOE_CHECK_LAUNCH("EpComm::combine_targets");
+}
+
+void launch_ep_combine_barrier(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, cudaStream_t stream) {
+  if (a.world == 1) return;  // no peers: stream order is the only ordering needed
+  ep::ep_combine_barrier_kernel<<<num_ctas, 32, 0, stream>>>(dev, a);
+  MXMOE_CHECK_LAUNCH("EpComm::combine_commit");
 }
 
 }  // namespace mxmoe::detail

@@ -46,6 +46,12 @@ void launch_ep_dispatch_bf16(const ncclDevComm& dev, const EpKernelArgs& a, int 
 void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,
                        const int32_t* row_of, cudaStream_t stream);
 
+// Fused combine: targets[r] (r < rows) = the address of padded row r's combine slot (null: not
+// sent); then, after the rows are written, the combine kernel's barriers alone (world == 1: none).
+void launch_ep_combine_targets(const EpKernelArgs& a, const int32_t* row_index, const int32_t* row_of, int64_t rows,
+                               const int32_t* rows_used, void** targets, cudaStream_t stream);
+void launch_ep_combine_barrier(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, cudaStream_t stream);
+
 // Local: records of the window → padded MX rows (row_index < 0 or >= num_records: zero row).
 void launch_ep_gather_recv_mx(const uint8_t* records, int64_t record_bytes, int64_t num_records, int hidden,
                               const int32_t* row_index, int64_t out_rows, const int32_t* rows_used, uint8_t* data,

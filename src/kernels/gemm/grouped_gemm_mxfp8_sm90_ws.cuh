@@ -24,7 +24,9 @@
 //   offsets: int32 [E+1] device, copied to shared memory once per CTA.
 // Output: BF16 or FP32, row-major (m-grouped Y [M_total, N]; k-grouped dW [E, N, K]); 4/8-byte
 // stores straight from the accumulator fragment, masked to the valid rows and columns; optional
-// accumulate (read, add in FP32, write — each element owned by one thread, no atomics).
+// accumulate (read, add in FP32, write — each element owned by one thread, no atomics). Wide tiles
+// by default through shared memory and TMA stores (OutStore::kTma, store_tile_tma); the EP layer's
+// row epilogue (OutStore::kRows, store_tile_rows) sends each BF16 output row to its own address.
 //
 // Tiles: 128 (A rows) × kBlockN (B rows); the reduced dimension in chunks of 128 bytes per row
 // (one stage: 128 E4M3 or 64 BF16). Per chunk:
@@ -82,6 +84,7 @@
 #include "mxmoe/gemm.h"
 
 #include "device/barrier_cluster.cuh"
+#include "device/cp_async_bulk.cuh"
 #include "device/cp_async_bulk_tensor.cuh"
 #include "device/cp_reduce_async_bulk_tensor.cuh"
 #include "device/mapa.cuh"
@@ -122,13 +125,23 @@ static_assert(kBlockM == 64 * kNumMathWarpgroups, "each math warpgroup owns 64 r
 // tiles (the M and N of the output tile); "kdim" is the contiguous, reduced dimension.
 struct Params {
   const int32_t* offsets;   // [E+1] device: segment bounds (rows for m-grouped, tokens for k-grouped)
-  void* y;                  // output
+  void* y;                  // output; OutStore::kRows: the row table, void* const [m_tiles_cap · 128]:
+                            // the address of output row r's column 0, or null (not stored). (A field
+                            // of its own changed the other kernels' SASS: the Params layout shapes
+                            // their parameter loads.)
   int num_experts;
   int n, k;                 // m-grouped: N, K. k-grouped: N, K of dW[e] [N, K]
   int kdim;                 // reduced length: K (m-grouped) or M_total (k-grouped)
   int m_tiles_cap;          // m-grouped: M_total / 128
   bool accumulate;          // k-grouped: y += result (read, add, write; no atomics)
 };
+
+// Where a math warpgroup's finished tile goes (a template parameter of the kernel):
+//   kDirect: store_tile, 4/8-byte stores from the fragment;
+//   kTma:    store_tile_tma, swizzled boxes in shared memory, TMA tensor stores (wide tiles);
+//   kRows:   store_tile_rows, row-contiguous staging, one 1-D bulk copy per row to row_dst[r]
+//            (wide tiles, m-grouped, BF16 without accumulate): the EP layer's fused combine.
+enum class OutStore : int { kDirect = 0, kTma = 1, kRows = 2 };
 
 // One output tile as the roles see it: where its operands are, how many chunks (stages of
 // chunk_k() elements) of the reduced dimension it sums, where its result goes.
@@ -590,27 +603,134 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMa
   }
 }
 
-// A math warpgroup's end of tile t: its fragment out through store_tile_tma (kTmaStore; staging at
-// kOffOut of the layout with out_stage_bytes) or store_tile; and, after its last tile,
-// finish_tile_stores: the TMA stores' global writes are done before the issuing thread leaves (the
-// staging must stay valid while they read it).
-template <int kBlockN, int kNumStages, bool kExact, bool kPipelined, bool kOutF32, bool kTmaStore, class Scheduler>
+// ---- row epilogue (OutStore::kRows; m-grouped BF16, wide tiles) --------------------------------
+//
+// The EP layer's fused combine (docs/notes/ep.md, "Fused combine"): output row r does not go to
+// y[r] but to row_dst[r] (row_dst = p.y, the row table): a peer GPU's combine slot through an NCCL
+// LSA pointer, or this GPU's; null: a pad row, not stored. A destination is a whole row, so the
+// staging must keep each row contiguous, which the 128B-swizzled boxes of store_tile_tma do not
+// (they permute a row's 16-byte chunks). Each math warpgroup writes its 64 x kBlockN BF16 fragment into its own staging, row-major
+// with a pitch of kBlockN·2 + 16 bytes (row_stage_pitch); a store warp of the producer warpgroup
+// (warp 2 serves math warpgroup 0, warp 3 warpgroup 1; both idle otherwise) hands each stored row to
+// one `cp.async.bulk.global.shared::cta` of 2·cols bytes (384 for a full 192-wide tile) and the math
+// warpgroup goes on with its next tile.
+// Bank math of the fragment stores (pitch P = 400 B for 192 wide, 528 B for 256 wide: P/16 odd).
+// For one column group j a warp stores 4 bytes per lane at row lr = 16·warp + lane/4 (8 rows) and
+// byte 16j + 4·(lane%4); bank = (lr·P/4 + 4j + lane%4) mod 32, and P/4 = 100 (132) ≡ 4 (mod 32),
+// so the 8 rows start 4 banks apart: 8 rows x 4 lanes = 32 distinct banks, conflict-free (the
+// unpadded pitch 384 ≡ 0 (mod 128) would put all 8 rows on the same 4 banks: 8-way conflicts).
+// Handoff per math warpgroup wg and tile (named barriers of 160 threads: 128 math + 32 store):
+//   math:  [not its first tile: bar.sync FREE(wg)] -> fragment stores -> fence.proxy.async (the
+//          generic writes before the async proxy reads them) -> bar.arrive STAGED(wg)
+//   store: bar.sync STAGED(wg) -> lane 0: one bulk copy per row with a destination, commit,
+//          wait_group.read 0 (the staging has been read) -> [not its last tile: bar.arrive FREE(wg)]
+// Both roles walk the same tiles (t = blockIdx.x, += gridDim.x), so the arrivals pair up: a second
+// STAGED arrival needs a FREE that needs the first STAGED's sync, and vice versa; no barrier is
+// left half-arrived at exit. After its last tile the store warp waits for its copies' writes
+// (wait_group 0), then fence.proxy.async.global and fence.sc.sys: the rows are written and
+// ordered at system scope before anything this thread (and, by stream order, the next kernel:
+// the EP barrier that publishes them) does afterwards. The staging stays valid until then because
+// the CTA lives until its store warps return.
+constexpr uint32_t kBarRowsStaged = 3;  // + math warpgroup (ids 1, 2: store_tile_tma's)
+constexpr uint32_t kBarRowsFree = 5;    // + math warpgroup
+constexpr uint32_t kRowHandoffThreads = 128 + 32;
+template <int kBlockN>
+constexpr int row_stage_pitch() { return kBlockN * 2 + 16; }  // bytes; /16 odd: conflict-free stores
+template <int kBlockN>
+constexpr int row_stage_bytes() { return kNumMathWarpgroups * kOutBoxRows * row_stage_pitch<kBlockN>(); }
+static_assert((row_stage_pitch<192>() / 16) % 2 == 1 && (row_stage_pitch<256>() / 16) % 2 == 1,
+              "row staging pitch: an odd number of 16-byte chunks");
+
+// Staging bytes appended to the shared-memory layout for an epilogue.
+template <int kBlockN, OutStore kOut>
+constexpr int out_stage_bytes_for() {
+  return kOut == OutStore::kTma ? out_stage_bytes<kBlockN>() : kOut == OutStore::kRows ? row_stage_bytes<kBlockN>() : 0;
+}
+
+// Math warpgroup side: the fragment (BF16, the same __floats2bfloat162_rn of the same values as
+// store_pair) into this warpgroup's staging rows, then handed to the store warp.
+template <int kBlockN>
+__device__ __forceinline__ void store_tile_rows(const float (&tot)[kBlockN / 2], uint8_t* stage, int math_wg,
+                                                int warp, int lane, bool first_tile) {
+  constexpr int kPitch = row_stage_pitch<kBlockN>();
+  if (!first_tile) device::named_barrier_sync(kBarRowsFree + math_wg, kRowHandoffThreads);
+  uint8_t* q = stage + (warp * 16 + lane / 4) * kPitch + 4 * (lane % 4);  // row lr, columns 2·(lane%4)
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    *reinterpret_cast<__nv_bfloat162*>(q + 16 * j) = __floats2bfloat162_rn(tot[4 * j + 0], tot[4 * j + 1]);
+    *reinterpret_cast<__nv_bfloat162*>(q + 16 * j + 8 * kPitch) = __floats2bfloat162_rn(tot[4 * j + 2], tot[4 * j + 3]);
+  }
+  device::fence_proxy_async_shared_cta();
+  device::named_barrier_arrive(kBarRowsStaged + math_wg, kRowHandoffThreads);
+}
+
+// Store warp side (producer warpgroup warp 2 + wg, all 32 lanes): per tile, the destinations of
+// this warpgroup's 64 rows (lane l holds rows l and l + 32, loaded before the wait), then lane 0
+// issues the copies. Columns: the tile's valid ones (a multiple of 32, so 2·cols is a multiple of
+// 64 bytes; the destination row + 2·n0 is 16-byte aligned when the row address is).
+template <int kBlockN, class Scheduler>
+__device__ __forceinline__ void row_store_warp(const Params& p, const Scheduler& sched, uint8_t* stage, int math_wg,
+                                               int lane) {
+  constexpr int kPitch = row_stage_pitch<kBlockN>();
+  // The writes below are the async proxy's; order them after this thread's generic-proxy past (the
+  // stream order that made the destinations free: docs/notes/ep.md, "Fused combine").
+  if (lane == 0) device::fence_proxy_async_global();
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const Tile x = sched.tile(t);
+    const int row0 = x.a_row + kOutBoxRows * math_wg;
+    const int n0 = p.n - x.out_cols_valid;
+    const uint32_t bytes = 2u * uint32_t(min(kBlockN, x.out_cols_valid));
+    void* const* row_dst = static_cast<void* const*>(p.y);  // the row table (Params::y)
+    const uint64_t d_lo = reinterpret_cast<uint64_t>(row_dst[row0 + lane]);
+    const uint64_t d_hi = reinterpret_cast<uint64_t>(row_dst[row0 + 32 + lane]);
+    device::named_barrier_sync(kBarRowsStaged + math_wg, kRowHandoffThreads);
+#pragma unroll 4
+    for (int i = 0; i < kOutBoxRows; ++i) {
+      const uint64_t d = __shfl_sync(0xFFFFFFFFu, i < 32 ? d_lo : d_hi, i % 32);
+      if (lane == 0 && d != 0)
+        device::cp_async_bulk_shared_to_global(reinterpret_cast<uint8_t*>(d) + 2 * int64_t(n0), stage + i * kPitch,
+                                               bytes);
+    }
+    if (lane == 0) {
+      device::cp_async_bulk_commit_group();
+      device::cp_async_bulk_wait_group_read<0>();  // the staging has been read out
+    }
+    __syncwarp();
+    if (t + int(gridDim.x) < sched.num_tiles) device::named_barrier_arrive(kBarRowsFree + math_wg, kRowHandoffThreads);
+  }
+  if (lane == 0) {
+    device::cp_async_bulk_wait_group<0>();  // the rows are written (visible to this thread)
+    device::fence_proxy_async_global();     // ... and ordered before its later generic accesses
+    __threadfence_system();                 // ... at system scope (peers read them after the EP barrier)
+  }
+}
+
+// A math warpgroup's end of tile t: its fragment out through store_tile_tma (kTma; staging at
+// kOffOut of the layout with out_stage_bytes), store_tile_rows (kRows) or store_tile; and, after its
+// last tile, finish_tile_stores: the TMA stores' global writes are done before the issuing thread
+// leaves (the staging must stay valid while they read it; kRows: the store warps wait instead).
+template <int kBlockN, int kNumStages, bool kExact, bool kPipelined, bool kOutF32, OutStore kOut, class Scheduler>
 __device__ __forceinline__ void store_tile_any(const Params& p, const CUtensorMap* tm_y, const Scheduler& sched, int t,
                                                const float (&frag)[kBlockN / 2], uint8_t* smem, int math_wg, int warp,
                                                int lane, int r_tile, int c_frag) {
-  if constexpr (kTmaStore) {
-    using LO = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes<kBlockN>()>;
-    store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(
-        p, tm_y, sched.tile(t), frag,
-        smem + LO::kOffOut + math_wg * (out_stage_bytes<kBlockN>() / kNumMathWarpgroups), math_wg, warp, lane);
+  if constexpr (kOut != OutStore::kDirect) {
+    using LO = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>()>;
+    uint8_t* stage = smem + LO::kOffOut + math_wg * (out_stage_bytes_for<kBlockN, kOut>() / kNumMathWarpgroups);
+    if constexpr (kOut == OutStore::kTma) {
+      store_tile_tma<kBlockN, kOutF32, Scheduler::kIsKGrouped>(p, tm_y, sched.tile(t), frag, stage, math_wg, warp,
+                                                               lane);
+    } else {
+      static_assert(!kOutF32 && !Scheduler::kIsKGrouped, "row epilogue: m-grouped BF16");
+      store_tile_rows<kBlockN>(frag, stage, math_wg, warp, lane, t == int(blockIdx.x));
+    }
   } else {
     store_tile<kBlockN, kOutF32>(p, sched.tile(t), frag, r_tile, c_frag);
   }
 }
 
-template <bool kTmaStore>
+template <OutStore kOut>
 __device__ __forceinline__ void finish_tile_stores() {
-  if constexpr (kTmaStore)
+  if constexpr (kOut == OutStore::kTma)
     if (threadIdx.x % 128 == 0) device::cp_async_bulk_wait_group<0>();
 }
 
@@ -703,8 +823,8 @@ __device__ __forceinline__ StageDescs stage_descs(uint8_t* smem, int s, int math
 // the tensor core while this warp waits for the next stage) and hands its stage back. Each tile
 // drains with wait_group 0 before the epilogue reads acc; chunks past kdim are TMA zero fill
 // (exact zeros), so a K tail needs no branch.
-// kTmaStore: the output leaves through store_tile_tma (staging at smem + kOffOut).
-template <int kBlockN, int kNumStages, bool kOutF32, bool kTmaStore, class Scheduler>
+// kOut: where the output leaves (store_tile_any).
+template <int kBlockN, int kNumStages, bool kOutF32, OutStore kOut, class Scheduler>
 __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const Scheduler& sched,
                                            uint64_t* full, uint64_t* empty, const CUtensorMap* tm_y) {
   using L = SmemLayout<kBlockN, kNumStages, true>;
@@ -743,10 +863,10 @@ __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const
       __syncwarp();
       if (lane == 0) arrive_empty<false>(&empty[held.s]);
     }
-    store_tile_any<kBlockN, kNumStages, true, false, kOutF32, kTmaStore>(p, tm_y, sched, t, acc, smem, math_wg, warp,
+    store_tile_any<kBlockN, kNumStages, true, false, kOutF32, kOut>(p, tm_y, sched, t, acc, smem, math_wg, warp,
                                                                          lane, r_tile, c_frag);
   }
-  finish_tile_stores<kTmaStore>();
+  finish_tile_stores<kOut>();
 }
 
 // ---- fast mode, pipelined schedule (kConfigFastPipelined) -----------------------------------
@@ -928,9 +1048,8 @@ __device__ __forceinline__ ThreadScales thread_scales(uint8_t* smem, uint64_t* r
 // Stage s is handed back after the promotion (the decoded floats are read during it), so a
 // warpgroup holds one stage from its wait on full[s] to the end of the promotion.
 
-// kTmaStore: the output leaves through store_tile_tma (staging at smem + kOffOut) instead of
-// store_tile.
-template <int kBlockN, int kNumStages, bool kOutF32, bool kTmaStore, class Scheduler>
+// kOut: where the output leaves (store_tile_any).
+template <int kBlockN, int kNumStages, bool kOutF32, OutStore kOut, class Scheduler>
 __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
                                                  const Scheduler& sched, uint64_t* full,
                                                  uint64_t* empty, uint64_t* ready, const CUtensorMap* tm_y) {
@@ -970,10 +1089,10 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
       __syncwarp();
       if (lane == 0) arrive_empty<false>(&empty[cur.s]);
     }
-    store_tile_any<kBlockN, kNumStages, false, true, kOutF32, kTmaStore>(p, tm_y, sched, t, tot, smem, math_wg, warp,
+    store_tile_any<kBlockN, kNumStages, false, true, kOutF32, kOut>(p, tm_y, sched, t, tot, smem, math_wg, warp,
                                                                          lane, r_tile, c_frag);
   }
-  finish_tile_stores<kTmaStore>();
+  finish_tile_stores<kOut>();
 }
 
 // ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
@@ -1012,10 +1131,11 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined (or, for wide
 // tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
 // BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
-// kTmaStore (wide fast tiles; not BF16 with accumulate): the TMA-store epilogue (store_tile_tma)
-// through tm_y; tm_y is unused otherwise.
+// kOut (store_tile_any): kTma (wide tiles; not BF16 with accumulate) the TMA-store epilogue
+// (store_tile_tma) through tm_y; kRows (wide tiles, m-grouped BF16) the row epilogue to the row table
+// (store_tile_rows + row_store_warp in producer warps 2 and 3); tm_y is unused otherwise.
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false, bool kTmaStore = false>
+          bool kMulticast = false, OutStore kOut = OutStore::kDirect>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
@@ -1029,10 +1149,11 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
-  static_assert(!kTmaStore || (kBlockN > 128 && !kMulticast && (kPipelined || kExact)),
-                "the TMA-store epilogue: wide tiles (fast 192, exact 256)");
+  static_assert(kOut == OutStore::kDirect || (kBlockN > 128 && !kMulticast && (kPipelined || kExact)),
+                "the TMA-store and row epilogues: wide tiles (fast 192, exact 256)");
+  static_assert(kOut != OutStore::kRows || (!kOutF32 && !kKGrouped), "the row epilogue: m-grouped BF16");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
-  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
+  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>()>;
   using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math_*() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
                     L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
@@ -1079,6 +1200,12 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
     if (kPipelined && threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
       if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
+    } else if (kOut == OutStore::kRows && threadIdx.x / 32 >= 2) {  // warps 2, 3: row stores of math wg 0, 1
+      if constexpr (kOut == OutStore::kRows) {
+        const int wg = int(threadIdx.x) / 32 - 2;
+        row_store_warp<kBlockN>(p, sched, smem + L::kOffOut + wg * (row_stage_bytes<kBlockN>() / kNumMathWarpgroups),
+                                wg, int(threadIdx.x) % 32);
+      }
     } else {
       producer<kBlockN, kNumStages, kExact, kMulticast>(&tm_a, &tm_b, &tm_sa, &tm_sb, smem, sched, full,
                                                         empty, rank);
@@ -1089,9 +1216,9 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
       math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty, ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
-      math_fast_single<kBlockN, kNumStages, kOutF32, kTmaStore>(p, smem, sched, full, empty, ready, &tm_y);
+      math_fast_single<kBlockN, kNumStages, kOutF32, kOut>(p, smem, sched, full, empty, ready, &tm_y);
     else if constexpr (kExact)  // BF16 images, no promotion
-      math_exact<kBlockN, kNumStages, kOutF32, kTmaStore>(p, smem, sched, full, empty, &tm_y);
+      math_exact<kBlockN, kNumStages, kOutF32, kOut>(p, smem, sched, full, empty, &tm_y);
     else
       math_fast_serial<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty);
   }
@@ -1178,6 +1305,7 @@ struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
   bool tma_store = false;  // set by the launchers (use_tma_store)
+  bool rows = false;       // the row epilogue (OutStore::kRows): set by the EP layer's entry only
 };
 
 // Whether a call on `path` takes the TMA-store epilogue: wide fast tiles, FP32 output or BF16
@@ -1276,15 +1404,16 @@ int max_active_pairs(const char* fn, int smem) {
   });
 }
 
-template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped, bool kTmaStore = false>
+template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped, OutStore kOut = OutStore::kDirect>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                     const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
                     const Params& p, int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
   // Wide tiles exist only as the pipelined fast schedule.
   constexpr bool kPipelined = !kExact && (kConfigFastPipelined || kBlockN != kConfigBlockN);
-  constexpr int kStages =
-      kTmaStore ? (kExact ? kConfigExactTmaStoreStages : kConfigTmaStoreStages) : stages_for<kBlockN>();
-  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, kTmaStore ? out_stage_bytes<kBlockN>() : 0>;
+  // The row epilogue's staging (50 / 66 KB) is 2 KB over the TMA one's, so it runs with the same stages.
+  constexpr int kStages = kOut != OutStore::kDirect ? (kExact ? kConfigExactTmaStoreStages : kConfigTmaStoreStages)
+                                                    : stages_for<kBlockN>();
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>()>;
   if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
@@ -1299,7 +1428,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
     }
   }
   constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped,
-                                                            kPipelined, false, kTmaStore>;
+                                                            kPipelined, false, kOut>;
   detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p, tm_y);
   MXMOE_CHECK_LAUNCH(fn);
@@ -1314,10 +1443,10 @@ void launch_by_output(const char* fn, bool out_f32, bool tma_store, bool multica
   if constexpr (kBlockN > kConfigBlockN) {
     if (tma_store) {
       if (out_f32)
-        launch_grouped<kBlockN, kExact, true, kKGrouped, true>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream,
+        launch_grouped<kBlockN, kExact, true, kKGrouped, OutStore::kTma>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream,
                                                                tm_y);
       else
-        launch_grouped<kBlockN, kExact, false, kKGrouped, true>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+        launch_grouped<kBlockN, kExact, false, kKGrouped, OutStore::kTma>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid,
                                                                 stream, tm_y);
       return;
     }
@@ -1330,13 +1459,23 @@ void launch_by_output(const char* fn, bool out_f32, bool tma_store, bool multica
 
 // path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
 // map's box and the B scale map's box path.block_n rows). tm_y: the output map of the TMA-store
-// epilogue (path.tma_store; out_tma_map), otherwise any map (unused).
+// epilogue (path.tma_store; out_tma_map), otherwise any map (unused). path.rows (m-grouped, BF16,
+// the wide width of the mode): the row epilogue to the row table (Params::y).
 template <bool kKGrouped>
 void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
                       const CUtensorMap& tm_sb, const Params& p, int grid, cudaStream_t stream,
                       const CUtensorMap& tm_y) {
   constexpr int kN = kConfigBlockN, kW = kConfigWideBlockN, kXW = kConfigExactWideBlockN;
+  if constexpr (!kKGrouped) {
+    if (path.rows) {  // checked by the caller: BF16 output, path.block_n the mode's wide width
+      if (exact) launch_grouped<kXW, true, false, false, OutStore::kRows>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+                                                                          stream, tm_y);
+      else launch_grouped<kW, false, false, false, OutStore::kRows>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+                                                                     stream, tm_y);
+      return;
+    }
+  }
   const auto launch = [&](auto width, auto exact_mode) {
     launch_by_output<decltype(width)::value, decltype(exact_mode)::value, kKGrouped>(
         fn, out_f32, path.tma_store, path.multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
