@@ -1310,10 +1310,13 @@ struct KernelPath {
 
 // Whether a call on `path` takes the TMA-store epilogue: wide fast tiles, FP32 output or BF16
 // without accumulate; kConfigTmaStore unless MXMOE_GEMM_TMA_STORE says otherwise (read per call).
-inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
-  if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;
+inline bool tma_store_requested() {
   const char* v = std::getenv("MXMOE_GEMM_TMA_STORE");
   return (v != nullptr && v[0] != '\0') ? v[0] != '0' : kConfigTmaStore;
+}
+inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
+  if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;
+  return tma_store_requested();
 }
 
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
@@ -1338,9 +1341,13 @@ inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastB
 // Wgrad's default tile width: 192 when dW has at least 1024 columns (k). Measured in run 25
 // (bench_gemm --quick --wgrad --tile-both, T = 2048/expert, uniform and skewed): 192 ran
 // 1.02-1.24x the 128-wide kernel on all 10 wgrad cases with k >= 1536 (Qwen3-30B/235B,
-// DeepSeek-V3 EP8) and 0.91-0.93x on the two with k = 768 (Qwen3-30B down). The forward
-// (m-grouped) cases were mixed (0.91-1.11x), so it stays 128 there. MXMOE_GEMM_TILE overrides.
-inline int k_grouped_fast_block_n(int64_t k) { return k >= 1024 ? kConfigWideBlockN : kConfigBlockN; }
+// DeepSeek-V3 EP8) and 0.91-0.93x on the two with k = 768 (Qwen3-30B down). With the TMA-store
+// epilogue 192 also wins at k = 768: run 52 measured 912 / 745 TFLOP/s against 741 / 708 for 128
+// wide (1.23x / 1.05x, uniform / skewed), so with the epilogue on 192 is the width for every k.
+// MXMOE_GEMM_TILE overrides.
+inline int k_grouped_fast_block_n(int64_t k) {
+  return k >= 1024 || tma_store_requested() ? kConfigWideBlockN : kConfigBlockN;
+}
 
 // Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
 inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kBlockM; }
