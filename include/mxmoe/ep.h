@@ -205,6 +205,14 @@ class EpComm {
   void agree(const char* who, const int64_t* values, const char* const* names, int n,
              const std::string& local_error);
 
+  // The address of byte 0 of `peer`'s window (0 <= peer < R) as this GPU maps it: a plain device
+  // pointer of this process (NVLink load/store, or cudaMemcpyAsync by the copy engine), valid while
+  // this EpComm lives; peer == rank() gives the local window. Offsets are those of layout().
+  // Synchronous (a one-thread kernel and a copy back): for set-up and measurements, not the step.
+  // Writing a peer's window bypasses its barriers: the caller orders such writes (e.g. all_gather
+  // + stream sync on every rank before and after).
+  void* peer_window(int peer) const;
+
   // Synchronises `stream`, then throws mxmoe::CudaError if a device barrier timed out (naming
   // the kernel and the barrier) or NCCL reports an asynchronous error.
   void check(cudaStream_t stream = nullptr);

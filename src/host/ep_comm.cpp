@@ -386,6 +386,21 @@ void EpComm::combine_commit(int64_t tokens, cudaStream_t stream) {
   detail::launch_ep_combine_barrier(impl_->dev, impl_->args(tokens), impl_->cfg.num_ctas, stream);
 }
 
+void* EpComm::peer_window(int peer) const {
+  const char* fn = "EpComm::peer_window";
+  if (peer < 0 || peer >= impl_->world)
+    detail::throw_arg(fn, "peer", detail::to_str(peer), "must be in [0, " + detail::to_str(impl_->world) + ")");
+  detail::check_on_device(fn, impl_->device, nullptr, {});
+  void** d = nullptr;
+  MXMOE_CUDA_CHECK(fn, cudaMalloc(&d, sizeof(void*)));
+  void* h = nullptr;
+  detail::launch_ep_peer_window(impl_->args(impl_->last_tokens), peer, d, nullptr);
+  const cudaError_t e = cudaMemcpy(&h, d, sizeof(void*), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  MXMOE_CUDA_CHECK(fn, e);
+  return h;
+}
+
 const __nv_bfloat16* EpComm::combine_rows() const {
   return reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(impl_->window_buf) +
                                                 impl_->layout.combine_offset);

@@ -617,9 +617,9 @@ class CaseRun {
                 compute_only / double(fwd + bwd), (long long)T_all, median(tr));
   if (c_.tag)  // the format of bench/bench_ep_layer_a2a.py's "a2a-baseline" lines (same shapes and T)
     std::printf("[rank %d] ep-layer %s H=%d I=%d E=%d k=%d T=%lld %s: fwd ms %.3f fwd+bwd ms %.3f | compute-only "
-                "fwd+bwd ms %.3f | combine=%s\n",
+                "fwd+bwd ms %.3f | combine=%s num_ctas=%d\n",
                 r, c_.tag, H, I, E, k, (long long)T, c_.mode == mxmoe::GemmMode::kFast ? "fast" : "exact", fwd,
-                fwd + bwd, compute_only, fused ? "fused" : "copy");
+                fwd + bwd, compute_only, fused ? "fused" : "copy", c_.num_ctas);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaEventDestroy(e2));
@@ -837,6 +837,10 @@ int main() {
     }
     run_cases = picked;
   }
+  // MXMOE_EP_TIMED_CTAS=n: the timed cases' EpConfig::num_ctas (dispatch / combine kernel CTAs).
+  if (const char* ctas = std::getenv("MXMOE_EP_TIMED_CTAS"))
+    for (LayerCase& c : run_cases)
+      if (c.timed) c.num_ctas = std::atoi(ctas);
   const bool setups = !dsv3_only && only == nullptr;
   bool all_ok = true;
   const char* current = "bad setups";

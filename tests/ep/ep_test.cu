@@ -1,7 +1,9 @@
 // mxmoe_ep_test: multi-process test of expert-parallel dispatch/combine (include/mxmoe/ep.h).
 // One process per GPU; start it with scripts/ep_launch.sh NGPU build/mxmoe_ep_test (or run it
 // bare for R = 1). Environment: RANK, WORLD_SIZE, LOCAL_RANK, MXMOE_EP_ID_FILE (NCCL unique id,
-// written by rank 0), MXMOE_EP_SEED (shared by all ranks; the launcher draws a fresh one).
+// written by rank 0), MXMOE_EP_SEED (shared by all ranks; the launcher draws a fresh one),
+// MXMOE_EP_TIMED_CTAS (num_ctas values of the timed case, comma-separated; default 32). The timed
+// case also measures the P2P copy reference (copy engine into the peer's window) in the same run.
 //
 // Per case, on every rank: random BF16 tokens x [T, H] (T may differ per rank), random top-k ids
 // (some invalid), weights w; quantize_mxfp8(x) → dispatch → stand-in expert on the received rows
@@ -116,8 +118,11 @@ std::vector<int32_t> routing_of(const Case& c, int rank, int world, uint32_t see
 struct Outputs {
   std::vector<uint16_t> out, out_ref;
   std::vector<int32_t> local_ids;
-  float dispatch_ms = 0, combine_ms = 0;
+  float dispatch_ms = 0, combine_ms = 0;        // median of single calls (host sync between: rank skew included)
+  float dispatch_b2b_ms = 0, combine_b2b_ms = 0;  // per call, kBackToBack calls in a row (skew paid once)
 };
+
+constexpr int kBackToBack = 20;
 
 Outputs run_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed, int reps) {
   const int R = ep.world_size(), rank = ep.rank(), H = c.hidden, k = c.top_k;
@@ -212,6 +217,23 @@ Outputs run_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed, int reps) {
   }
   o.dispatch_ms = median(td);
   o.combine_ms = median(tc);
+  if (c.timed) {
+    // kBackToBack calls in a row between two events: the per-call barriers keep the ranks in step,
+    // so the ranks' launch skew (in the single-call figures above: each is preceded by a host sync)
+    // is paid once. Same bytes; the combine repeats the last stand-in output (its reads are stable).
+    const auto back_to_back = [&](auto&& call) {
+      call();  // warm-up
+      CK(cudaEventRecord(e1, st));
+      for (int i = 0; i < kBackToBack; ++i) call();
+      CK(cudaEventRecord(e2, st));
+      ep.check(st);
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e1, e2));
+      return ms / kBackToBack;
+    };
+    o.dispatch_b2b_ms = back_to_back([&] { ep.dispatch(q.p, qs.p, ids.p, T, st); });
+    o.combine_b2b_ms = back_to_back([&] { ep.combine(y.p, R * maxT * k, row_of.p, w.p, T, out.p, st); });
+  }
   o.out_ref = out_ref.down<uint16_t>(size_t(T * H));
   o.local_ids = std::vector<int32_t>(size_t(R * maxT * k));
   CK(cudaMemcpy(o.local_ids.data(), ep.recv_local_ids(), o.local_ids.size() * 4, cudaMemcpyDeviceToHost));
@@ -369,20 +391,102 @@ bool run_gemm_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed) {
   return bad == 0;
 }
 
+// The reference for the dispatch/combine GB/s, measured in the same process: copy-engine copies
+// (cudaMemcpyAsync, 256 MB, or the combine region if smaller) from a local buffer into the peer's
+// window (EpComm::peer_window), one rank at a time (one-way) and every rank at once (each
+// direction of NVLink busy, as during dispatch and combine). Median of 5 after a warm-up; an
+// all_gather + stream sync on every rank separates the phases, so no copy overlaps a kernel of
+// the case that follows. Returns {one-way GB/s of this rank, GB/s with every rank sending}.
+struct P2p {
+  double one_way = 0, all_at_once = 0;
+};
+P2p measure_p2p(mxmoe::EpComm& ep) {
+  const int R = ep.world_size(), rank = ep.rank(), peer = (rank + 1) % R;
+  const mxmoe::EpWindowLayout& L = ep.layout();
+  const size_t bytes = size_t(std::min<int64_t>(L.combine_bytes, int64_t(256) << 20));
+  Dev<uint8_t> src(bytes), token(R), gathered(size_t(R) * R);
+  char* dst = static_cast<char*>(ep.peer_window(peer)) + L.combine_offset;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const auto barrier = [&] {
+    ep.all_gather(token.p, gathered.p, size_t(R), st);
+    CK(cudaStreamSynchronize(st));
+  };
+  const auto timed = [&] {
+    std::vector<float> t;
+    CK(cudaMemcpyAsync(dst, src.p, bytes, cudaMemcpyDeviceToDevice, st));  // warm-up
+    for (int i = 0; i < 5; ++i) {
+      CK(cudaEventRecord(a, st));
+      CK(cudaMemcpyAsync(dst, src.p, bytes, cudaMemcpyDeviceToDevice, st));
+      CK(cudaEventRecord(b, st));
+      CK(cudaEventSynchronize(b));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    return double(bytes) / (median(t) * 1e6);
+  };
+  P2p p;
+  for (int s = 0; s < R; ++s) {
+    barrier();
+    if (s == rank) p.one_way = timed();
+  }
+  barrier();
+  p.all_at_once = timed();
+  barrier();
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaStreamDestroy(st));
+  return p;
+}
+
+// MXMOE_EP_TIMED_CTAS: comma-separated num_ctas values for the timed case (default: 32, the
+// EpConfig default); each runs as its own case.
+std::vector<int> timed_ctas() {
+  std::vector<int> v;
+  const char* e = std::getenv("MXMOE_EP_TIMED_CTAS");
+  std::string s = e ? e : "";
+  for (size_t i = 0; i < s.size();) {
+    const size_t j = s.find(',', i);
+    const std::string tok = s.substr(i, j == std::string::npos ? std::string::npos : j - i);
+    if (!tok.empty()) v.push_back(std::atoi(tok.c_str()));
+    if (j == std::string::npos) break;
+    i = j + 1;
+  }
+  if (v.empty()) v.push_back(32);
+  return v;
+}
+
 }  // namespace
 
 int main() {
   ep_test::World world_env;
   if (!ep_test::world_from_env(world_env)) return 0;
   const int rank = world_env.rank, world = world_env.size;
-  const Case cases[] = {
+  const Case all_cases[] = {
       {"uniform H=256 k=4 ragged-T invalid-ids", 256, 4, 8, 333, 17, Route::kUniform, 0.03, 8, false},
       {"all-to-rank0 H=512 k=4", 512, 4, 4, 256, 0, Route::kAllToRank0, 0.0, 16, false},
       {"H=96 k=1 last-rank-empty", 96, 1, 2, 64, -1, Route::kUniform, 0.0, 3, false},
       {"timed H=7168 k=8 E=32/rank T=4096", 7168, 8, 32, 4096, 0, Route::kUniform, 0.0, 32, true},
       {"gemm-expert H=256 k=4 E=4/rank ragged-T", 256, 4, 4, 300, 29, Route::kUniform, 0.02, 8, false, true},
   };
+  std::vector<Case> cases;
+  for (const Case& c : all_cases) {
+    if (!c.timed) {
+      cases.push_back(c);
+      continue;
+    }
+    for (int n : timed_ctas()) {
+      cases.push_back(c);
+      cases.back().num_ctas = n;
+    }
+  }
   bool all_ok = true;
+  P2p p2p;
+  bool have_p2p = false;
   try {
     for (const Case& c : cases) {
       mxmoe::EpConfig cfg;
@@ -392,7 +496,7 @@ int main() {
       cfg.max_tokens = c.max_tokens;
       cfg.num_ctas = c.num_ctas;
       cfg.timeout_s = 20.0;
-      std::unique_ptr<mxmoe::EpComm> ep = ep_test::make_comm(world_env, cfg, int(&c - cases));
+      std::unique_ptr<mxmoe::EpComm> ep = ep_test::make_comm(world_env, cfg, int(&c - cases.data()));
       if (c.gemm) {
         const bool ok = run_gemm_case(*ep, c, world_env.seed);
         all_ok &= ok;
@@ -427,9 +531,22 @@ int main() {
           std::printf("[rank 0] R = 1: dispatch %.3f ms, combine (+ local sum) %.3f ms (no remote bytes, no GB/s)\n",
                       o.dispatch_ms, o.combine_ms);
         } else {
-          std::printf("[rank %d] dispatch %.3f ms = %.1f GB/s out of this rank; combine (+ local sum) %.3f ms = "
-                      "%.1f GB/s into this rank; P2P copy reference: 395 GB/s one way\n",
-                      rank, o.dispatch_ms, disp / (o.dispatch_ms * 1e6), o.combine_ms, comb / (o.combine_ms * 1e6));
+          if (!have_p2p) {
+            p2p = measure_p2p(*ep);
+            have_p2p = true;
+            std::printf("[rank %d] P2P copy reference (copy engine into the peer's window, 256 MB, median of 5): "
+                        "one-way %.1f GB/s, every rank sending at once %.1f GB/s\n",
+                        rank, p2p.one_way, p2p.all_at_once);
+          }
+          const double d1 = disp / (o.dispatch_ms * 1e6), c1 = comb / (o.combine_ms * 1e6);
+          const double d2 = disp / (o.dispatch_b2b_ms * 1e6), c2 = comb / (o.combine_b2b_ms * 1e6);
+          std::printf("[rank %d] num_ctas %d: dispatch %.3f ms = %.1f GB/s out of this rank, combine (+ local sum) "
+                      "%.3f ms = %.1f GB/s into this rank (single calls, median); back-to-back x%d: dispatch "
+                      "%.3f ms = %.1f GB/s (%.0f%% of one-way P2P, %.0f%% of all-at-once), combine %.3f ms = "
+                      "%.1f GB/s (%.0f%%, %.0f%%)\n",
+                      rank, c.num_ctas, o.dispatch_ms, d1, o.combine_ms, c1, kBackToBack, o.dispatch_b2b_ms, d2,
+                      100 * d2 / p2p.one_way, 100 * d2 / p2p.all_at_once, o.combine_b2b_ms, c2,
+                      100 * c2 / p2p.one_way, 100 * c2 / p2p.all_at_once);
         }
       }
     }

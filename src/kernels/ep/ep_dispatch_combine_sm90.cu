@@ -296,6 +296,11 @@ __global__ void __launch_bounds__(32) ep_combine_barrier_kernel(const __grid_con
   bar.sync(a, detail::kEpErrCombineExit);
 }
 
+// The address of byte 0 of `peer`'s window as this GPU maps it (EpComm::peer_window).
+__global__ void ep_peer_window_kernel(const EpKernelArgs a, int peer, void** out) {
+  *out = a.world == 1 ? static_cast<void*>(a.local_window) : ncclGetLsaPointer(a.win, 0, peer);
+}
+
 // One warp per output row: data (16-byte vectors) and scales (bytes) of record row_index[r].
 __global__ void __launch_bounds__(256) ep_gather_recv_mx_kernel(const uint8_t* records, int64_t record_bytes,
                                                                 int64_t num_records, int hidden,
@@ -369,6 +374,11 @@ void launch_ep_combine_targets(const EpKernelArgs& a, const int32_t* row_index, 
   else
     ep::ep_combine_targets_kernel<false><<<blocks, 256, 0, stream>>>(a, row_index, row_of, rows, rows_used, targets);
   MXMOE_CHECK_LAUNCH("EpComm::combine_targets");
+}
+
+void launch_ep_peer_window(const EpKernelArgs& a, int peer, void** out, cudaStream_t stream) {
+  ep::ep_peer_window_kernel<<<1, 1, 0, stream>>>(a, peer, out);
+  MXMOE_CHECK_LAUNCH("EpComm::peer_window");
 }
 
 void launch_ep_combine_barrier(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, cudaStream_t stream) {

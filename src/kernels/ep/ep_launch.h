@@ -46,6 +46,9 @@ void launch_ep_dispatch_bf16(const ncclDevComm& dev, const EpKernelArgs& a, int 
 void launch_ep_combine(const ncclDevComm& dev, const EpKernelArgs& a, int num_ctas, const void* y, int64_t y_rows,
                        const int32_t* row_of, cudaStream_t stream);
 
+// out (device) = the address of byte 0 of `peer`'s window as this GPU maps it.
+void launch_ep_peer_window(const EpKernelArgs& a, int peer, void** out, cudaStream_t stream);
+
 // Fused combine: targets[r] (r < rows) = the address of padded row r's combine slot (null: not
 // sent); then, after the rows are written, the combine kernel's barriers alone (world == 1: none).
 void launch_ep_combine_targets(const EpKernelArgs& a, const int32_t* row_index, const int32_t* row_of, int64_t rows,
