@@ -217,6 +217,7 @@ struct EpComm::Impl {
     // The kernels spin on LSA barriers: every CTA must be resident at once (one per SM suffices).
     int sms = 0;
     MXMOE_CUDA_CHECK(kFn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (cfg.num_ctas == 0) cfg.num_ctas = sms;  // the default: one per SM (config() reports the count)
     if (cfg.num_ctas > sms)
       detail::throw_arg(kFn, "cfg.num_ctas", detail::to_str(cfg.num_ctas),
                         "must be at most the SM count (" + detail::to_str(sms) +

@@ -32,8 +32,9 @@ void ep_check_config(const EpConfig& cfg, int rank, int world_size) {
     throw_arg(kFn, "cfg.top_k", to_str(cfg.top_k), "must be in [1, min(32, num_experts)]");
   if (cfg.max_tokens < 1 || cfg.max_tokens > (int64_t(1) << 30))
     throw_arg(kFn, "cfg.max_tokens", to_str(cfg.max_tokens), "must be in [1, 2^30]");
-  if (cfg.num_ctas < 1 || cfg.num_ctas > kMaxEpCtas)
-    throw_arg(kFn, "cfg.num_ctas", to_str(cfg.num_ctas), "must be in [1, " + to_str(kMaxEpCtas) + "]");
+  if (cfg.num_ctas < 0 || cfg.num_ctas > kMaxEpCtas)
+    throw_arg(kFn, "cfg.num_ctas", to_str(cfg.num_ctas),
+              "must be 0 (one per SM) or in [1, " + to_str(kMaxEpCtas) + "]");
   if (!(cfg.timeout_s > 0.0) || !std::isfinite(cfg.timeout_s) || cfg.timeout_s > 3600.0)
     throw_arg(kFn, "cfg.timeout_s", to_str(cfg.timeout_s), "must be in (0, 3600] seconds");
   // Window size: R · max_tokens records + max_tokens · k BF16 rows; keep it below 2^40 bytes and

@@ -80,8 +80,10 @@ TEST(EpArgs, RejectsBadShapes) {
   c.max_tokens = int64_t(1) << 29;  // 8 ranks · 2^29 · 8 slots overflows int32
   expect_error_naming([&] { ep_check_config(c, 0, 8); }, "cfg.max_tokens");
   c = good();
-  c.num_ctas = 0;
+  c.num_ctas = -1;
   expect_error_naming([&] { ep_check_config(c, 0, 2); }, "cfg.num_ctas");
+  c.num_ctas = 0;  // one per SM, resolved by EpComm
+  ep_check_config(c, 0, 2);
   c.num_ctas = kMaxEpCtas + 1;
   expect_error_naming([&] { ep_check_config(c, 0, 2); }, "cfg.num_ctas");
   c = good();

@@ -619,7 +619,7 @@ class CaseRun {
     std::printf("[rank %d] ep-layer %s H=%d I=%d E=%d k=%d T=%lld %s: fwd ms %.3f fwd+bwd ms %.3f | compute-only "
                 "fwd+bwd ms %.3f | combine=%s num_ctas=%d\n",
                 r, c_.tag, H, I, E, k, (long long)T, c_.mode == mxmoe::GemmMode::kFast ? "fast" : "exact", fwd,
-                fwd + bwd, compute_only, fused ? "fused" : "copy", c_.num_ctas);
+                fwd + bwd, compute_only, fused ? "fused" : "copy", comm_->config().num_ctas);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaEventDestroy(e2));
@@ -812,9 +812,9 @@ int main() {
       {"E=32R k=4 H=256 I=128 exact last-rank-empty", 256, 128, 32, 4, 200, true, GemmMode::kExact, 4},
       {"E=32R k=1 H=256 I=128 fast", 256, 128, 32, 1, 222, false, GemmMode::kFast, 8},
       {"graph E=8R k=4 H=256 I=128 fast", 256, 128, 8, 4, 301, false, GemmMode::kFast, 8, true},
-      {"timed E=8R k=8 H=1024 I=512 fast T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kFast, 32, false, true,
+      {"timed E=8R k=8 H=1024 I=512 fast T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kFast, 0, false, true,
        "small"},
-      {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 32, false, true,
+      {"timed E=8R k=8 H=1024 I=512 exact T0=2000", 1024, 512, 8, 8, 2000, false, GemmMode::kExact, 0, false, true,
        "small"},
   };
   // Opt-in (MXMOE_EP_LAYER_DSV3=1: after the cases above; =only: alone): a DeepSeek-V3-like timed case,
@@ -825,7 +825,7 @@ int main() {
   if (!dsv3_only) run_cases.assign(std::begin(cases), std::end(cases));
   if (dsv3 && std::string(dsv3) != "0")
     run_cases.push_back({"timed E=32 k=8 H=7168 I=2048 fast T0=4096", 7168, 2048, 32 / w.size, 8, 4096, false,
-                         GemmMode::kFast, 32, false, true, "dsv3", true});
+                         GemmMode::kFast, 0, false, true, "dsv3", true});
   const char* only = std::getenv("MXMOE_EP_LAYER_CASE");
   if (only != nullptr) {
     std::vector<LayerCase> picked;
@@ -837,7 +837,8 @@ int main() {
     }
     run_cases = picked;
   }
-  // MXMOE_EP_TIMED_CTAS=n: the timed cases' EpConfig::num_ctas (dispatch / combine kernel CTAs).
+  // MXMOE_EP_TIMED_CTAS=n: the timed cases' EpConfig::num_ctas (dispatch / combine kernel CTAs;
+  // default 0 = one per SM).
   if (const char* ctas = std::getenv("MXMOE_EP_TIMED_CTAS"))
     for (LayerCase& c : run_cases)
       if (c.timed) c.num_ctas = std::atoi(ctas);

@@ -2,7 +2,7 @@
 // One process per GPU; start it with scripts/ep_launch.sh NGPU build/mxmoe_ep_test (or run it
 // bare for R = 1). Environment: RANK, WORLD_SIZE, LOCAL_RANK, MXMOE_EP_ID_FILE (NCCL unique id,
 // written by rank 0), MXMOE_EP_SEED (shared by all ranks; the launcher draws a fresh one),
-// MXMOE_EP_TIMED_CTAS (num_ctas values of the timed case, comma-separated; default 32). The timed
+// MXMOE_EP_TIMED_CTAS (num_ctas values of the timed case, comma-separated; default 0 = one per SM). The timed
 // case also measures the P2P copy reference (copy engine into the peer's window) in the same run.
 //
 // Per case, on every rank: random BF16 tokens x [T, H] (T may differ per rank), random top-k ids
@@ -120,6 +120,7 @@ struct Outputs {
   std::vector<int32_t> local_ids;
   float dispatch_ms = 0, combine_ms = 0;        // median of single calls (host sync between: rank skew included)
   float dispatch_b2b_ms = 0, combine_b2b_ms = 0;  // per call, kBackToBack calls in a row (skew paid once)
+  float send_b2b_ms = 0;                          // combine_send alone (the rows' transfer, no local sum)
 };
 
 constexpr int kBackToBack = 20;
@@ -233,6 +234,7 @@ Outputs run_case(mxmoe::EpComm& ep, const Case& c, uint32_t seed, int reps) {
     };
     o.dispatch_b2b_ms = back_to_back([&] { ep.dispatch(q.p, qs.p, ids.p, T, st); });
     o.combine_b2b_ms = back_to_back([&] { ep.combine(y.p, R * maxT * k, row_of.p, w.p, T, out.p, st); });
+    o.send_b2b_ms = back_to_back([&] { ep.combine_send(y.p, R * maxT * k, row_of.p, T, st); });
   }
   o.out_ref = out_ref.down<uint16_t>(size_t(T * H));
   o.local_ids = std::vector<int32_t>(size_t(R * maxT * k));
@@ -443,8 +445,8 @@ P2p measure_p2p(mxmoe::EpComm& ep) {
   return p;
 }
 
-// MXMOE_EP_TIMED_CTAS: comma-separated num_ctas values for the timed case (default: 32, the
-// EpConfig default); each runs as its own case.
+// MXMOE_EP_TIMED_CTAS: comma-separated num_ctas values for the timed case (default: 0, the
+// EpConfig default = one per SM); each runs as its own case.
 std::vector<int> timed_ctas() {
   std::vector<int> v;
   const char* e = std::getenv("MXMOE_EP_TIMED_CTAS");
@@ -456,7 +458,7 @@ std::vector<int> timed_ctas() {
     if (j == std::string::npos) break;
     i = j + 1;
   }
-  if (v.empty()) v.push_back(32);
+  if (v.empty()) v.push_back(0);
   return v;
 }
 
@@ -470,7 +472,7 @@ int main() {
       {"uniform H=256 k=4 ragged-T invalid-ids", 256, 4, 8, 333, 17, Route::kUniform, 0.03, 8, false},
       {"all-to-rank0 H=512 k=4", 512, 4, 4, 256, 0, Route::kAllToRank0, 0.0, 16, false},
       {"H=96 k=1 last-rank-empty", 96, 1, 2, 64, -1, Route::kUniform, 0.0, 3, false},
-      {"timed H=7168 k=8 E=32/rank T=4096", 7168, 8, 32, 4096, 0, Route::kUniform, 0.0, 32, true},
+      {"timed H=7168 k=8 E=32/rank T=4096", 7168, 8, 32, 4096, 0, Route::kUniform, 0.0, 0, true},
       {"gemm-expert H=256 k=4 E=4/rank ragged-T", 256, 4, 4, 300, 29, Route::kUniform, 0.02, 8, false, true},
   };
   std::vector<Case> cases;
@@ -540,13 +542,16 @@ int main() {
           }
           const double d1 = disp / (o.dispatch_ms * 1e6), c1 = comb / (o.combine_ms * 1e6);
           const double d2 = disp / (o.dispatch_b2b_ms * 1e6), c2 = comb / (o.combine_b2b_ms * 1e6);
+          const double s2 = comb / (o.send_b2b_ms * 1e6);
           std::printf("[rank %d] num_ctas %d: dispatch %.3f ms = %.1f GB/s out of this rank, combine (+ local sum) "
                       "%.3f ms = %.1f GB/s into this rank (single calls, median); back-to-back x%d: dispatch "
                       "%.3f ms = %.1f GB/s (%.0f%% of one-way P2P, %.0f%% of all-at-once), combine %.3f ms = "
-                      "%.1f GB/s (%.0f%%, %.0f%%)\n",
-                      rank, c.num_ctas, o.dispatch_ms, d1, o.combine_ms, c1, kBackToBack, o.dispatch_b2b_ms, d2,
+                      "%.1f GB/s (%.0f%%, %.0f%%); combine rows alone (combine_send, x%d) %.3f ms = %.1f GB/s "
+                      "(%.0f%% of one-way P2P, %.0f%% of all-at-once)\n",
+                      rank, ep->config().num_ctas, o.dispatch_ms, d1, o.combine_ms, c1, kBackToBack, o.dispatch_b2b_ms, d2,
                       100 * d2 / p2p.one_way, 100 * d2 / p2p.all_at_once, o.combine_b2b_ms, c2,
-                      100 * c2 / p2p.one_way, 100 * c2 / p2p.all_at_once);
+                      100 * c2 / p2p.one_way, 100 * c2 / p2p.all_at_once, kBackToBack, o.send_b2b_ms, s2,
+                      100 * s2 / p2p.one_way, 100 * s2 / p2p.all_at_once);
         }
       }
     }
