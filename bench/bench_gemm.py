@@ -32,10 +32,12 @@ tiles, one accumulator per math warpgroup; m-grouped BF16 output through the TMA
 Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
 default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
 "mxmoe-exact-128" with 128 and "mxmoe-exact-256d" with 256 and MXMOE_GEMM_TMA_STORE=0 (direct stores).
-Each alternative's output must be bitwise equal to its mode's default
+--k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
+schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
+largest token count first. Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--tile-both] [--exact-tile-both]
+                                   [--tile-both] [--exact-tile-both] [--k-order-both]
                                    [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
@@ -57,6 +59,7 @@ MULTICAST_ENV = "MXMOE_GEMM_MULTICAST"
 TILE_ENV = "MXMOE_GEMM_TILE"
 EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
+K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
 COPY_GBS = None  # device-to-device copy bandwidth measured in main (GB/s, read + write)
 BF16_OUT = 0
 VERIFY_TOL = 0.08
@@ -430,7 +433,11 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", "", ""])
     dw = torch.empty(E, N, K, device="cuda", dtype=torch.bfloat16)
     outs = {}
-    for mode, mname, env, base in mxmoe_variants(multicast_both, tile_both):
+    variants = mxmoe_variants(multicast_both, tile_both)
+    if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
+        variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
+                     (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
+    for mode, mname, env, base in variants:
         def call():
             rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
                 ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), ptr(b_d), ptr(b_s), ptr(b_fd),
@@ -465,9 +472,12 @@ def main():
                     help="time fast mode on the default and the 128x192-tile path (MXMOE_GEMM_TILE=128/192)")
     ap.add_argument("--exact-tile-both", action="store_true",
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
+    ap.add_argument("--k-order-both", action="store_true",
+                    help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, COPY_GBS
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS
     EXACT_TILE_BOTH = args.exact_tile_both
+    K_ORDER_BOTH = args.k_order_both
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)

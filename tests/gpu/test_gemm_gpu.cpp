@@ -658,6 +658,7 @@ struct PathEnv {
   bool multicast = false;  // MXMOE_GEMM_MULTICAST (fast mode, 128 wide)
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
   bool tma_store = true;   // MXMOE_GEMM_TMA_STORE (192 wide, m-grouped, BF16 out, no accumulate)
+  bool k_order_tokens = true;  // MXMOE_GEMM_K_ORDER: tokens (largest expert first, default) or index
 };
 const PathEnv kDefaultPath{};
 
@@ -669,6 +670,7 @@ class ScopedKernelPath {
     set("MXMOE_GEMM_MULTICAST", e.multicast ? "1" : "0", 1);
     set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 2);
     set("MXMOE_GEMM_TMA_STORE", e.tma_store ? "1" : "0", 3);
+    set("MXMOE_GEMM_K_ORDER", e.k_order_tokens ? "tokens" : "index", 4);
   }
   ~ScopedKernelPath() {
     for (int i = 0; i < kVars; ++i) {
@@ -678,7 +680,7 @@ class ScopedKernelPath {
   }
 
  private:
-  static constexpr int kVars = 4;
+  static constexpr int kVars = 5;
   void set(const char* name, const std::string& value, int i) {
     const char* v = std::getenv(name);
     names_[i] = name;
@@ -826,6 +828,23 @@ TEST_F(GemmGpu, WideTileDirectStoresBitwiseMatchDefault) {
   PathEnv direct{192};
   direct.tma_store = false;
   expect_path_matches_default("wide tile, direct stores", direct, c.m, c.k, {0, 7}, true, rng_);
+}
+
+// The k-grouped schedule's expert order (k_grouped_expert_order: largest token count first, the
+// default) against the index order (MXMOE_GEMM_K_ORDER=index): the same bytes, since only which
+// CTA computes a tile and when changes, never a tile's own reduction. Fast (192 wide) and exact
+// (256 wide) mode, BF16/FP32 with accumulate, grids 0, 1, 7; the k cases have empty experts, ties
+// and ragged counts, and a skewed case (one expert with most tokens, several empty) on top.
+TEST_F(GemmGpu, KGroupedExpertOrderBitwiseEqual) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  PathCases c = tile_width_cases(rng_);
+  c.k.push_back({7, 256, 576, {0, 40, 1500, 0, 130, 3, 260}});
+  PathEnv index;
+  index.k_order_tokens = false;
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})
+    expect_path_matches_default(mode == GemmMode::kFast ? "k order, fast" : "k order, exact", index, {}, c.k,
+                                {0, 1, 7}, true, rng_, mode);
 }
 
 // ---- exact mode: tile widths and the image's scale range ------------------------------------------

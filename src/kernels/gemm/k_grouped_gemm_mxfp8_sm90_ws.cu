@@ -65,6 +65,7 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.kdim = int(m_total);
   p.m_tiles_cap = 0;  // unused by the k-grouped schedule
   p.accumulate = opts.accumulate;
+  p.sort_experts = gemm_sm90::k_grouped_sort_experts();
   // the TMA-store epilogue's map of dW [E, N, K] (unused otherwise)
   const CUtensorMap tm_y = path.tma_store ? gemm_sm90::out_tma_map(kFn, dw, out_f32, num_experts, n, k) : tm_a;
   gemm_sm90::dispatch_grouped<true>(kFn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);
