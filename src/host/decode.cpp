@@ -3,6 +3,7 @@
 #include "mxmoe/decode.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "host/check.h"
@@ -38,6 +39,12 @@ detail::ExpertWeights expert_weights(const DecodeWeights& w) {
   e.shared_data = w.shared_data;
   e.shared_scales = w.shared_scales;
   return e;
+}
+
+// An integer from the environment, read at every call (A/B timing in one process); dflt if unset.
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : dflt;
 }
 
 }  // namespace
@@ -87,6 +94,9 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   p.num_experts = num_experts;
   p.top_k = top_k;
   p.slots = top_k + (w1.shared_data ? 1 : 0);
+  // MXFP8 launch bound: 3 CTAs a SM (80 registers; runs 56, 59: 1.02-1.08x a step) or 2 (102
+  // registers, MXMOE_DECODE_MX_GATE_UP_CTAS=2).
+  p.min_ctas_per_sm = env_int("MXMOE_DECODE_MX_GATE_UP_CTAS", 3) == 2 ? 2 : 3;
   detail::launch_decode_gate_up(p, stream);
 }
 

@@ -13,7 +13,8 @@
 // Programmatic Dependent Launch (src/host/pdl_launch.h): griddepcontrol.wait before x and the ids
 // are read (they come from the kernels ahead of this one) and before h is written, then the
 // dependents (decode_down) may launch.
-// Registers: ~40-60 a thread (checked with -Xptxas -v, no spills).
+// Registers: BF16 54; MXFP8 80 with the default launch bound (3 CTAs a SM; run 56: 1.02-1.08x a
+// step) or 102 at 2 CTAs a SM (host switch MXMOE_DECODE_MX_GATE_UP_CTAS=2); no spills (-res-usage).
 // Roofline: 2·2·I·H FLOPs per (token, slot); bytes 2·I·H·(2 | 1 + 1/32) per distinct expert.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <cstdint>
@@ -126,8 +127,8 @@ __device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, 
   }
 }
 
-template <bool kMx, bool kHBf16>
-__global__ void __launch_bounds__(kThreads) warp_decode_gate_up_kernel(const GateUpLaunch p) {
+template <bool kMx, bool kHBf16, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
   const int lane = threadIdx.x & 31;
   const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
@@ -160,18 +161,21 @@ __global__ void __launch_bounds__(kThreads) warp_decode_gate_up_kernel(const Gat
   }
 }
 
-template <bool kMx, bool kHBf16>
+template <bool kMx, bool kHBf16, int kMinCtas = 1>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   const int64_t blocks = (total + kWarps - 1) / kWarps;
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16>, dim3(unsigned(blocks)),
-                  dim3(kThreads), 0, stream, p);
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
+                  dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.w1.mxfp8) {
+  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
+    if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
+  } else if (p.w1.mxfp8) {                        // 102 registers, 2 CTAs a SM
+
     if (p.h_bf16) launch<true, true>(p, stream); else launch<true, false>(p, stream);
   } else {
     if (p.h_bf16) launch<false, true>(p, stream); else launch<false, false>(p, stream);

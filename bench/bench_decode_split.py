@@ -1,0 +1,203 @@
+"""Where a warp-decode step's time goes, and A/B of the decode switches (docs/notes/decode.md,
+session 8). Per (shape, B, weights, switch setting), CUDA graphs of STEPS chained launches
+over COPIES weight copies (cold L2, as bench_decode.py), L2 flushed before each rep, median:
+  step  router -> gate/up -> down (as decode_step's warp-decode path)
+  R     router alone;  R+G  router -> gate/up;  G  gate/up alone;  D  down alone (ids, h fixed)
+and per-kernel rates: G's W1 bytes / G, D's W2 bytes / D against the copy bandwidth measured here.
+Marginals: +G = (R+G) - R, +D = step - (R+G). Every setting's ids, routing weights and output are
+compared bit for bit with the first setting's (the switches must not change results). Shapes with a
+shared expert and sigmoid routing (DeepSeek-V3) run with them (bias, groups, scaling).
+Settings: NAME:VAR=VAL,VAR=VAL;... (default: "new:" = library defaults, "old:" = the MXFP8 gate/up
+at 2 CTAs a SM, as before session 8).
+--ncu: one eager step per dtype (Qwen3-30B B = 1 unless --shapes/--batches), for
+  ncu -k regex:warp_decode (see scripts/decode_ab.sh).
+Usage: python3 bench/bench_decode_split.py [--shapes ...] [--batches 1,2,8] [--split-batches 1]
+       [--settings ...] [--reps 15] [--ncu]
+"""
+import argparse
+import ctypes
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode import BF16_W, H_FP32, MXFP8_W, SHAPES, STEPS, Shape, quantize_mx, setup_lib  # noqa: E402
+from common import Timer, check, copy_bandwidth, kernel_env, load_lib, ptr, require_gpu  # noqa: E402
+
+OLD = {"MXMOE_DECODE_MX_GATE_UP_CTAS": "2"}
+DEFAULT_SETTINGS = "new:;old:" + ",".join(f"{k}={v}" for k, v in OLD.items())
+
+
+def parse_settings(s):
+    out = []
+    for item in s.split(";"):
+        name, _, kv = item.partition(":")
+        env = dict(p.split("=", 1) for p in kv.split(",") if p)
+        out.append((name, env))
+    return out
+
+
+class W:  # one weight copy: BF16 or MX (not both, to fit more copies); + the shared expert
+    def __init__(self, lib, sh, dtype, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        null = ctypes.c_void_p(0)
+        self.keep, args = [], []
+        for n, k, e in ((2 * sh.I, sh.H, sh.E), (sh.H, sh.I, sh.E), (2 * sh.I, sh.H, 1), (sh.H, sh.I, 1)):
+            if e == 1 and not sh.shared:
+                args.append((null, null))
+                continue
+            w = torch.randn(e, n, k, device="cuda", generator=g, dtype=torch.bfloat16) / math.sqrt(k)
+            if dtype == BF16_W:
+                self.keep.append(w)
+                args.append((ptr(w), null))
+            else:
+                d, sc = quantize_mx(lib, w)
+                del w
+                self.keep += [d, sc]
+                args.append((ptr(d), ptr(sc)))
+        self.a1 = args[0] + args[2]  # (data, scales, shared_data, shared_scales)
+        self.a2 = args[1] + args[3]
+
+
+class Step:
+    def __init__(self, lib, sh, B, dtype, x, wr, bias):
+        self.lib, self.sh, self.B, self.dtype, self.x, self.wr, self.bias = lib, sh, B, dtype, x, wr, bias
+        self.ids = torch.zeros(B, sh.k, dtype=torch.int32, device="cuda")
+        self.w = torch.zeros(B, sh.k, dtype=torch.float32, device="cuda")
+        self.h = torch.zeros(B, sh.S, sh.I, dtype=torch.float32, device="cuda")
+        self.out = torch.zeros(B, sh.H, dtype=torch.bfloat16, device="cuda")
+
+    def router(self, Wc, st):
+        sh = self.sh
+        check(self.lib, self.lib.mxmoe_decode_router(
+            ptr(self.x), self.B, sh.H, ptr(self.wr), sh.E, sh.k, int(sh.sigmoid), 1, sh.n_groups, sh.topk_groups,
+            sh.scaling, ptr(self.bias), ptr(self.ids), ptr(self.w), st))
+
+    def gate_up(self, Wc, st):
+        sh = self.sh
+        check(self.lib, self.lib.mxmoe_decode_gate_up(ptr(self.x), self.B, sh.H, sh.I, self.dtype, *Wc.a1, sh.E,
+                                                      ptr(self.ids), sh.k, ptr(self.h), H_FP32, st))
+
+    def down(self, Wc, st):
+        sh = self.sh
+        check(self.lib, self.lib.mxmoe_decode_down(ptr(self.h), H_FP32, self.B, sh.I, sh.H, self.dtype, *Wc.a2,
+                                                   sh.E, ptr(self.ids), ptr(self.w), sh.k, ptr(self.out), st))
+
+
+def graph(fn, stream):
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="Qwen3-30B-A3B,Qwen3-235B-A22B")
+    ap.add_argument("--batches", default="1,2,8")
+    ap.add_argument("--split-batches", default="1", help="batches that also get the per-kernel split")
+    ap.add_argument("--settings", default=DEFAULT_SETTINGS)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--ncu", action="store_true")
+    args = ap.parse_args()
+    require_gpu()
+    lib = load_lib()
+    setup_lib(lib)
+    shapes = [Shape(*s) for s in SHAPES if s[0] in args.shapes.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    split_b = {int(b) for b in args.split_batches.split(",") if b}
+    settings = parse_settings(args.settings)
+    timer = Timer(reps=args.reps)
+    if args.ncu:  # one eager step per dtype and setting: 3 kernels each for ncu
+        for sh in shapes[:1]:
+            x = torch.randn(batches[0], sh.H, device="cuda", dtype=torch.bfloat16)
+            wr = torch.randn(sh.E, sh.H, device="cuda", dtype=torch.bfloat16) / math.sqrt(sh.H)
+            bias = (torch.randn(sh.E, device="cuda") * 0.1) if sh.sigmoid else None
+            for dtype in (BF16_W, MXFP8_W):
+                Wc = W(lib, sh, dtype, 99)
+                for name, env in settings:
+                    with kernel_env(env):
+                        S = Step(lib, sh, batches[0], dtype, x, wr, bias)
+                        st = torch.cuda.current_stream().cuda_stream
+                        S.router(Wc, st); S.gate_up(Wc, st); S.down(Wc, st)
+                        torch.cuda.synchronize()
+                        print(f"ncu step: {sh.name} B={batches[0]} {'bf16' if dtype == BF16_W else 'mxfp8'} {name}")
+                del Wc
+        return
+    copy_bw = copy_bandwidth(timer)
+    print(f"copy bandwidth {copy_bw:.0f} GB/s; settings: " + "; ".join(f"{n}={e or 'defaults'}" for n, e in settings))
+    stream = torch.cuda.Stream()
+    fails = 0
+    for sh in shapes:
+        wr = torch.randn(sh.E, sh.H, device="cuda", dtype=torch.bfloat16) / math.sqrt(sh.H)
+        bias = (torch.randn(sh.E, device="cuda") * 0.1) if sh.sigmoid else None
+        for dtype in (BF16_W, MXFP8_W):
+            per = sh.E * 3 * sh.I * sh.H * (2 if dtype == BF16_W else 1.04)
+            copies = int(max(2, min(4, 40e9 // per)))
+            Ws = [W(lib, sh, dtype, 1234 + c) for c in range(copies)]
+            name_d = "bf16" if dtype == BF16_W else "mxfp8"
+            elem = 2.0 if dtype == BF16_W else 1 + 1 / 32
+            for B in batches:
+                x = torch.randn(B, sh.H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator(device="cuda").manual_seed(B))
+                ref_out, base = None, None
+                for sname, env in settings:
+                    with kernel_env(env):
+                        S = Step(lib, sh, B, dtype, x, wr, bias)
+                        st = stream.cuda_stream
+
+                        def chain(parts):
+                            def f():
+                                for s in range(STEPS):
+                                    Wc = Ws[s % copies]
+                                    for p in parts:
+                                        getattr(S, p)(Wc, st)
+                            return f
+
+                        t = {}
+                        kinds = [("step", ("router", "gate_up", "down"))]
+                        if B in split_b:
+                            kinds += [("R", ("router",)), ("R+G", ("router", "gate_up")), ("G", ("gate_up",)),
+                                      ("D", ("down",))]
+                        for kname, parts in kinds:
+                            g = graph(chain(parts), stream)
+                            t[kname] = timer(lambda: g.replay()) / STEPS
+                            if kname == "step":  # verify: bitwise against the first setting
+                                g.replay()
+                                torch.cuda.synchronize()
+                                out = (S.ids.clone(), S.w.clone(), S.out.clone())
+                            del g
+                    distinct = torch.unique(S.ids).numel() + (1 if sh.shared else 0)  # + the shared expert
+                    wb = distinct * 3 * sh.I * sh.H * elem
+                    eq = ref_out is None or all(torch.equal(a.view(torch.uint8) if a.dtype != torch.int32 else a,
+                                                            b.view(torch.uint8) if b.dtype != torch.int32 else b)
+                                                for a, b in zip(out, ref_out))
+                    same = "" if ref_out is None else (" bitwise=" + ("yes" if eq else "NO"))
+                    if not eq:
+                        fails += 1
+                    if ref_out is None:
+                        ref_out, base = out, t["step"]
+                    line = (f"{sh.name} B={B} {name_d} {sname}: step {t['step']:.1f} us = {100 * wb / (t['step'] * 1e-6) / 1e9 / copy_bw:.1f}% copy"
+                            f" ({base / t['step']:.3f}x {settings[0][0]}){same}")
+                    if "R" in t:
+                        g1 = distinct * 2 * sh.I * sh.H * elem
+                        g2 = distinct * sh.I * sh.H * elem
+                        line += (f" | R {t['R']:.1f} +G {t['R+G'] - t['R']:.1f} +D {t['step'] - t['R+G']:.1f}"
+                                 f" | alone: G {t['G']:.1f} ({100 * g1 / (t['G'] * 1e-6) / 1e9 / copy_bw:.0f}% copy)"
+                                 f" D {t['D']:.1f} ({100 * g2 / (t['D'] * 1e-6) / 1e9 / copy_bw:.0f}% copy)"
+                                 f" R+G+D-step {t['R'] + t['G'] + t['D'] - t['step']:.1f}")
+                    print(line, flush=True)
+            del Ws
+            torch.cuda.empty_cache()
+    if fails:
+        print(f"BITWISE MISMATCH between settings: {fails}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
