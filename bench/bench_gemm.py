@@ -341,48 +341,42 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
     row = {"shape": shape, "name": name, "E": E, "N": N, "K": K, "tokens_per_expert": tpe,
            "skewed": skewed, "M_padded": M, "tokens": sum(counts), "flops": flops}
 
-    # Baselines.
-    y_bf16 = torch._grouped_mm(x, w.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16)
-    t_bf16 = timer(lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16))
-    row["bf16_us"] = t_bf16
+    # Baselines (each run once here: its output, and whether it runs at all).
+    def bf16_call():
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16)
+    y_bf16 = bf16_call()
+    timed = [("torch-bf16", None, bf16_call)]
     xq, xs = rowwise_fp8(x)
     wq, ws = rowwise_fp8(w.view(E * N, K))
     wq, ws = wq.view(E, N, K), ws.view(E, N)
-    t_fp8 = None
+
+    def fp8_call():
+        return torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16)
     try:
-        torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16)
-        t_fp8 = timer(lambda: torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), xs, ws, offs=ends,
-                                                       out_dtype=torch.bfloat16))
+        fp8_call()
+        timed.append(("torch-fp8-rowwise", None, fp8_call))
     except Exception as ex:  # noqa: BLE001
         row["fp8_rowwise_error"] = f"{type(ex).__name__}: {ex}"
-    row["fp8_rowwise_us"] = t_fp8
-    t_tri = None
     y_tri = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     if get_triton_kernel() is not None:
         try:
             tri = triton_mx(a_d, a_s, b_d, b_s, y_tri, offsets_dev, E, N, K)
             tri()
             torch.cuda.synchronize()
-            t_tri = timer(tri)
             row["triton_vs_bf16_relfrob"] = rel_frob(y_tri, y_bf16, token_rows)
+            timed.append(("triton-mxfp8", None, tri))
         except Exception as ex:  # noqa: BLE001
             row["triton_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
     else:
         row["triton_error"] = _triton_error
-    row["triton_us"] = t_tri
-    del y_tri
 
-    def ratio(t_base, t):
-        return f"{t_base / t:.2f}" if t_base else "n/a"
-
-    for base_name, t in (("torch-bf16", t_bf16), ("torch-fp8-rowwise", t_fp8), ("triton-mxfp8", t_tri)):
-        if t:
-            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", "", "", ""])
-
+    # mxmoe: every path once, its output checked (kept for the bitwise comparisons); then all the
+    # baselines and paths timed together, in alternation (Timer.many).
     y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    outs = {}
-    for mode, mname, env, base in mxmoe_variants(multicast_both, tile_both):
-        def call():
+    variants = mxmoe_variants(multicast_both, tile_both)
+    checked = {}
+    for mode, mname, env, base in variants:
+        def call(mode=mode):
             rc = lib.mxmoe_m_grouped_mxfp8_gemm_nt(
                 ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), M, ptr(b_d), ptr(b_s), ptr(b_fd),
                 ptr(b_fs), ptr(b_img), E, N, K, ptr(offsets_dev), ptr(y), mode, BF16_OUT, 0,
@@ -391,11 +385,28 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
         y.fill_(float("nan"))
         with kernel_env(env):
-            t = timer(call)  # the output of the last timed rep is verified below
+            call()
         err = rel_frob(y, y_bf16, token_rows)
-        ok = err < VERIFY_TOL and not bool(torch.isnan(y[:M]).any())
-        record_variant(row, table, outs, y, mname, base, t, flops, err, ok, shape,
+        checked[mname] = (y.clone(), err, err < VERIFY_TOL and not bool(torch.isnan(y[:M]).any()))
+        timed.append((mname, env, call))
+    times = dict(zip([t[0] for t in timed], timer.many([(env, fn) for _, env, fn in timed])))
+    del y_tri
+    t_bf16, t_fp8, t_tri = times["torch-bf16"], times.get("torch-fp8-rowwise"), times.get("triton-mxfp8")
+    row["bf16_us"], row["fp8_rowwise_us"], row["triton_us"] = t_bf16, t_fp8, t_tri
+
+    def ratio(t_base, t):
+        return f"{t_base / t:.2f}" if t_base else "n/a"
+
+    for base_name, t in (("torch-bf16", t_bf16), ("torch-fp8-rowwise", t_fp8), ("triton-mxfp8", t_tri)):
+        if t:
+            table.append([shape, base_name, f"{t:.1f}", f"{flops / t / 1e6:.0f}", "", "", "", "", ""])
+    outs = {}
+    for mode, mname, env, base in variants:
+        yv, err, ok = checked.pop(mname)
+        t = times[mname]
+        record_variant(row, table, outs, yv, mname, base, t, flops, err, ok, shape,
                        [ratio(t_bf16, t), ratio(t_fp8, t), ratio(t_tri, t)])
+        del yv
     row["fast_vs_exact_relfrob"] = rel_frob(outs["mxmoe-fast"], outs["mxmoe-exact"], token_rows)
     t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
     exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
@@ -427,18 +438,19 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     (a_img, b_img), remake_images = make_images(lib, img_parts)
     row = {"shape": shape, "kind": "wgrad", "name": name, "E": E, "N": N, "K": K,
            "tokens_per_expert": tpe, "skewed": skewed, "M_padded": M, "flops": flops}
-    ref = torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16)
-    t_bf16 = timer(lambda: torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16))
-    row["bf16_us"] = t_bf16
-    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", "", ""])
+    def bf16_call():
+        return torch._grouped_mm(dy.t(), x, offs=ends, out_dtype=torch.bfloat16)
+    ref = bf16_call()
+    timed = [("torch-bf16", None, bf16_call)]
     dw = torch.empty(E, N, K, device="cuda", dtype=torch.bfloat16)
-    outs = {}
     variants = mxmoe_variants(multicast_both, tile_both)
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
+    # Every path once, its output checked; then the baseline and the paths timed in alternation.
+    checked = {}
     for mode, mname, env, base in variants:
-        def call():
+        def call(mode=mode):
             rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
                 ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), ptr(b_d), ptr(b_s), ptr(b_fd),
                 ptr(b_fs), ptr(b_img), M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0,
@@ -447,11 +459,21 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
         dw.fill_(float("nan"))
         with kernel_env(env):
-            t = timer(call)
+            call()
         err = float((dw.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
-        ok = err < VERIFY_TOL and not bool(torch.isnan(dw).any())
-        record_variant(row, table, outs, dw, mname, base, t, flops, err, ok, shape,
+        checked[mname] = (dw.clone(), err, err < VERIFY_TOL and not bool(torch.isnan(dw).any()))
+        timed.append((mname, env, call))
+    times = dict(zip([t[0] for t in timed], timer.many([(env, fn) for _, env, fn in timed])))
+    t_bf16 = times["torch-bf16"]
+    row["bf16_us"] = t_bf16
+    table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", "", ""])
+    outs = {}
+    for mode, mname, env, base in variants:
+        dwv, err, ok = checked.pop(mname)
+        t = times[mname]
+        record_variant(row, table, outs, dwv, mname, base, t, flops, err, ok, shape,
                        [f"{t_bf16 / t:.2f}", "n/a", "n/a"])
+        del dwv
     t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
     exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
     results["rows"].append(row)

@@ -53,19 +53,35 @@ class Timer:
         self.warmup, self.reps = warmup, reps
         self.flush_buf = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
 
+    def _once(self, fn):
+        self.flush_buf.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3  # us
+
     def __call__(self, fn):
         for _ in range(self.warmup):
             fn()
-        times = []
+        return statistics.median([self._once(fn) for _ in range(self.reps)])
+
+    def many(self, items):
+        """Medians of several calls timed in alternation: items = [(env or None, fn)], rep r times
+        every item once (each under its kernel_env) before rep r + 1 starts, so that a drift of the
+        GPU's clocks over the run affects every item alike. (Run 58 timed the same kernel twice, as
+        two blocks of reps one after the other, and got up to 15% apart.)"""
+        for env, fn in items:
+            with kernel_env(env):
+                for _ in range(self.warmup):
+                    fn()
+        times = [[] for _ in items]
         for _ in range(self.reps):
-            self.flush_buf.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)  # us
-        return statistics.median(times)
+            for i, (env, fn) in enumerate(items):
+                with kernel_env(env):
+                    times[i].append(self._once(fn))
+        return [statistics.median(t) for t in times]
 
 
 def copy_bandwidth(timer, nbytes=1 << 30):
