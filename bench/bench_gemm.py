@@ -284,6 +284,11 @@ def mxmoe_variants(multicast_both, tile_both):
     return [(FAST, "mxmoe-fast", fast_env, None)] + alts + exact
 
 
+def time_all(timer, timed):
+    """{name: median us} of timed = [(name, env or None, fn)], timed in alternation (Timer.many)."""
+    return dict(zip([name for name, _, _ in timed], timer.many([(env, fn) for _, env, fn in timed])))
+
+
 def record_variant(row, table, outs, y, mname, base, t, flops, err, ok, shape, ratios):
     """Records one timed mxmoe line: an alternative path (base = its mode's default line) must be
     bitwise equal to that line's output (same elements, same arithmetic); a default line keeps its
@@ -389,7 +394,7 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
         err = rel_frob(y, y_bf16, token_rows)
         checked[mname] = (y.clone(), err, err < VERIFY_TOL and not bool(torch.isnan(y[:M]).any()))
         timed.append((mname, env, call))
-    times = dict(zip([t[0] for t in timed], timer.many([(env, fn) for _, env, fn in timed])))
+    times = time_all(timer, timed)
     del y_tri
     t_bf16, t_fp8, t_tri = times["torch-bf16"], times.get("torch-fp8-rowwise"), times.get("triton-mxfp8")
     row["bf16_us"], row["fp8_rowwise_us"], row["triton_us"] = t_bf16, t_fp8, t_tri
@@ -463,7 +468,7 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
         err = float((dw.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
         checked[mname] = (dw.clone(), err, err < VERIFY_TOL and not bool(torch.isnan(dw).any()))
         timed.append((mname, env, call))
-    times = dict(zip([t[0] for t in timed], timer.many([(env, fn) for _, env, fn in timed])))
+    times = time_all(timer, timed)
     t_bf16 = times["torch-bf16"]
     row["bf16_us"] = t_bf16
     table.append([shape, "torch-bf16", f"{t_bf16:.1f}", f"{flops / t_bf16 / 1e6:.0f}", "", "", "", "", ""])

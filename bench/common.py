@@ -63,9 +63,7 @@ class Timer:
         return start.elapsed_time(end) * 1e3  # us
 
     def __call__(self, fn):
-        for _ in range(self.warmup):
-            fn()
-        return statistics.median([self._once(fn) for _ in range(self.reps)])
+        return self.many([(None, fn)])[0]
 
     def many(self, items):
         """Medians of several calls timed in alternation: items = [(env or None, fn)], rep r times

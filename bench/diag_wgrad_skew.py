@@ -7,7 +7,7 @@ routing_counts with the same seed), operands quantized by mxmoe's own column-wis
         python3 bench/diag_wgrad_skew.py --shape "Qwen3-235B gate-up" --tpe 2048
 
 Prints, per routing, the token counts per expert (sorted), and per call the time by CUDA events
-(median of 5, outside the profiled region). Needs the binding (pip install -e .).
+(common.Timer: L2 flushed, median of 5, outside the profiled region). Needs the binding (pip install -e .).
 """
 import argparse
 import os
@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gemm import SHAPES, padded_offsets, routing_counts, token_row_mask  # noqa: E402
+from common import Timer  # noqa: E402
 
 import mxmoe.ops as mo  # noqa: E402
 
@@ -31,6 +32,7 @@ def main():
     if not match:
         sys.exit(f"diag_wgrad_skew: argument '--shape' = {args.shape!r}: not one of {[s[0] for s in SHAPES]}")
     name, E, N, K = match[0]
+    timer = Timer(warmup=0, reps=5)  # outside the profiled region
     gen = torch.Generator().manual_seed(1234)  # bench_gemm's seed: the same skewed counts as its first case
     for skewed in (False, True):
         counts = routing_counts(E, args.tpe, skewed, gen)
@@ -61,15 +63,7 @@ def main():
             call()
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
-            ts = []
-            for _ in range(5):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                call()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b))
-            ms = sorted(ts)[2]
+            ms = timer(call) / 1e3
             print(f"  {mode}: {ms:.3f} ms = {2.0 * sum(counts) * N * K / ms / 1e9:.0f} TFLOP/s (tokens only)")
         del qd, qx, imgs, out
         torch.cuda.empty_cache()

@@ -175,7 +175,6 @@ void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
   if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
   } else if (p.w1.mxfp8) {                        // 102 registers, 2 CTAs a SM
-
     if (p.h_bf16) launch<true, true>(p, stream); else launch<true, false>(p, stream);
   } else {
     if (p.h_bf16) launch<false, true>(p, stream); else launch<false, false>(p, stream);
