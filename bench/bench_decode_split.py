@@ -222,13 +222,13 @@ def main():
                     distinct = torch.unique(S.ids).numel() + (1 if sh.shared else 0)  # + the shared expert
                     wb = distinct * 3 * sh.I * sh.H * elem
                     eq = ref_out is None or same(out, ref_out)
-                    same = "" if ref_out is None else (" bitwise=" + ("yes" if eq else "NO"))
+                    bit_note = "" if ref_out is None else (" bitwise=" + ("yes" if eq else "NO"))
                     if not eq:
                         fails += 1
                     if ref_out is None:
                         ref_out, base = out, t["step"]
                     line = (f"{sh.name} B={B} {name_d} {sname}: step {t['step']:.1f} us = {100 * wb / (t['step'] * 1e-6) / 1e9 / copy_bw:.1f}% copy"
-                            f" ({base / t['step']:.3f}x {settings[0][0]}){same}")
+                            f" ({base / t['step']:.3f}x {settings[0][0]}){bit_note}")
                     if "R" in t:
                         g1 = distinct * 2 * sh.I * sh.H * elem
                         g2 = distinct * sh.I * sh.H * elem
