@@ -218,8 +218,10 @@ DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& sha
 // step"). Same arguments and outputs as decode_step on its warp path: topk_ids [B, k],
 // topk_weights [B, k] and out are bitwise those of the three kernels (every reduction order is
 // theirs), deterministic and batch-invariant. It never takes the expert-centric path; the caller
-// chooses it for 1 <= batch <= kDecodeFusedMaxBatch. Not the default anywhere yet (compiled, not
-// yet measured).
+// chooses it for 1 <= batch <= kDecodeFusedMaxBatch. Opt-in, not used by decode_step: run 63
+// (H200, CUDA graphs, B = 1 / 2 / 8) measured it 1.04-1.11x the three kernels with BF16 weights on
+// Qwen3-235B and DeepSeek-V3 (DeepSeek-V3 B = 1: 211 us = 88% of copy), 0.99-1.02x on Qwen3-30B,
+// and with MXFP8 weights 1.09-1.20x on DeepSeek-V3 but 0.87-0.98x on the Qwen3 shapes.
 // Requirements beyond the warp path's: num_experts <= kDecodeFusedMaxExperts; w1 and w2 of the
 // same dtype, a shared expert in both or neither (shape.shared_expert says which);
 // params.top_k == shape.top_k; out must not overlap x or the workspace. MXFP8 weights need no
@@ -236,7 +238,8 @@ DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& sha
 // streams), or a device whose SMs are partitioned away (MPS limits, green contexts) can stall it:
 // the barrier traps after 5 s instead of hanging (a launch failure, as for an uninitialised
 // workspace). MXMOE_DECODE_FUSED_COOP=1 launches with cudaLaunchAttributeCooperative, where the
-// driver guarantees co-residency (untested together with PDL: off by default).
+// driver guarantees co-residency (run once with PDL in bench_decode_split, bitwise equal; not in the
+// tests: off by default).
 // Launch: PDL as the other decode kernels (griddepcontrol.wait before x or the workspace is read
 // or anything is written; before it, only an L2 prefetch of router_w).
 // Switches (environment, read at every call; for A/B timing): MXMOE_DECODE_FUSED_WR_PREFETCH=0 and
