@@ -36,8 +36,11 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
 largest token count first. Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
+--tpe, --experts, --routing and --wgrad-only select cases for diagnostics (--experts replaces every
+shape's expert count; the shape lines say E=...).
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
                                    [--tile-both] [--exact-tile-both] [--k-order-both]
+                                   [--tpe 512,2048] [--experts E] [--routing uniform] [--wgrad-only]
                                    [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
@@ -501,6 +504,11 @@ def main():
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     ap.add_argument("--k-order-both", action="store_true",
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
+    ap.add_argument("--tpe", default=None, help="comma-separated tokens-per-expert values (default 512,2048,8192)")
+    ap.add_argument("--experts", type=int, default=None,
+                    help="diagnostic: every shape with this many experts instead of its own (E in the shape name)")
+    ap.add_argument("--wgrad-only", action="store_true", help="with --wgrad: skip the m-grouped cases")
+    ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or both")
     args = ap.parse_args()
     global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS
     EXACT_TILE_BOTH = args.exact_tile_both
@@ -518,14 +526,19 @@ def main():
                "rows": []}
     table = []
     tpes = [2048] if args.quick else TOKENS_PER_EXPERT
+    if args.tpe:
+        tpes = [int(t) for t in args.tpe.split(",")]
+    routings = [r == "skewed" for r in args.routing.split(",")]
     for name, E, N, K in SHAPES:
         if args.shapes and not any(s.strip() in name for s in args.shapes.split(",")):
             continue
+        E = args.experts or E
         for tpe in tpes:
-            for skewed in (False, True):
-                run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, args.multicast_both,
-                         args.tile_both)
-                torch.cuda.empty_cache()  # the case's tensors died with its frame
+            for skewed in routings:
+                if not (args.wgrad and args.wgrad_only):
+                    run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, args.multicast_both,
+                             args.tile_both)
+                    torch.cuda.empty_cache()  # the case's tensors died with its frame
                 if args.wgrad:
                     run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table,
                                    args.multicast_both, args.tile_both)
