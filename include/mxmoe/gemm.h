@@ -29,6 +29,15 @@
 //     separate, bandwidth-bound call (3 bytes per element); callers reuse them across GEMMs where
 //     they can (a weight's image across steps, an activation's between forward and backward).
 //
+//   Fast mode, operand B of the m-grouped GEMM only, opt-in (MxOperand::fast_scale_layout =
+//     FastScaleLayout::kBlock128; a measure-first experiment for issue 3, docs/notes/gemm.md "Session
+//     10: 128x128 weight blocks in the kernel"): B's fast_data is re-expressed per 128x128 block
+//     (expert e's rows [128j, 128j + 128) x one 128-chunk of K; ref::rebase_fast_block128) and its
+//     fast_scales hold one byte per block, E8M0 [E, ceil(K/128), fast_block_scales_pitch(N)]. The
+//     promotion is then fma(acc, 2^ea[m] · 2^eb[block of n], tot): the same FP32 operations as
+//     kRow128's when every row of a block has the block's scale (bitwise the same output then).
+//     Runs on the 128 x 192 tile whatever MXMOE_GEMM_TILE says (opts.fast_tile_n must be 0 or 192).
+//
 // Both modes can add into the output instead (GemmOptions::accumulate).
 //
 // Requirements (checked on the host before any CUDA call; a violation throws mxmoe::Error naming
@@ -62,6 +71,24 @@ enum class GemmOutDtype : int {
   kFP32 = 1,
 };
 
+// How a fast-mode operand's fast_scales are laid out.
+//   kRow128 (default): one byte per (row, 128-chunk of K), chunk-major, as described per GEMM below.
+//   kBlock128: one byte per (expert, 128-chunk of K, 128-row block of N): E8M0 [E, ceil(K/128),
+//     pitch] with pitch = fast_block_scales_pitch(N) bytes per (expert, chunk) row (ceil(N/128)
+//     rounded up to a multiple of 16: TMA's global strides are multiples of 16 bytes); byte
+//     [e][c][j] scales rows [128j, min(128j + 128, N)) of expert e over K columns [128c, 128c + 128)
+//     (blocks never cross experts; the last one is shorter when N % 128 != 0; the pitch's padding
+//     bytes are not read). fast_data is then the block-rebased form (ref::rebase_fast_block128).
+//     Accepted only for operand b of m_grouped_mxfp8_gemm_nt in fast mode (the weights); operand a,
+//     the k-grouped GEMM, exact mode and the EP row entry reject it (mxmoe::Error naming
+//     "<operand>.fast_scale_layout"), as does opts.fast_tile_n = 128 (the form runs 192 wide only).
+enum class FastScaleLayout : int {
+  kRow128 = 0,
+  kBlock128 = 1,
+};
+
+// (fast_block_scales_pitch(n): mx_format.h.)
+
 // One MX-quantized GEMM operand in its forms. A mode reads only its own: kFast the fast pair,
 // kExact the BF16 image; the others may be null. data/scales (the plain MX tensor) are what the
 // image is made from (dequantize_mxfp8_bf16, dequantize.h); the GEMMs do not read them. Shapes per
@@ -78,6 +105,9 @@ struct MxOperand {
   // [M_total/128][rows][128]; the faster form for it at large M_total, docs/notes/gemm.md
   // "Token-blocked wgrad images"); the m-grouped GEMMs reject it. Read in exact mode only.
   ImageLayout image_layout = ImageLayout::kRowMajor;
+  // How fast_scales (and with it fast_data) is formed (FastScaleLayout above). Read in fast mode;
+  // kBlock128 only for operand b of m_grouped_mxfp8_gemm_nt.
+  FastScaleLayout fast_scale_layout = FastScaleLayout::kRow128;
 };
 
 struct GemmOptions {

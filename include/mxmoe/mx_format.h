@@ -38,6 +38,11 @@
 //   drops below E4M3's normal range (2^-6), where it is rounded again. A chunk that contains a NaN
 //   block gets fast scale 0xFF and fast data 0x7F for the whole chunk.
 //   3-D tensors [B, R, C] use [B, R, C], [B, R, C/32], and [B, ceil(C/128), R] for the fast scales.
+// 128x128-block variant (weights only, opt-in: gemm.h FastScaleLayout::kBlock128; not emitted by
+// the quantizers yet, ref::rebase_fast_block128 makes it): the same rule with E taken over a block
+// of up to 128 rows of one [R, C] matrix (rows [128j, 128j + 128), the last block shorter when R %
+// 128 != 0) x one 128-chunk; scales [B, ceil(C/128), fast_block_scales_pitch(R)], one byte per
+// block, pitch = ceil(R/128) rounded up to a multiple of 16 (TMA strides), padding bytes not read.
 #pragma once
 #include <cstdint>
 
@@ -48,6 +53,13 @@ inline constexpr int kFastChunk = 128;     // K elements per fast-mode scale
 inline constexpr float kE4M3Max = 448.0f;
 inline constexpr uint8_t kE8M0Nan = 0xFF;
 inline constexpr uint8_t kE4M3Nan = 0x7F;
+inline constexpr int kFastBlockRows = 128;  // rows per scale of the 128x128-block fast form
+
+// Bytes per (matrix, 128-chunk) row of 128x128-block fast scales for r rows per matrix:
+// ceil(r/128) rounded up to a multiple of 16.
+constexpr int64_t fast_block_scales_pitch(int64_t r) {
+  return ((r + kFastBlockRows - 1) / kFastBlockRows + 15) / 16 * 16;
+}
 
 // BF16 images (dequantize.h): scale bytes whose blocks dequantize to BF16 exactly, for every E4M3
 // code (2^-124 .. 2^119; derivation in dequantize.h), and the image of NaN.

@@ -144,36 +144,62 @@ MxMatrix quantize_cols(const uint16_t* x, int64_t rows, int64_t cols, ScaleMode 
   return quantize_rows(t.data(), cols, rows, mode);
 }
 
+// Re-expresses rows [r0, r1) x 128-chunk c of m against their largest 32-block exponent emax:
+// every element becomes e4m3_from_double(decode(q) · 2^(e_b − emax)) in `data` (same indexing as
+// m.data). A NaN scale anywhere in the span poisons it (every element kE4M3Nan, scale kE8M0Nan); an
+// all-zero 32-block (e_b = −127) never raises emax, and an all-zero span gets emax = −127 (0x00).
+// Returns the span's scale byte. rebase_fast's span is one row, rebase_fast_block128's 128 rows.
+static uint8_t rebase_span(const MxMatrix& m, int64_t r0, int64_t r1, int64_t c, std::vector<uint8_t>& data) {
+  const int64_t nblocks = m.cols / kMxBlock;
+  const int bpc = kFastChunk / kMxBlock;
+  const int64_t b0 = c * bpc, b1 = std::min(nblocks, b0 + bpc);
+  bool poisoned = false;
+  int emax = -127;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t s = m.scales[size_t(r * nblocks + b)];
+      if (s == kE8M0Nan) poisoned = true;
+      else emax = std::max(emax, int(s) - 127);
+    }
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t b = b0; b < b1; ++b) {
+      const int eb = int(m.scales[size_t(r * nblocks + b)]) - 127;
+      for (int i = 0; i < kMxBlock; ++i) {
+        const size_t idx = size_t(r * m.cols + b * kMxBlock + i);
+        data[idx] = poisoned ? kE4M3Nan : e4m3_from_double(std::ldexp(e4m3_to_double(m.data[idx]), eb - emax));
+      }
+    }
+  return poisoned ? kE8M0Nan : uint8_t(emax + 127);
+}
+
 FastMatrix rebase_fast(const MxMatrix& m) {
   FastMatrix f;
   f.rows = m.rows;
   f.cols = m.cols;
   f.data.resize(m.data.size());
-  const int64_t nblocks = m.cols / kMxBlock;
   const int64_t nchunks = (m.cols + kFastChunk - 1) / kFastChunk;
-  const int bpc = kFastChunk / kMxBlock;
   f.scales.resize(size_t(nchunks * m.rows));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    for (int64_t c = 0; c < nchunks; ++c) {
-      const int64_t b0 = c * bpc, b1 = std::min(nblocks, b0 + bpc);
-      bool poisoned = false;
-      int emax = -127;
-      for (int64_t b = b0; b < b1; ++b) {
-        const uint8_t s = m.scales[size_t(r * nblocks + b)];
-        if (s == kE8M0Nan) poisoned = true;
-        else emax = std::max(emax, int(s) - 127);
-      }
-      f.scales[size_t(c * m.rows + r)] = poisoned ? kE8M0Nan : uint8_t(emax + 127);
-      for (int64_t b = b0; b < b1; ++b) {
-        const int eb = int(m.scales[size_t(r * nblocks + b)]) - 127;
-        for (int i = 0; i < kMxBlock; ++i) {
-          const size_t idx = size_t(r * m.cols + b * kMxBlock + i);
-          f.data[idx] = poisoned ? kE4M3Nan
-                                 : e4m3_from_double(std::ldexp(e4m3_to_double(m.data[idx]), eb - emax));
-        }
-      }
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < nchunks; ++c) f.scales[size_t(c * m.rows + r)] = rebase_span(m, r, r + 1, c, f.data);
+  return f;
+}
+
+FastBlockMatrix rebase_fast_block128(const MxMatrix& m, int64_t experts) {
+  FastBlockMatrix f;
+  f.experts = experts;
+  f.rows = experts > 0 ? m.rows / experts : 0;
+  f.cols = m.cols;
+  f.pitch = fast_block_scales_pitch(f.rows);
+  f.data.resize(m.data.size());
+  const int64_t nchunks = (m.cols + kFastChunk - 1) / kFastChunk;
+  const int64_t nrb = (f.rows + kFastBlockRows - 1) / kFastBlockRows;
+  f.scales.assign(size_t(experts * nchunks * f.pitch), 0);
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t j = 0; j < nrb; ++j) {
+      const int64_t r0 = e * f.rows + j * kFastBlockRows, r1 = e * f.rows + std::min(f.rows, (j + 1) * kFastBlockRows);
+      for (int64_t c = 0; c < nchunks; ++c)
+        f.scales[size_t((e * nchunks + c) * f.pitch + j)] = rebase_span(m, r0, r1, c, f.data);
     }
-  }
   return f;
 }
 
@@ -193,6 +219,19 @@ std::vector<double> dequantize(const FastMatrix& m) {
     for (int64_t c = 0; c < m.cols; ++c)
       out[size_t(r * m.cols + c)] = e4m3_to_double(m.data[size_t(r * m.cols + c)]) *
                                     e8m0_to_double(m.scales[size_t((c / kFastChunk) * m.rows + r)]);
+  return out;
+}
+
+std::vector<double> dequantize(const FastBlockMatrix& m) {
+  std::vector<double> out(m.data.size());
+  const int64_t nchunks = (m.cols + kFastChunk - 1) / kFastChunk;
+  for (int64_t r = 0; r < m.experts * m.rows; ++r) {
+    const int64_t e = r / m.rows, j = (r % m.rows) / kFastBlockRows;
+    for (int64_t c = 0; c < m.cols; ++c)
+      out[size_t(r * m.cols + c)] =
+          e4m3_to_double(m.data[size_t(r * m.cols + c)]) *
+          e8m0_to_double(m.scales[size_t((e * nchunks + c / kFastChunk) * m.pitch + j)]);
+  }
   return out;
 }
 

@@ -35,13 +35,29 @@ struct FastMatrix {
   std::vector<uint8_t> data, scales;
 };
 
+// The 128x128-block fast form of a weight operand (gemm.h FastScaleLayout::kBlock128): B [E·rows,
+// cols] (rows per expert), data [E·rows, cols] and scales [E, ceil(cols/128), pitch] with pitch =
+// fast_block_scales_pitch(rows); byte [e][c][j] is block (expert e, rows [128j, min(128j + 128,
+// rows)), chunk c); padding bytes past ceil(rows/128) are 0.
+struct FastBlockMatrix {
+  int64_t experts = 0, rows = 0, cols = 0, pitch = 0;
+  std::vector<uint8_t> data, scales;
+};
+
 MxMatrix quantize_rows(const uint16_t* x_bf16, int64_t rows, int64_t cols, ScaleMode mode);
 // Column-wise: the MX tensor of xᵀ, i.e. [cols, rows] with blocks along rows.
 MxMatrix quantize_cols(const uint16_t* x_bf16, int64_t rows, int64_t cols, ScaleMode mode);
 FastMatrix rebase_fast(const MxMatrix& m);
+// rebase_fast with the span widened from one row to a 128-row block of one expert (m.rows = experts
+// · rows per expert; blocks never cross experts, an expert's last block is shorter when rows % 128
+// != 0): per (block, 128-chunk) E = the largest 32-block exponent of the block's rows, every element
+// E4M3_rne_satfinite(decode(q) · 2^(e_b − E)); a NaN scale anywhere poisons the block (scale 0xFF,
+// data 0x7F); all-zero 32-blocks never raise E, an all-zero block gets E = −127 (0x00).
+FastBlockMatrix rebase_fast_block128(const MxMatrix& m, int64_t experts);
 
 std::vector<double> dequantize(const MxMatrix& m);
 std::vector<double> dequantize(const FastMatrix& m);
+std::vector<double> dequantize(const FastBlockMatrix& m);  // e4m3 · 2^(block's scale)
 // The BF16 image of an MX tensor (dequantize.h): bf16_from_double of each dequantized value.
 std::vector<uint16_t> dequantize_bf16(const MxMatrix& m);
 // An image [rows, cols] (row-major) rearranged into the token-blocked layout (dequantize.h,

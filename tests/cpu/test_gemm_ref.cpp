@@ -297,4 +297,47 @@ TEST(GemmArgs, ImageLayoutChecks) {
   }
 }
 
+// MxOperand::fast_scale_layout (gemm.h): kBlock128 only for operand b of the m-grouped y entry in
+// fast mode, and not with opts.fast_tile_n = 128; everything else is named, before any CUDA call
+// (also for an empty problem, m_total = 0).
+TEST(GemmArgs, FastScaleLayoutChecks) {
+  const FastScaleLayout blk = FastScaleLayout::kBlock128, bad = static_cast<FastScaleLayout>(3);
+  { Args x; x.a.fast_scale_layout = blk; expect_throw_naming(x, "a.fast_scale_layout"); }
+  { Args x; x.a.fast_scale_layout = blk; x.m_total = 0; expect_throw_naming(x, "a.fast_scale_layout"); }
+  { Args x; x.b.fast_scale_layout = bad; expect_throw_naming(x, "b.fast_scale_layout"); }
+  { Args x; x.a.fast_scale_layout = bad; expect_throw_naming(x, "a.fast_scale_layout"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.b.fast_scale_layout = blk; expect_throw_naming(x, "b.fast_scale_layout"); }
+  { Args x; x.b.fast_scale_layout = blk; x.o.fast_tile_n = 128; expect_throw_naming(x, "opts.fast_tile_n"); }
+  // valid: the call gets as far as y (fast_tile_n 0 or 192)
+  { Args x; x.b.fast_scale_layout = blk; x.y = nullptr; expect_throw_naming(x, "y"); }
+  { Args x; x.b.fast_scale_layout = blk; x.o.fast_tile_n = 192; x.y = nullptr; expect_throw_naming(x, "y"); }
+  {  // ... and the FP32 / accumulate forms too
+    Args x;
+    x.b.fast_scale_layout = blk;
+    x.o.out_dtype = GemmOutDtype::kFP32;
+    x.o.accumulate = true;
+    x.y = nullptr;
+    expect_throw_naming(x, "y");
+  }
+  {
+    Args x;
+    x.b.fast_scale_layout = blk;
+    x.m_total = 0;
+    EXPECT_NO_THROW(m_grouped_mxfp8_gemm_nt(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, x.y, x.o));
+  }
+  // the EP row entry and the k-grouped GEMM: 1x128 scales only
+  { Args x; x.b.fast_scale_layout = blk; expect_rows_throw_naming(x, reinterpret_cast<void* const*>(g_buf), "b.fast_scale_layout"); }
+  { Args x; x.a.fast_scale_layout = blk; expect_k_throw_naming(x, "a.fast_scale_layout"); }
+  { Args x; x.b.fast_scale_layout = blk; expect_k_throw_naming(x, "b.fast_scale_layout"); }
+  { Args x; x.b.fast_scale_layout = blk; x.m_total = 0; expect_k_throw_naming(x, "b.fast_scale_layout"); }
+  try {  // the message says where the form is accepted
+    Args x;
+    x.a.fast_scale_layout = blk;
+    m_grouped_mxfp8_gemm_nt(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, x.y, x.o);
+    ADD_FAILURE() << "no exception for a kBlock128 operand a";
+  } catch (const mxmoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("accepted only for operand b"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

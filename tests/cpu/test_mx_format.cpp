@@ -3,6 +3,7 @@
 // BF16 bit patterns, plus the named block cases of mx_format.h's policy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -242,6 +243,138 @@ TEST(Fast, PartialChunkAndNanChunk) {
   EXPECT_NE(f.scales[1 * 2 + 0], kE8M0Nan);
   EXPECT_NE(f.scales[0 * 2 + 1], kE8M0Nan);
   for (int i = 128; i < 160; ++i) EXPECT_EQ(f.data[160 + i], kE4M3Nan);
+}
+
+// ---- 128x128-block fast form (ref::rebase_fast_block128; gemm.h FastScaleLayout::kBlock128) ------
+
+// A random MX weight [E·rows, cols]: finite codes (some subnormal), scale bytes spread over
+// [lo, hi] so that shifts reach far below E4M3's normal range, and a few all-zero 32-blocks.
+static MxMatrix random_mx_weight(std::mt19937& rng, int64_t experts, int64_t rows, int64_t cols, int lo, int hi) {
+  MxMatrix m;
+  m.rows = experts * rows;
+  m.cols = cols;
+  m.data.resize(size_t(m.rows * cols));
+  m.scales.resize(size_t(m.rows * cols / 32));
+  std::uniform_int_distribution<int> code(0, 0x7E), sign(0, 1), sc(lo, hi), zero(0, 15);
+  for (auto& q : m.data) q = uint8_t(code(rng) | (sign(rng) << 7));
+  for (size_t b = 0; b < m.scales.size(); ++b) {
+    m.scales[b] = uint8_t(sc(rng));
+    if (zero(rng) == 0) {  // an all-zero 32-block: scale 0x00, data ±0
+      m.scales[b] = 0;
+      for (int i = 0; i < 32; ++i) m.data[b * 32 + i] = uint8_t(sign(rng) << 7);
+    }
+  }
+  return m;
+}
+
+// The form from its definition (mx_format.h), with the brute-force encoder and the independent
+// decoder above: per (expert, 128-row block, 128-chunk) E = the largest block exponent; data
+// encode(decode(q) · 2^(e_b − E)); scales [E, chunks, pitch], padding 0. Also the dequantized values.
+TEST(FastBlock, MatchesDefinition) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int64_t experts = 3, rows = 320, cols = 288;  // blocks of 128, 128, 64 rows; chunks 128, 128, 32
+  const MxMatrix m = random_mx_weight(rng, experts, rows, cols, 110, 140);
+  const FastBlockMatrix f = rebase_fast_block128(m, experts);
+  ASSERT_EQ(f.pitch, 16);
+  ASSERT_EQ(f.rows, rows);
+  const int64_t nchunks = 3, nrb = 3, nb = cols / 32;
+  ASSERT_EQ(f.scales.size(), size_t(experts * nchunks * f.pitch));
+  const std::vector<double> deq = dequantize(f);
+  int64_t subnormal = 0, flushed = 0;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t j = 0; j < f.pitch; ++j)
+      for (int64_t c = 0; c < nchunks; ++c) {
+        const uint8_t got_scale = f.scales[size_t((e * nchunks + c) * f.pitch + j)];
+        if (j >= nrb) {
+          EXPECT_EQ(got_scale, 0) << "padding byte e=" << e << " j=" << j << " c=" << c;
+          continue;
+        }
+        const int64_t r0 = e * rows + 128 * j, r1 = e * rows + std::min<int64_t>(rows, 128 * (j + 1));
+        int emax = -127;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t b = 4 * c; b < std::min(nb, 4 * c + 4); ++b) emax = std::max(emax, int(m.scales[size_t(r * nb + b)]) - 127);
+        ASSERT_EQ(int(got_scale), emax + 127) << "e=" << e << " block " << j << " chunk " << c;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t k = 128 * c; k < std::min(cols, 128 * c + 128); ++k) {
+            const size_t i = size_t(r * cols + k);
+            const int eb = int(m.scales[size_t(r * nb + k / 32)]) - 127;
+            const uint8_t want = encode_bruteforce(std::ldexp(decode_independent(m.data[i]), eb - emax));
+            ASSERT_EQ(f.data[i], want) << "row " << r << " col " << k << " code " << int(m.data[i]) << " e_b " << eb
+                                       << " E " << emax;
+            ASSERT_EQ(deq[i], std::ldexp(decode_independent(want), emax)) << "row " << r << " col " << k;
+            subnormal += ((want & 0x78) == 0) && (want & 7) != 0;
+            flushed += (want & 0x7F) == 0 && (m.data[i] & 0x7F) != 0;
+          }
+      }
+  // the data reach both re-rounding regimes
+  EXPECT_GT(subnormal, 0);
+  EXPECT_GT(flushed, 0);
+}
+
+// A NaN scale poisons its whole (128-row, 128-chunk) block and nothing else; an all-zero block gets
+// scale 0x00 and keeps its ±0 data; zero 32-blocks next to nonzero ones never raise E.
+TEST(FastBlock, NanPoisonsItsBlockZeroBlocksStayZero) {
+  std::mt19937 rng(7);
+  const int64_t experts = 2, rows = 160, cols = 256;  // per expert blocks of 128 and 32 rows; 2 chunks
+  MxMatrix m = random_mx_weight(rng, experts, rows, cols, 120, 130);
+  const int64_t nb = cols / 32;
+  m.scales[size_t((rows + 5) * nb + 6)] = kE8M0Nan;  // expert 1, block 0, chunk 1
+  for (int64_t r = 128; r < rows; ++r)  // expert 0, block 1, chunk 0: all zero
+    for (int64_t b = 0; b < 4; ++b) {
+      m.scales[size_t(r * nb + b)] = 0;
+      for (int i = 0; i < 32; ++i) m.data[size_t(r * cols + b * 32 + i)] = uint8_t(i % 2 ? 0x80 : 0);
+    }
+  const FastBlockMatrix f = rebase_fast_block128(m, experts);
+  const auto scale = [&](int64_t e, int64_t c, int64_t j) { return f.scales[size_t((e * 2 + c) * f.pitch + j)]; };
+  EXPECT_EQ(scale(1, 1, 0), kE8M0Nan);
+  for (int64_t r = rows; r < rows + 128; ++r)
+    for (int64_t k = 128; k < 256; ++k) ASSERT_EQ(f.data[size_t(r * cols + k)], kE4M3Nan) << r << " " << k;
+  EXPECT_NE(scale(1, 0, 0), kE8M0Nan);
+  EXPECT_NE(scale(1, 1, 1), kE8M0Nan);
+  EXPECT_NE(scale(0, 1, 0), kE8M0Nan);
+  for (int64_t r = rows + 128; r < 2 * rows; ++r)  // expert 1, block 1, chunk 1: no NaN there
+    for (int64_t k = 128; k < 256; ++k) ASSERT_NE(f.data[size_t(r * cols + k)], kE4M3Nan);
+  EXPECT_EQ(scale(0, 0, 1), 0);
+  for (int64_t r = 128; r < rows; ++r)
+    for (int64_t k = 0; k < 128; ++k) ASSERT_EQ(f.data[size_t(r * cols + k)], m.data[size_t(r * cols + k)]);
+  // Zero 32-blocks inside a nonzero block (random_mx_weight puts ~1/16 of them everywhere): E is the
+  // largest nonzero block exponent, which every nonzero block here has in [120, 130].
+  EXPECT_GE(int(scale(0, 0, 0)), 120);
+  EXPECT_LE(int(scale(0, 0, 0)), 130);
+}
+
+// When every row of a block has the same 1x128 scale, the block form is the 1x128 form: the same
+// data bytes, and each row's 1x128 scale is its block's. (GemmGpu.BlockScalesBitwiseMatchRowScales
+// relies on this.)
+TEST(FastBlock, EqualRowScalesGiveTheRowForm) {
+  std::mt19937 rng(11);
+  const int64_t experts = 2, rows = 192, cols = 160;
+  MxMatrix m = random_mx_weight(rng, experts, rows, cols, 118, 136);
+  const int64_t nb = cols / 32;
+  // Give every row of a (block, chunk) the same four block scales, those of the block's first row.
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t first = e * rows + r / 128 * 128;
+      for (int64_t b = 0; b < nb; ++b) m.scales[size_t((e * rows + r) * nb + b)] = m.scales[size_t(first * nb + b)];
+    }
+  const FastBlockMatrix fb = rebase_fast_block128(m, experts);
+  const FastMatrix fr = rebase_fast(m);
+  EXPECT_EQ(fb.data, fr.data);
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < 2; ++c)
+        ASSERT_EQ(fr.scales[size_t(c * experts * rows + e * rows + r)], fb.scales[size_t((e * 2 + c) * fb.pitch + r / 128)])
+            << "expert " << e << " row " << r << " chunk " << c;
+}
+
+TEST(FastBlock, ScalePitch) {
+  EXPECT_EQ(fast_block_scales_pitch(32), 16);
+  EXPECT_EQ(fast_block_scales_pitch(2048), 16);
+  EXPECT_EQ(fast_block_scales_pitch(2049), 32);
+  EXPECT_EQ(fast_block_scales_pitch(2880), 32);
+  EXPECT_EQ(fast_block_scales_pitch(7168), 64);
 }
 
 TEST(Matrix, ColwiseIsRowwiseOfTranspose) {

@@ -36,6 +36,24 @@ inline void check_grouped_operand(const char* fn, const char* name, const MxOper
   }
 }
 
+// MxOperand::fast_scale_layout (gemm.h): kRow128 everywhere; kBlock128 only where `block_ok` (operand b
+// of the m-grouped GEMM's y entry) and in fast mode. Checked for every operand whatever m_total, so a
+// misplaced kBlock128 is named even for an empty problem.
+inline void check_fast_scale_layout(const char* fn, const char* name, const MxOperand& x, GemmMode mode,
+                                    bool block_ok) {
+  const std::string arg = std::string(name) + ".fast_scale_layout";
+  if (x.fast_scale_layout == FastScaleLayout::kRow128) return;
+  if (x.fast_scale_layout != FastScaleLayout::kBlock128)
+    throw_arg(fn, arg.c_str(), to_str(int(x.fast_scale_layout)), "must be FastScaleLayout::kRow128 or kBlock128");
+  if (!block_ok)
+    throw_arg(fn, arg.c_str(), "kBlock128",
+              "128x128-block scales are accepted only for operand b (the weights) of m_grouped_mxfp8_gemm_nt; "
+              "use FastScaleLayout::kRow128 (the default)");
+  if (mode != GemmMode::kFast)
+    throw_arg(fn, arg.c_str(), "kBlock128",
+              "exact mode reads the BF16 image, not fast_scales: use FastScaleLayout::kRow128 with GemmMode::kExact");
+}
+
 // Scalars and options shared by both groupings.
 inline void check_grouped_common(const char* fn, int num_experts, int64_t n, int64_t k,
                                  int64_t m_total, const int32_t* offsets, const GemmOptions& opts) {

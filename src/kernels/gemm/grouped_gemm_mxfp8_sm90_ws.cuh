@@ -25,6 +25,11 @@
 //   exact: none — exact mode reads BF16 images (A, B as [rows, kdim] BF16, made by
 //          dequantize_mxfp8_bf16), through byte-typed maps of 2·kdim bytes per row (box [·, 128 B]
 //          = 64 elements, same 128B swizzle as the FP8 boxes).
+//   fast, B in 128x128 blocks (m-grouped only, kBlockScalesB; gemm.h FastScaleLayout::kBlock128):
+//          [E·ceil(K/128), pitch] with one byte per (expert, chunk, 128-row block of N), pitch =
+//          fast_block_scales_pitch(N); TMA box [1, 16] at (n0/128, e·ceil(K/128) + chunk): a 192-wide
+//          n-tile (n0 = 192·j) spans blocks n0/128 and n0/128 + 1, never three; bytes past ceil(N/128)
+//          are zero fill (they scale only columns >= N, never stored).
 //   offsets: int32 [E+1] device, copied to shared memory once per CTA.
 // Output: BF16 or FP32, row-major (m-grouped Y [M_total, N]; k-grouped dW [E, N, K]); 4/8-byte
 // stores straight from the accumulator fragment, masked to the valid rows and columns; optional
@@ -44,6 +49,8 @@
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
 //          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
 //            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
+//          wide with B in 128x128 blocks (kBlockScalesB): the same chunk, then 4 products
+//            2^ea[row]·2^eb[block] and one FFMA per element (math_fast_single_block).
 //   exact: 4 × wgmma m64nNk16.f32.bf16.bf16 (N = kBlockN: 256 by default, or 128) accumulating
 //          straight into one FP32 accumulator that spans the whole reduction (math_exact): no
 //          promotion, no scales. Chunk c+1 is issued while chunk c may still run (wait_group 1).
@@ -168,7 +175,12 @@ struct Tile {
 // math threads read them) and a "scales ready" barrier; see decode_fast_scales / math_fast_pipelined.
 // kOutStage (bytes, 0 = none): the TMA-store epilogue's staging of the output tile, appended after
 // everything else (1024-aligned for the 128B swizzle), so the other offsets do not move.
-template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false, int kOutStage = 0>
+// kBlockScalesB: B's fast scales are 128x128-block bytes (a [1, kBlockScaleBox] box per stage, read
+// at the start of the B scale slot; the decoded floats of the tile's two blocks at the start of the
+// decoded B slot). Only the bytes the TMA brings change; every offset stays that of the 1x128 form.
+constexpr int kBlockScaleBox = 16;  // bytes of B block scales loaded per stage (TMA: 16-byte multiples)
+template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false, int kOutStage = 0,
+          bool kBlockScalesB = false>
 struct SmemLayout {
   static constexpr int kTileA = kBlockM * kBlockK;  // [128, 128] fp8 or [128, 64] bf16, 128B swizzle
   static constexpr int kTileB = kBlockN * kBlockK;  // [kBlockN, 128] fp8 or [kBlockN, 64] bf16, 128B swizzle
@@ -193,12 +205,14 @@ struct SmemLayout {
                                                 : (kOffOrder + kMaxExperts * 2 + 1023) / 1024 * 1024;
   static constexpr int kBytes = kOffOut + kOutStage;
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the base to 1024 B (swizzle atoms)
-  static constexpr uint32_t kTxBytes = kTileA + kTileB + (kExact ? 0 : kScaleA + kBlockN);
+  static constexpr uint32_t kTxBytes =
+      kTileA + kTileB + (kExact ? 0 : kScaleA + (kBlockScalesB ? kBlockScaleBox : kBlockN));
 
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "kBlockN: multiple of 64, TMA box <= 256");
   static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "swizzled tiles stay 1024-aligned");
   static_assert(kScaleA % 128 == 0 && kScaleB % 128 == 0, "TMA destinations 128-aligned");
   static_assert(!kPipelined || !kExact, "the pipelined schedule is fast mode's");
+  static_assert(!kBlockScalesB || (!kExact && kBlockN > 128), "block scales: the wide fast kernel");
   static_assert(kOffScaleAF % 16 == 0 && kOffScaleBF % 16 == 0, "decoded scales: 16-byte vector loads");
   static_assert(kOffBarriers % 8 == 0, "mbarriers 8-aligned");
   static_assert(kAlloc <= 232448, "227 KB of shared memory per CTA");
@@ -393,7 +407,9 @@ __device__ __forceinline__ int scale_b_slot(int n) {
 // pass), and it overwrites stage s's decoded floats only after that same empty[s] completion
 // (full[s] of the next pass follows the producer's wait on empty[s]), so no math warp still reads
 // them.
-template <int kBlockN, int kNumStages, class Scheduler>
+// kBlockScalesB: B's stage holds the block bytes of the tile's blocks n0/128 and n0/128 + 1 (the
+// first two of its 16-byte box); lanes 0 and 1 decode them to decoded B slots 0 and 1.
+template <int kBlockN, int kNumStages, bool kBlockScalesB = false, class Scheduler>
 __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Scheduler& sched,
                                                    uint64_t* full, uint64_t* ready) {
   using L = SmemLayout<kBlockN, kNumStages, false, true>;
@@ -409,15 +425,23 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
       float* sbf = reinterpret_cast<float*>(smem + L::kOffScaleBF + at.s * L::kScaleBF);  // [kBlockN] f32
       // All loads first (the byte loads may alias the float stores, so the compiler would not
       // hoist them): one shared-memory latency per chunk instead of one per value.
-      uint32_t va[kBlockM / 32], vb[kBlockN / 32];
+      uint32_t va[kBlockM / 32];
 #pragma unroll
       for (int i = 0; i < kBlockM / 32; ++i) va[i] = sa8[lane + 32 * i];
+      if constexpr (kBlockScalesB) {
+        const uint32_t vb = sb8[lane % 2];  // block n0/128 + lane % 2
 #pragma unroll
-      for (int i = 0; i < kBlockN / 32; ++i) vb[i] = sb8[lane + 32 * i];
+        for (int i = 0; i < kBlockM / 32; ++i) saf[scale_a_slot(lane + 32 * i)] = e8m0_to_float_fast(va[i]);
+        if (lane < 2) sbf[lane] = e8m0_to_float_fast(vb);
+      } else {
+        uint32_t vb[kBlockN / 32];
 #pragma unroll
-      for (int i = 0; i < kBlockM / 32; ++i) saf[scale_a_slot(lane + 32 * i)] = e8m0_to_float_fast(va[i]);
+        for (int i = 0; i < kBlockN / 32; ++i) vb[i] = sb8[lane + 32 * i];
 #pragma unroll
-      for (int i = 0; i < kBlockN / 32; ++i) sbf[scale_b_slot(lane + 32 * i)] = e8m0_to_float_fast(vb[i]);
+        for (int i = 0; i < kBlockM / 32; ++i) saf[scale_a_slot(lane + 32 * i)] = e8m0_to_float_fast(va[i]);
+#pragma unroll
+        for (int i = 0; i < kBlockN / 32; ++i) sbf[scale_b_slot(lane + 32 * i)] = e8m0_to_float_fast(vb[i]);
+      }
       device::mbarrier_arrive(&ready[at.s]);  // one of 32 arrivals; release: this lane's stores
       at.advance();
     }
@@ -453,12 +477,14 @@ __device__ __forceinline__ void load_operand_box(void* smem_dst, const CUtensorM
   device::cp_async_bulk_tensor_2d_global_to_shared(smem_dst, map, bar, kc, row);
 }
 
-template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, class Scheduler>
+// kBlockScalesB (m-grouped, fast): B's scale box is the [1, kBlockScaleBox] box of block bytes
+// starting at block n0/128 (x.sb_x = n0), see SmemLayout.
+template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, bool kBlockScalesB = false, class Scheduler>
 __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensorMap* tm_b,
                                          const CUtensorMap* tm_sa, const CUtensorMap* tm_sb,
                                          uint8_t* smem, const Scheduler& sched, uint64_t* full,
                                          uint64_t* empty, uint32_t rank) {
-  using L = SmemLayout<kBlockN, kNumStages, kExact>;
+  using L = SmemLayout<kBlockN, kNumStages, kExact, false, 0, kBlockScalesB>;
   constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a multicast pair loads
   constexpr int kChunkK = chunk_k<kExact>(), kElemBytes = kExact ? 2 : 1;
   constexpr bool kMayBeBlocked = kExact && Scheduler::kIsKGrouped && !kMulticast;
@@ -499,7 +525,8 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
         load_operand_box<kMayBeBlocked>(smem + L::kOffB + s * L::kTileB, tm_b, &full[s], kc, x.b_row, b_blocked);
         if constexpr (!kExact) {
           device::cp_async_bulk_tensor_2d_global_to_shared(sa, tm_sa, &full[s], x.sa_x, x.sa_y0 + c);
-          device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], x.sb_x, x.sb_y0 + c);
+          const int sb_x = kBlockScalesB ? x.sb_x / 128 : x.sb_x;
+          device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], sb_x, x.sb_y0 + c);
         }
       }
       if (++s == kNumStages) { s = 0; phase ^= 1u; }
@@ -1167,6 +1194,80 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
   finish_tile_stores<kOut>();
 }
 
+// ---- fast mode, wide tiles, B scales per 128x128 block (kBlockScalesB; m-grouped only) -----------
+//
+// gemm.h FastScaleLayout::kBlock128: B's scale is one per (expert, 128-chunk, 128-row block of N), so
+// a thread's 96 accumulators (rows r, r + 8; columns 8j + c_frag (+1), j < 24) need only four
+// products sa[row]·sb[block]: 2 rows × the tile's 2 blocks (a 192-wide n-tile at n0 = 192·q spans
+// blocks n0/128 and n0/128 + 1). Columns 8j + c with j < kSplitJ lie in the first block:
+// kSplitJ = (128 - n0 % 128) / 8, i.e. 16 when n0 % 128 == 0 (q even) and 8 when it is 64 (q odd);
+// the split falls between fragment column groups, so each tile runs one of two unrolled chunk loops
+// (DeepGEMM's 1D2D kernel selects its loop the same way) rather than a select per column.
+// Arithmetic per element: tot = fmaf(acc, sa·sb, tot) with sa·sb formed in FP32 exactly as
+// promote_quad forms sa·sb[col]: when every row of a block carries the block's scale in the 1x128
+// form, the two forms give bitwise the same output (GemmGpu.BlockScalesBitwiseMatchRowScales).
+template <int kBlockN, int kSplitJ>
+__device__ __forceinline__ void promote_block_split(float (&tot)[kBlockN / 2], const float (&acc)[kBlockN / 2],
+                                                    float2 sa, float2 sb) {
+  static_assert(kSplitJ > 0 && kSplitJ <= kBlockN / 8, "the first block holds at least one column group");
+  const float lo0 = sa.x * sb.x, lo1 = sa.y * sb.x;  // rows r, r + 8 x the first block
+  const float hi0 = sa.x * sb.y, hi1 = sa.y * sb.y;  // ... x the second block
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const float p0 = j < kSplitJ ? lo0 : hi0, p1 = j < kSplitJ ? lo1 : hi1;
+    tot[4 * j + 0] = fmaf(acc[4 * j + 0], p0, tot[4 * j + 0]);
+    tot[4 * j + 1] = fmaf(acc[4 * j + 1], p0, tot[4 * j + 1]);
+    tot[4 * j + 2] = fmaf(acc[4 * j + 2], p1, tot[4 * j + 2]);
+    tot[4 * j + 3] = fmaf(acc[4 * j + 3], p1, tot[4 * j + 3]);
+  }
+}
+
+// math_fast_single's schedule (one accumulator per warpgroup, stage handed back after the promotion)
+// with promote_block_split. Per chunk a thread loads two float2 (its rows' decoded A scales, the
+// tile's two decoded block scales), both before the wgmma wait.
+template <int kBlockN, int kNumStages, bool kOutF32, OutStore kOut, class Scheduler>
+__device__ __forceinline__ void math_fast_single_block(const Params& p, uint8_t* smem, const Scheduler& sched,
+                                                       uint64_t* full, uint64_t* empty, uint64_t* ready,
+                                                       const CUtensorMap* tm_y) {
+  static_assert(kBlockN == 192 && !Scheduler::kIsKGrouped, "block scales: m-grouped 128 x 192 tiles");
+  // Through a shuffle so that the compiler knows it is warp-uniform (descriptors in uniform regs).
+  const int math_wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128 - 1, 0);  // 0, 1
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int r_tile = math_wg * 64 + warp * 16 + lane / 4;  // fragment rows r_tile, r_tile + 8
+  const int c_frag = 2 * (lane % 4);                       // fragment columns 8j + c_frag (+1)
+  const int sa_slot = scale_a_slot(r_tile);
+
+  PipeState<kNumStages> at;
+  float acc[kBlockN / 2], tot[kBlockN / 2];
+  // The chunks of one tile, with the first block's column groups j < split (a compile-time value).
+  const auto reduce_tile = [&](int num_chunks, auto split) {
+    for (int c = 0; c < num_chunks; ++c) {
+      const PipeState<kNumStages> cur = at;
+      issue_chunk<kBlockN>(acc, smem, full, at, math_wg);  // chunk c -> acc (advances at)
+      // sb_slot 0: the decoded B slot starts with the tile's two block scales
+      const ThreadScales ts = thread_scales<kBlockN>(smem, ready, cur, sa_slot, 0);
+      const float2 sb = *reinterpret_cast<const float2*>(ts.sbq);
+      device::wgmma_wait_group_sync_aligned<0>();  // chunk c retired
+      device::wgmma_fence_operand(acc);            // reads of acc stay below the wait
+      promote_block_split<kBlockN, decltype(split)::value>(tot, acc, ts.sa, sb);
+      __syncwarp();  // stage cur.s no longer read (as in math_fast_single)
+      if (lane == 0) arrive_empty<false>(&empty[cur.s]);
+    }
+  };
+  for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
+    const Tile x = sched.tile(t);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) tot[i] = 0.0f;
+    if (x.sb_x % 128 == 0)  // sb_x = n0 (MGroupedScheduler): n0 % 128 is 0 or 64
+      reduce_tile(x.num_chunks, std::integral_constant<int, 128 / 8>{});
+    else
+      reduce_tile(x.num_chunks, std::integral_constant<int, 64 / 8>{});
+    store_tile_any<kBlockN, kNumStages, false, true, kOutF32, kOut>(p, tm_y, sched, t, tot, smem, math_wg, warp,
+                                                                         lane, r_tile, c_frag);
+  }
+  finish_tile_stores<kOut>();
+}
+
 // ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
 //
 // A cluster of two CTAs (ranks 0, 1 = blockIdx.x % 2) works on two tiles that share the A tile
@@ -1206,8 +1307,12 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
 // kOut (store_tile_any): kTma (wide tiles; not BF16 with accumulate) the TMA-store epilogue
 // (store_tile_tma) through tm_y; kRows (wide tiles, m-grouped BF16) the row epilogue to the row table
 // (store_tile_rows + row_store_warp in producer warps 2 and 3); tm_y is unused otherwise.
+// kBlockScalesB (m-grouped, 192-wide pipelined fast mode, kDirect or kTma): B's fast scales in
+// 128x128 blocks (FastScaleLayout::kBlock128): the producer's [1, 16] box, decode_fast_scales'
+// two block floats, math_fast_single_block. (A trailing parameter: the other kernels' code is
+// unchanged, their names gain "false".)
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false, OutStore kOut = OutStore::kDirect>
+          bool kMulticast = false, OutStore kOut = OutStore::kDirect, bool kBlockScalesB = false>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
@@ -1224,9 +1329,11 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   static_assert(kOut == OutStore::kDirect || (kBlockN > 128 && !kMulticast && (kPipelined || kExact)),
                 "the TMA-store and row epilogues: wide tiles (fast 192, exact 256)");
   static_assert(kOut != OutStore::kRows || (!kOutF32 && !kKGrouped), "the row epilogue: m-grouped BF16");
+  static_assert(!kBlockScalesB || (!kKGrouped && kPipelined && kBlockN == 192 && !kMulticast && kOut != OutStore::kRows),
+                "B block scales: m-grouped, 192-wide fast mode, direct or TMA-store epilogue");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
-  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>()>;
-  using L0 = SmemLayout<kBlockN, kNumStages, kExact>;  // what producer() and math_*() index with
+  using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>(), kBlockScalesB>;
+  using L0 = SmemLayout<kBlockN, kNumStages, kExact, false, 0, kBlockScalesB>;  // what producer() and math_*() index with
   static_assert(L::kOffA == L0::kOffA && L::kOffB == L0::kOffB && L::kOffScaleA == L0::kOffScaleA &&
                     L::kOffScaleB == L0::kOffScaleB && L::kTxBytes == L0::kTxBytes,
                 "the pipelined layout only appends to the serial one");
@@ -1275,7 +1382,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     device::setmaxnreg_dec_sync_aligned_u32<kProducerRegs>();
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
     if (kPipelined && threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
-      if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages>(smem, sched, full, ready);
+      if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages, kBlockScalesB>(smem, sched, full, ready);
     } else if (kOut == OutStore::kRows && threadIdx.x / 32 >= 2) {  // warps 2, 3: row stores of math wg 0, 1
       if constexpr (kOut == OutStore::kRows) {
         const int wg = int(threadIdx.x) / 32 - 2;
@@ -1283,13 +1390,15 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                 wg, int(threadIdx.x) % 32);
       }
     } else {
-      producer<kBlockN, kNumStages, kExact, kMulticast>(&tm_a, &tm_b, &tm_sa, &tm_sb, smem, sched, full,
-                                                        empty, rank);
+      producer<kBlockN, kNumStages, kExact, kMulticast, kBlockScalesB>(&tm_a, &tm_b, &tm_sa, &tm_sb, smem, sched,
+                                                                       full, empty, rank);
     }
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
-    if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
+    if constexpr (kBlockScalesB)  // wide tile, B scales per 128x128 block
+      math_fast_single_block<kBlockN, kNumStages, kOutF32, kOut>(p, smem, sched, full, empty, ready, &tm_y);
+    else if constexpr (kPipelined && kBlockN <= 128)  // two accumulators fit: ping-pong
       math_fast_pipelined<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty, ready);
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
       math_fast_single<kBlockN, kNumStages, kOutF32, kOut>(p, smem, sched, full, empty, ready, &tm_y);
@@ -1382,6 +1491,7 @@ struct KernelPath {
   bool multicast = false;
   bool tma_store = false;  // set by the launchers (use_tma_store)
   bool rows = false;       // the row epilogue (OutStore::kRows): set by the EP layer's entry only
+  bool block_scales_b = false;  // B's fast scales in 128x128 blocks (block_n 192): m-grouped y entry only
 };
 
 // Whether a call on `path` takes the TMA-store epilogue: wide fast tiles, FP32 output or BF16
@@ -1475,6 +1585,16 @@ inline CUtensorMap out_tma_map(const char* fn, void* y, bool out_f32, int64_t ba
                                         uint64_t(4 * cols * rows), kOutBoxRows, 32, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// TMA map of B's 128x128-block fast scales (FastScaleLayout::kBlock128, gemm.h): u8 [E·num_kc,
+// ceil(n/128)] with row stride fast_block_scales_pitch(n), boxes [1, kBlockScaleBox] (the producer
+// loads at (n0/128, e·num_kc + chunk); bytes past ceil(n/128) read as zero).
+inline CUtensorMap block_scales_map(const char* fn, const uint8_t* scales, int num_experts, int64_t num_kc,
+                                    int64_t n) {
+  return detail::make_tensor_map_2d_u8(fn, scales, uint64_t(num_experts * num_kc), uint64_t((n + 127) / 128),
+                                       uint64_t(fast_block_scales_pitch(n)), 1, kBlockScaleBox,
+                                       CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 // Launch configuration of 2-CTA clusters along x. It points at its own attribute, so it is neither
 // copied nor moved: build it where it is used.
 struct PairClusterLaunch {
@@ -1510,7 +1630,8 @@ int max_active_pairs(const char* fn, int smem) {
   });
 }
 
-template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped, OutStore kOut = OutStore::kDirect>
+template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped, OutStore kOut = OutStore::kDirect,
+          bool kBlockScalesB = false>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                     const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
                     const Params& p, int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
@@ -1519,7 +1640,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
   // The row epilogue's staging (50 / 66 KB) is 2 KB over the TMA one's, so it runs with the same stages.
   constexpr int kStages = kOut != OutStore::kDirect ? (kExact ? kConfigExactTmaStoreStages : kConfigTmaStoreStages)
                                                     : stages_for<kBlockN>();
-  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>()>;
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>(), kBlockScalesB>;
   if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
@@ -1534,7 +1655,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
     }
   }
   constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped,
-                                                            kPipelined, false, kOut>;
+                                                            kPipelined, false, kOut, kBlockScalesB>;
   detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p, tm_y);
   MXMOE_CHECK_LAUNCH(fn);
@@ -1542,31 +1663,35 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
 
 // One (width, mode): the four output forms, FP32 or BF16, with the TMA-store epilogue (wide
 // widths only; use_tma_store never asks it of 128) or direct stores.
-template <int kBlockN, bool kExact, bool kKGrouped>
+template <int kBlockN, bool kExact, bool kKGrouped, bool kBlockScalesB = false>
 void launch_by_output(const char* fn, bool out_f32, bool tma_store, bool multicast, const CUtensorMap& tm_a,
                       const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p,
                       int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
+  constexpr OutStore kD = OutStore::kDirect, kT = OutStore::kTma;
   if constexpr (kBlockN > kConfigBlockN) {
     if (tma_store) {
       if (out_f32)
-        launch_grouped<kBlockN, kExact, true, kKGrouped, OutStore::kTma>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream,
-                                                               tm_y);
+        launch_grouped<kBlockN, kExact, true, kKGrouped, kT, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb,
+                                                                            p, grid, stream, tm_y);
       else
-        launch_grouped<kBlockN, kExact, false, kKGrouped, OutStore::kTma>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid,
-                                                                stream, tm_y);
+        launch_grouped<kBlockN, kExact, false, kKGrouped, kT, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb,
+                                                                             p, grid, stream, tm_y);
       return;
     }
   }
   if (out_f32)
-    launch_grouped<kBlockN, kExact, true, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
+    launch_grouped<kBlockN, kExact, true, kKGrouped, kD, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p,
+                                                                        grid, stream, tm_y);
   else
-    launch_grouped<kBlockN, kExact, false, kKGrouped>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid, stream, tm_y);
+    launch_grouped<kBlockN, kExact, false, kKGrouped, kD, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p,
+                                                                         grid, stream, tm_y);
 }
 
 // path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
 // map's box and the B scale map's box path.block_n rows). tm_y: the output map of the TMA-store
 // epilogue (path.tma_store; out_tma_map), otherwise any map (unused). path.rows (m-grouped, BF16,
-// the wide width of the mode): the row epilogue to the row table (Params::y).
+// the wide width of the mode): the row epilogue to the row table (Params::y). path.block_scales_b
+// (m-grouped fast, block_n 192): B's scales in 128x128 blocks, tm_sb from block_scales_map.
 template <bool kKGrouped>
 void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
@@ -1579,6 +1704,11 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
                                                                           stream, tm_y);
       else launch_grouped<kW, false, false, false, OutStore::kRows>(fn, false, tm_a, tm_b, tm_sa, tm_sb, p, grid,
                                                                      stream, tm_y);
+      return;
+    }
+    if (path.block_scales_b) {  // checked by the caller: fast mode, block_n 192
+      launch_by_output<kW, false, false, true>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+                                               stream, tm_y);
       return;
     }
   }

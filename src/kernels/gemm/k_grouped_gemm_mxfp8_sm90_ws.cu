@@ -21,6 +21,8 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
                              void* dw, const GemmOptions& opts) {
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
+  detail::check_fast_scale_layout(kFn, "a", a, opts.mode, false);  // activations/gradients: 1x128 only
+  detail::check_fast_scale_layout(kFn, "b", b, opts.mode, false);
   if (int64_t(num_experts) * k > (int64_t(1) << 30))
     detail::throw_arg(kFn, "k", detail::to_str(k), "num_experts * k must be < 2^30");
   detail::check_not_null(kFn, "dw", dw);

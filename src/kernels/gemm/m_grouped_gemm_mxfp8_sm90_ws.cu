@@ -30,14 +30,24 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
   using detail::to_str;
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(fn, num_experts, n, k, m_total, offsets, opts);
+  detail::check_fast_scale_layout(fn, "a", a, opts.mode, false);  // activations: 1x128 only
+  detail::check_fast_scale_layout(fn, "b", b, opts.mode, row_dst == nullptr);  // the row entry: 1x128 only
   const bool exact = opts.mode == GemmMode::kExact;
   const bool out_f32 = opts.out_dtype == GemmOutDtype::kFP32;
+  const bool block_b = b.fast_scale_layout == FastScaleLayout::kBlock128;  // fast mode, y entry (checked)
   gemm_sm90::KernelPath path;
   if (row_dst != nullptr) {  // the row epilogue: the mode's wide tile, nothing from the environment
     if (out_f32) throw_arg(fn, "opts.out_dtype", "kFP32", "must be kBF16 (the rows are BF16)");
     if (opts.accumulate) throw_arg(fn, "opts.accumulate", "true", "must be false (rows are stored, not added)");
     path.block_n = exact ? gemm_sm90::kConfigExactWideBlockN : gemm_sm90::kConfigWideBlockN;
     path.rows = true;
+  } else if (block_b) {  // 128x128 weight blocks: the 192-wide kernel only, nothing from the environment
+    if (opts.fast_tile_n == 128)
+      throw_arg(fn, "opts.fast_tile_n", "128",
+                "must be 0 or 192 with b.fast_scale_layout = kBlock128 (that form runs on 128 x 192 tiles only)");
+    path.block_n = gemm_sm90::kConfigWideBlockN;
+    path.block_scales_b = true;
+    path.tma_store = gemm_sm90::use_tma_store(path, false, out_f32, opts.accumulate);
   } else {
     path = gemm_sm90::choose_kernel_path(exact, opts.fast_tile_n != 0 ? opts.fast_tile_n
                                                                        : gemm_sm90::kConfigFastBlockN);
@@ -69,8 +79,9 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(fn, a.fast_scales, num_kc, m_total, m_total, 1,
                                           kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128]
-    tm_sb = detail::make_tensor_map_2d_u8(fn, b.fast_scales, num_experts * num_kc, n, n, 1,
-                                          block_n, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n]
+    tm_sb = block_b ? gemm_sm90::block_scales_map(fn, b.fast_scales, num_experts, num_kc, n)  // [1, 16]
+                    : detail::make_tensor_map_2d_u8(fn, b.fast_scales, num_experts * num_kc, n, n, 1, block_n,
+                                                    CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n]
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
