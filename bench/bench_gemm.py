@@ -39,10 +39,18 @@ line; the column xdefault is the default line's time / the alternative's.
 Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
 the same GEMM on row-major images [rows, M] (bitwise equal output required).
+--fast-block adds, to each m-grouped case, "mxmoe-fast-blk": fast mode with the weights (B) in the
+128x128-block form (gemm.h FastScaleLayout::kBlock128), made here on the GPU from B's MX copy
+(torch_block_rebase; outside the timed region) and timed in alternation with the others. It is a
+different operand from mxmoe-fast's, so its output is not compared bitwise; it must pass the same
+verification, and both fast lines then show their relative Frobenius error against the BF16
+baseline in the last column (accuracy measured, not assumed), the blk line also its speed-up over
+mxmoe-fast.
 --tpe, --experts, --routing and --wgrad-only select cases for diagnostics (--experts replaces every
 shape's expert count; the shape lines say E=...).
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
                                    [--tile-both] [--exact-tile-both] [--k-order-both] [--wgrad-rowimg]
+                                   [--fast-block]
                                    [--tpe 512,2048] [--experts E] [--routing uniform] [--wgrad-only]
                                    [--shapes Qwen3-30B] [--reps 15]
 """
@@ -56,7 +64,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (Timer, check, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr,  # noqa: E402
                     require_gpu, write_json)
-from bench_quant import torch_quant_rows, torch_rebase  # noqa: E402  (MX quantizer in plain PyTorch)
+from bench_quant import pow2_from_field, torch_quant_rows, torch_rebase  # noqa: E402  (MX quantizer in plain PyTorch)
 
 import ctypes  # noqa: E402
 
@@ -67,6 +75,8 @@ EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
 WGRAD_ROWIMG = False  # --wgrad-rowimg (set in main): exact wgrad also on row-major images
+FAST_BLOCK = False  # --fast-block (set in main): m-grouped fast mode also with B in 128x128 blocks
+ROW128, BLOCK128 = 0, 1  # B's fast scale layouts (gemm.h FastScaleLayout; the C ABI's b_fast_scale_layout)
 ROW_MAJOR, TOKEN_BLOCKED = 0, 1  # image layouts (gemm.h ImageLayout; the C ABI's image_layout)
 COPY_GBS = None  # device-to-device copy bandwidth measured in main (GB/s, read + write)
 BF16_OUT = 0
@@ -86,11 +96,13 @@ TOKENS_PER_EXPERT = [512, 2048, 8192]
 
 
 def setup_lib(lib):
-    f = lib.mxmoe_m_grouped_mxfp8_gemm_nt
+    f = lib.mxmoe_m_grouped_mxfp8_gemm_nt_layout
     vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    # per operand: data, scales, fast_data, fast_scales, image
-    f.argtypes = [vp] * 5 + [i64] + [vp] * 5 + [i32, i64, i64, vp, vp, i32, i32, i32, vp]
+    # per operand: data, scales, fast_data, fast_scales, image; B's fast scale layout after B's
+    f.argtypes = [vp] * 5 + [i64] + [vp] * 5 + [i32, i32, i64, i64, vp, vp, i32, i32, i32, vp]
     f.restype = i32
+    lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
+    lib.mxmoe_fast_block_scales_pitch.restype = i64
     g = lib.mxmoe_k_grouped_mxfp8_gemm_nt
     # ..., mode, out_dtype, accumulate, num_sms, image_layout, stream
     g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, i32, vp]
@@ -144,6 +156,57 @@ def quant_rows_chunked(x, rows_per_chunk=16384):
         fdata[r0:r1] = fq.view(torch.uint8)
         fscales[:, r0:r1] = fs
     return data, scales, fdata, fscales
+
+
+def torch_block_rebase(data, scales, E, N, K, pitch):
+    """The 128x128-block fast form of B [E, N, K] from its MX copy (data u8 [E·N, K] E4M3, scales u8
+    [E·N, K/32] E8M0), as ref::rebase_fast_block128 defines it: per (expert, 128-row block, 128-chunk)
+    E = the largest 32-block exponent of the block, every element E4M3_rne(decode(q) · 2^(e_b - E)),
+    a NaN scale poisons the block (scale 0xFF, data 0x7F). Returns (fast data u8 [E·N, K], scales u8
+    [E, ceil(K/128), pitch], padding bytes 0). Expert by expert (bounded temporaries).
+    The cast: q · 2^(e_b - E) with e_b <= E is at most 448 in magnitude and exact in FP32 (a power of two
+    times an E4M3 value; shifts below 2^-126 give exact 0, which E4M3 would round to 0 anyway), and
+    PyTorch's float -> float8_e4m3fn conversion rounds to nearest even (overflow to NaN only above 464,
+    not reachable here), so this is the reference's rounding; check_block_form verifies it."""
+    nck, nrb, nb = (K + 127) // 128, (N + 127) // 128, K // 32
+    fdata = torch.empty(E * N, K, dtype=torch.uint8, device="cuda")
+    fscales = torch.zeros(E, nck, pitch, dtype=torch.uint8, device="cuda")
+    for e in range(E):
+        sb = scales[e * N:(e + 1) * N].to(torch.int32)  # [N, nb]
+        # pad to whole blocks with byte 0 (e = -127: never raises a maximum)
+        sbp = torch.nn.functional.pad(sb, (0, 4 * nck - nb, 0, 128 * nrb - N))
+        bmax = sbp.view(nrb, 128, nck, 4).amax(dim=(1, 3))  # [nrb, nck]; 255 (NaN) wins: poisoned
+        emax_el = bmax.repeat_interleave(128, 0)[:N].repeat_interleave(4, 1)[:, :nb]  # [N, nb]
+        d = sb - emax_el
+        mult = torch.where(d >= -126, pow2_from_field((d + 127).clamp(min=1)), torch.zeros_like(d, dtype=torch.float32))
+        q = data[e * N:(e + 1) * N].view(torch.float8_e4m3fn).float().view(N, nb, 32)
+        fq = (q * mult.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8).view(N, K)
+        poisoned = (emax_el == 255).repeat_interleave(32, 1)
+        fdata[e * N:(e + 1) * N] = torch.where(poisoned, torch.full_like(fq, 0x7F), fq)
+        fscales[e, :, :nrb] = bmax.t().to(torch.uint8)
+    return fdata, fscales
+
+
+def check_block_form(b_d, b_s, fdata, fscales, E, N, K):
+    """The block form against the MX values it re-expresses: every element equal to decode(q)·2^e_b
+    up to E4M3's re-rounding below its normal range (|error| <= 2^(E-10), half the subnormal quantum
+    2^(E-9)); NaN exactly in the blocks whose scale is 0xFF. Raises on a violation."""
+    nck, nb = (K + 127) // 128, K // 32
+    for e in range(E):
+        sb = b_s[e * N:(e + 1) * N].to(torch.int32)
+        mx = b_d[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * torch.pow(
+            2.0, (sb - 127).double()).unsqueeze(-1)
+        bs = fscales[e, :, :(N + 127) // 128].t().to(torch.int32)  # [nrb, nck]
+        emax = bs.repeat_interleave(128, 0)[:N].repeat_interleave(4, 1)[:, :nb]  # [N, nb]
+        blk = fdata[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * torch.pow(
+            2.0, (emax - 127).double()).unsqueeze(-1)
+        tol = torch.pow(2.0, (emax - 127 - 10).double()).unsqueeze(-1)
+        poisoned = (emax == 255).unsqueeze(-1)  # a NaN block of the MX copy: the whole block NaN
+        bad = torch.where(poisoned, ~torch.isnan(blk), torch.isnan(blk) | ((blk - mx).abs() > tol))
+        if bool(bad.any()):
+            idx = bad.nonzero()[0].tolist()
+            raise RuntimeError(f"block form of B, expert {e}, row {idx[0]}, col {32 * idx[1] + idx[2]}: "
+                               f"{float(blk[tuple(idx)])} vs MX {float(mx[tuple(idx)])}")
 
 
 def rowwise_fp8(x):
@@ -228,7 +291,7 @@ def rel_frob(x, ref, rows):
 
 def case_bytes(M, E, N, K):
     # per operand element: BF16 source, MX data, fast data, FP8 row-wise copy, BF16 image, scales
-    return (M * K * (2 + 1 + 1 + 1 + 2 + 1 / 16) + E * N * K * (2 + 1 + 1 + 1 + 2 + 1 / 16)
+    return (M * K * (2 + 1 + 1 + 1 + 2 + 1 / 16) + E * N * K * (2 + 1 + 1 + 1 + 2 + 1 / 16 + (1 if FAST_BLOCK else 0))
             + M * N * 2 * 5 + 2 * M * K * 4 / 8)
 
 
@@ -391,12 +454,20 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
     # baselines and paths timed together, in alternation (Timer.many).
     y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     variants = mxmoe_variants(multicast_both, tile_both)
+    b_forms = {ROW128: (b_fd, b_fs)}
+    if FAST_BLOCK:  # B's 128x128-block form from its MX copy, checked against it (not timed)
+        b_forms[BLOCK128] = torch_block_rebase(b_d, b_s, E, N, K, lib.mxmoe_fast_block_scales_pitch(N))
+        check_block_form(b_d, b_s, *b_forms[BLOCK128], E, N, K)
+        variants.insert(1, (FAST, "mxmoe-fast-blk", None, None))
     checked = {}
     for mode, mname, env, base in variants:
-        def call(mode=mode):
-            rc = lib.mxmoe_m_grouped_mxfp8_gemm_nt(
-                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), M, ptr(b_d), ptr(b_s), ptr(b_fd),
-                ptr(b_fs), ptr(b_img), E, N, K, ptr(offsets_dev), ptr(y), mode, BF16_OUT, 0,
+        layout = BLOCK128 if mname == "mxmoe-fast-blk" else ROW128
+
+        def call(mode=mode, layout=layout):
+            bfd, bfs = b_forms[layout]
+            rc = lib.mxmoe_m_grouped_mxfp8_gemm_nt_layout(
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), M, ptr(b_d), ptr(b_s), ptr(bfd),
+                ptr(bfs), ptr(b_img), layout, E, N, K, ptr(offsets_dev), ptr(y), mode, BF16_OUT, 0,
                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
@@ -425,6 +496,13 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
                        [ratio(t_bf16, t), ratio(t_fp8, t), ratio(t_tri, t)])
         del yv
     row["fast_vs_exact_relfrob"] = rel_frob(outs["mxmoe-fast"], outs["mxmoe-exact"], token_rows)
+    if FAST_BLOCK:  # accuracy of both fast forms against the BF16 baseline, and blk's speed-up over fast
+        row["fast_blk_vs_fast_relfrob"] = rel_frob(outs["mxmoe-fast-blk"], outs["mxmoe-fast"], token_rows)
+        for line in table:
+            if line[0] == shape and line[1] in ("mxmoe-fast", "mxmoe-fast-blk"):
+                line[-1] = f"relfrob vs BF16 {row[line[1] + '_vs_bf16_relfrob']:.5f}" + (
+                    f", x fast {row['mxmoe-fast_us'] / row['mxmoe-fast-blk_us']:.3f}" if line[1] == "mxmoe-fast-blk"
+                    else "") + line[-1]
     t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
     exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
     results["rows"].append(row)
@@ -524,14 +602,17 @@ def main():
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
+    ap.add_argument("--fast-block", action="store_true",
+                    help="m-grouped: also time fast mode with B in 128x128 blocks (mxmoe-fast-blk, FastScaleLayout::kBlock128)")
     ap.add_argument("--tpe", default=None, help="comma-separated tokens-per-expert values (default 512,2048,8192)")
     ap.add_argument("--experts", type=int, default=None,
                     help="diagnostic: every shape with this many experts instead of its own (E in the shape name)")
     ap.add_argument("--wgrad-only", action="store_true", help="only the wgrad cases (implies --wgrad)")
     ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS, WGRAD_ROWIMG
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
     EXACT_TILE_BOTH = args.exact_tile_both
+    FAST_BLOCK = args.fast_block
     WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both
     require_gpu()
@@ -582,7 +663,7 @@ def main():
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
                and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-192d_ok", True) and r.get("mxmoe-fast-pre_ok", True)
                and r.get("mxmoe-exact-128_ok", True) and r.get("mxmoe-exact-256d_ok", True)
-               and r.get("mxmoe-exact-rowimg_ok", True) for r in results["rows"]):
+               and r.get("mxmoe-exact-rowimg_ok", True) and r.get("mxmoe-fast-blk_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)
 
