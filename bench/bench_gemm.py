@@ -188,25 +188,39 @@ def torch_block_rebase(data, scales, E, N, K, pitch):
 
 
 def check_block_form(b_d, b_s, fdata, fscales, E, N, K):
-    """The block form against the MX values it re-expresses: every element equal to decode(q)·2^e_b
-    up to E4M3's re-rounding below its normal range (|error| <= 2^(E-10), half the subnormal quantum
-    2^(E-9)); NaN exactly in the blocks whose scale is 0xFF. Raises on a violation."""
-    nck, nb = (K + 127) // 128, K // 32
+    """The block form against its definition (ref::rebase_fast_block128), evaluated here independently of
+    the torch cast: per block of exponent E_b (the stored scale byte), every element must be
+    E4M3_rne_satfinite(v / 2^(E_b-127)) · 2^(E_b-127) with v = decode(q)·2^(e-127) its MX value, rounded
+    here in float64 with torch.round (half to even) at E4M3's quantum (2^(x-3) for a normal of exponent x,
+    2^-9 below 2^-6: subnormals); NaN exactly in the blocks whose scale is 0xFF. Elements far below
+    their block's maximum are legitimately re-rounded or flushed to 0: counted, not errors. Raises on a
+    mismatch with the definition; returns (changed, flushed, total) over finite blocks."""
+    nb = K // 32
+    changed = flushed = total = 0
     for e in range(E):
         sb = b_s[e * N:(e + 1) * N].to(torch.int32)
         mx = b_d[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * torch.pow(
             2.0, (sb - 127).double()).unsqueeze(-1)
         bs = fscales[e, :, :(N + 127) // 128].t().to(torch.int32)  # [nrb, nck]
         emax = bs.repeat_interleave(128, 0)[:N].repeat_interleave(4, 1)[:, :nb]  # [N, nb]
-        blk = fdata[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * torch.pow(
-            2.0, (emax - 127).double()).unsqueeze(-1)
-        tol = torch.pow(2.0, (emax - 127 - 10).double()).unsqueeze(-1)
-        poisoned = (emax == 255).unsqueeze(-1)  # a NaN block of the MX copy: the whole block NaN
-        bad = torch.where(poisoned, ~torch.isnan(blk), torch.isnan(blk) | ((blk - mx).abs() > tol))
+        unit = torch.pow(2.0, (emax - 127).double()).unsqueeze(-1)
+        blk = fdata[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * unit
+        v = mx / unit  # exact (power of two); |v| <= 448 where the block scale is the block's maximum
+        _, ex = torch.frexp(v)  # |v| = m·2^ex, m in [0.5, 1): E4M3 exponent ex - 1, at least -6
+        quantum = torch.pow(2.0, (torch.clamp(ex - 1, min=-6) - 3).double())
+        want = (torch.round(v / quantum) * quantum).clamp(-448.0, 448.0) * unit
+        poisoned = (emax == 255).unsqueeze(-1).expand_as(blk)  # a NaN block of the MX copy: the whole block NaN
+        bad = torch.where(poisoned, ~torch.isnan(blk), torch.isnan(blk) | (blk != want))
         if bool(bad.any()):
             idx = bad.nonzero()[0].tolist()
             raise RuntimeError(f"block form of B, expert {e}, row {idx[0]}, col {32 * idx[1] + idx[2]}: "
-                               f"{float(blk[tuple(idx)])} vs MX {float(mx[tuple(idx)])}")
+                               f"{float(blk[tuple(idx)])}, definition {float(want[tuple(idx)])} "
+                               f"(MX {float(mx[tuple(idx)])}, block scale byte {int(emax[idx[0], idx[1]])})")
+        ok = ~poisoned
+        changed += int(((blk != mx) & ok).sum())
+        flushed += int(((blk == 0) & (mx != 0) & ok).sum())
+        total += int(ok.sum())
+    return changed, flushed, total
 
 
 def rowwise_fp8(x):
@@ -457,7 +471,9 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
     b_forms = {ROW128: (b_fd, b_fs)}
     if FAST_BLOCK:  # B's 128x128-block form from its MX copy, checked against it (not timed)
         b_forms[BLOCK128] = torch_block_rebase(b_d, b_s, E, N, K, lib.mxmoe_fast_block_scales_pitch(N))
-        check_block_form(b_d, b_s, *b_forms[BLOCK128], E, N, K)
+        changed, flushed, total = check_block_form(b_d, b_s, *b_forms[BLOCK128], E, N, K)
+        row["blk_changed_frac"] = changed / max(total, 1)  # re-rounded by the block form (incl. flushed)
+        row["blk_flushed_frac"] = flushed / max(total, 1)
         variants.insert(1, (FAST, "mxmoe-fast-blk", None, None))
     checked = {}
     for mode, mname, env, base in variants:

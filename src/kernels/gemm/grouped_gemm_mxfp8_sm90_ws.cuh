@@ -29,7 +29,7 @@
 //          [E·ceil(K/128), pitch] with one byte per (expert, chunk, 128-row block of N), pitch =
 //          fast_block_scales_pitch(N); TMA box [1, 16] at (n0/128, e·ceil(K/128) + chunk): a 192-wide
 //          n-tile (n0 = 192·j) spans blocks n0/128 and n0/128 + 1, never three; bytes past ceil(N/128)
-//          are zero fill (they scale only columns >= N, never stored).
+//          (the pitch's padding, then zero fill) scale only columns >= N, never stored.
 //   offsets: int32 [E+1] device, copied to shared memory once per CTA.
 // Output: BF16 or FP32, row-major (m-grouped Y [M_total, N]; k-grouped dW [E, N, K]); 4/8-byte
 // stores straight from the accumulator fragment, masked to the valid rows and columns; optional
@@ -1585,13 +1585,17 @@ inline CUtensorMap out_tma_map(const char* fn, void* y, bool out_f32, int64_t ba
                                         uint64_t(4 * cols * rows), kOutBoxRows, 32, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// TMA map of B's 128x128-block fast scales (FastScaleLayout::kBlock128, gemm.h): u8 [E·num_kc,
-// ceil(n/128)] with row stride fast_block_scales_pitch(n), boxes [1, kBlockScaleBox] (the producer
-// loads at (n0/128, e·num_kc + chunk); bytes past ceil(n/128) read as zero).
+// TMA map of B's 128x128-block fast scales (FastScaleLayout::kBlock128, gemm.h): u8 [E·num_kc, pitch]
+// with pitch = fast_block_scales_pitch(n) (>= 16, a multiple of 16) as both the row length and the row
+// stride, boxes [1, kBlockScaleBox] (the producer loads at (n0/128, e·num_kc + chunk)). The row is the
+// whole pitch, not ceil(n/128): that was a box wider than the tensor for n <= 1920 and a row length
+// that is not a multiple of 16 bytes (run 76: cudaErrorIllegalInstruction on the first launch, see
+// docs/notes/gemm.md "Session 10 fixes"). Bytes in [ceil(n/128), pitch) are then read from the
+// caller's padding: they scale only columns >= n (never stored); past pitch they read as zero.
 inline CUtensorMap block_scales_map(const char* fn, const uint8_t* scales, int num_experts, int64_t num_kc,
                                     int64_t n) {
-  return detail::make_tensor_map_2d_u8(fn, scales, uint64_t(num_experts * num_kc), uint64_t((n + 127) / 128),
-                                       uint64_t(fast_block_scales_pitch(n)), 1, kBlockScaleBox,
+  const uint64_t pitch = uint64_t(fast_block_scales_pitch(n));
+  return detail::make_tensor_map_2d_u8(fn, scales, uint64_t(num_experts * num_kc), pitch, pitch, 1, kBlockScaleBox,
                                        CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
