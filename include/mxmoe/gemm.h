@@ -78,7 +78,7 @@ enum class GemmOutDtype : int {
 //     rounded up to a multiple of 16: TMA's global strides are multiples of 16 bytes); byte
 //     [e][c][j] scales rows [128j, min(128j + 128, N)) of expert e over K columns [128c, 128c + 128)
 //     (blocks never cross experts; the last one is shorter when N % 128 != 0; the pitch's padding
-//     bytes may be read but scale only columns >= N, never stored). fast_data is then the block-rebased form (ref::rebase_fast_block128).
+//     bytes may be loaded but are never used). fast_data is then the block-rebased form (ref::rebase_fast_block128).
 //     Accepted only for operand b of m_grouped_mxfp8_gemm_nt in fast mode (the weights); operand a,
 //     the k-grouped GEMM, exact mode and the EP row entry reject it (mxmoe::Error naming
 //     "<operand>.fast_scale_layout"), as does opts.fast_tile_n = 128 (the form runs 192 wide only).

@@ -9,12 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "common/scoped_env.h"
 #include "kernels/gemm/m_grouped_gemm_rows.h"
 #include "mxmoe/gemm.h"
 #include "ref/gemm_ref.h"
 #include "ref/mx_ref.h"
 
 using namespace mxmoe;
+using mxmoe::test::ScopedEnv;
 
 namespace {
 
@@ -324,6 +326,20 @@ TEST(GemmArgs, FastScaleLayoutChecks) {
     x.b.fast_scale_layout = blk;
     x.m_total = 0;
     EXPECT_NO_THROW(m_grouped_mxfp8_gemm_nt(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, x.y, x.o));
+  }
+  // how the block kernels read B's block bytes (read per call): "ldg" (default) or "tma"; a typo throws
+  for (const char* load : {"ldg", "tma"}) {
+    const ScopedEnv env("MXMOE_GEMM_BLOCK_SCALES_LOAD", load);
+    Args x;
+    x.b.fast_scale_layout = blk;
+    x.y = nullptr;
+    expect_throw_naming(x, "y");
+  }
+  {
+    const ScopedEnv env("MXMOE_GEMM_BLOCK_SCALES_LOAD", "TMA");
+    { Args x; x.b.fast_scale_layout = blk; expect_throw_naming(x, "MXMOE_GEMM_BLOCK_SCALES_LOAD"); }
+    Args x;  // the 1x128 form does not read it
+    EXPECT_NO_THROW(m_grouped_mxfp8_gemm_nt(x.a, 0, x.b, x.E, x.n, x.k, x.offsets, x.y, x.o));
   }
   // the EP row entry and the k-grouped GEMM: 1x128 scales only
   { Args x; x.b.fast_scale_layout = blk; expect_rows_throw_naming(x, reinterpret_cast<void* const*>(g_buf), "b.fast_scale_layout"); }

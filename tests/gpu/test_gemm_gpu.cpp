@@ -62,6 +62,7 @@
 #include <cuda_runtime.h>
 
 #include "common/gpu_test_util.h"
+#include "common/scoped_env.h"
 #include "kernels/gemm/m_grouped_gemm_rows.h"
 #include "mxmoe/dequantize.h"
 #include "mxmoe/gemm.h"
@@ -1143,10 +1144,13 @@ TEST_F(GemmGpu, ExactImageScaleRange) {
 
 // ---- fast mode with B's scales per 128x128 block (FastScaleLayout::kBlock128) -------------------
 //
-// The block form runs on its own kernels (kBlockScalesB: 128 x 192 tiles, math_fast_single_block;
-// the TMA-store epilogue or, for BF16 with accumulate and with MXMOE_GEMM_TMA_STORE=0, direct
-// stores), whatever MXMOE_GEMM_TILE says. Its tiles at n0 = 192·q promote columns [0, 128) (q even)
-// or [0, 64) (q odd) with block n0/128's scale and the rest with the next block's.
+// The block form runs on its own kernels (BlockScalesB kLdg / kTma: 128 x 192 tiles,
+// math_fast_single_block; the TMA-store epilogue or, for BF16 with accumulate and with
+// MXMOE_GEMM_TMA_STORE=0, direct stores), whatever MXMOE_GEMM_TILE says. Its tiles at n0 = 192·q
+// promote columns [0, 128) (q even) or [0, 64) (q odd) with block n0/128's scale and the rest with
+// the next block's. The first three tests run on the block-byte load the process's
+// MXMOE_GEMM_BLOCK_SCALES_LOAD selects ("ldg", the default, or "tma": run the suite once with each);
+// BlockScalesLoadPathsBitwiseEqual (last) runs both in one process and compares their bytes.
 //
 // Against the FP64 reference of Σ_chunks (Σ_k a·b)·2^ea·2^eb_block on the operands' values (fast A,
 // block-form B with random block scales, make_block_b), with fast mode's tolerance derivation (top
@@ -1277,6 +1281,65 @@ TEST_F(GemmGpu, BlockScalesAccuracyMatchesExact) {
   REQUIRE_GPU();
   TRACE_SEED();
   expect_fast_accuracy_matches_exact(rng_, true);
+}
+
+// The two ways the block kernels get B's block bytes (MXMOE_GEMM_BLOCK_SCALES_LOAD; BlockScalesB in
+// grouped_gemm_mxfp8_sm90_ws.cuh): "ldg" (decoder lanes read them from global memory) and "tma" (the
+// producer's [1, 16] boxes at 16-byte aligned block coordinates, a second box when the tile's two
+// blocks straddle a multiple of 16) hand the decoder the same bytes, so the outputs must be
+// byte-equal: TMA-store and direct epilogues, BF16 and FP32, plain and accumulating, num_sms 0 and 7.
+// Cases: N = 2880 (pitch 32; the tile at n0 = 1920 has blocks 15 | 16: two boxes); N = 2048 (pitch
+// 16 = ceil(N/128): that tile's block 16 is past N, one box, scale 0); N = 4224 (pitch 48; blocks
+// 31 | 32 at n0 = 4032); 64 experts of N = 160 (2 blocks in a pitch of 16). The scale rows' padding
+// bytes are 0xFF: neither path may use them. Last in the file, so that when the TMA path faults
+// (the context is lost) the tests above have already run on the process's load.
+TEST_F(GemmGpu, BlockScalesLoadPathsBitwiseEqual) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const std::vector<PathCase> cases = {
+      {4, 2880, 640, {100, 0, 250, 40}},
+      {2, 2048, 384, {300, 130}},
+      {2, 4224, 256, {200, 0}},
+      {64, 160, 256, random_counts(rng_, 64, 0, 200)},
+  };
+  PathEnv tma_store{128}, direct{128};
+  direct.tma_store = false;
+  for (const PathCase& c : cases) {
+    Problem P;
+    build(P, c.E, c.n, c.k, c.counts, Dist::kGaussian, rng_);
+    BlockB B = make_block_b(P, &rng_);
+    const int64_t nrb = cdiv(P.n, 128);
+    for (size_t i = 0; i < B.f.scales.size(); ++i)
+      if (int64_t(i) % B.f.pitch >= nrb) B.f.scales[i] = 0xFF;
+    B.scales->upload(B.f.scales);
+    const MxOperand bop = B.op(P);
+    const std::string what = "E=" + std::to_string(c.E) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
+    const auto run_load = [&](const char* load, GemmOutDtype out, int sms, const std::vector<uint8_t>* init,
+                              std::vector<uint8_t>* raw) {
+      const ScopedEnv env("MXMOE_GEMM_BLOCK_SCALES_LOAD", load);
+      run(P, GemmMode::kFast, out, raw, sms, init, &bop);
+    };
+    for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+      for (const PathEnv* path : {&tma_store, &direct}) {
+        ScopedKernelPath scope(*path);
+        for (int acc = 0; acc <= 1; ++acc) {
+          std::vector<uint8_t> base;
+          if (acc) run_load("ldg", out, 0, nullptr, &base);
+          for (int sms : {0, 7}) {
+            std::vector<uint8_t> want, got;
+            run_load("ldg", out, sms, acc ? &base : nullptr, &want);
+            run_load("tma", out, sms, acc ? &base : nullptr, &got);
+            size_t first = 0;
+            while (first < want.size() && first < got.size() && want[first] == got[first]) ++first;
+            EXPECT_TRUE(want == got) << what << " " << out_name(out) << (acc ? " accumulate" : "")
+                                     << (path->tma_store ? "" : " direct stores") << " num_sms=" << sms
+                                     << ": MXMOE_GEMM_BLOCK_SCALES_LOAD=tma differs from ldg, first at byte "
+                                     << first;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -25,11 +25,15 @@
 //   exact: none — exact mode reads BF16 images (A, B as [rows, kdim] BF16, made by
 //          dequantize_mxfp8_bf16), through byte-typed maps of 2·kdim bytes per row (box [·, 128 B]
 //          = 64 elements, same 128B swizzle as the FP8 boxes).
-//   fast, B in 128x128 blocks (m-grouped only, kBlockScalesB; gemm.h FastScaleLayout::kBlock128):
+//   fast, B in 128x128 blocks (m-grouped only, kBlockB != kNone; gemm.h FastScaleLayout::kBlock128):
 //          [E·ceil(K/128), pitch] with one byte per (expert, chunk, 128-row block of N), pitch =
-//          fast_block_scales_pitch(N); TMA box [1, 16] at (n0/128, e·ceil(K/128) + chunk): a 192-wide
-//          n-tile (n0 = 192·j) spans blocks n0/128 and n0/128 + 1, never three; bytes past ceil(N/128)
-//          (the pitch's padding, then zero fill) scale only columns >= N, never stored.
+//          fast_block_scales_pitch(N); a 192-wide n-tile (n0 = 192·j) spans blocks b0 = n0/128 and
+//          b0 + 1, never three. Only blocks < ceil(N/128) are used (a tile's second block may lie
+//          past N: its columns are never stored and get scale 0). The decoder warp reads the bytes
+//          straight from global memory (kLdg, the default) or from a TMA box (kTma): box [1, 16] at
+//          the 16-byte aligned (b0 & ~15, e·ceil(K/128) + chunk), plus the next box when b1 = b0 + 1
+//          starts one (a TMA box's innermost start must be 16-byte aligned: at b0 itself, run 76's
+//          illegal instruction; see BlockScalesB).
 //   offsets: int32 [E+1] device, copied to shared memory once per CTA.
 // Output: BF16 or FP32, row-major (m-grouped Y [M_total, N]; k-grouped dW [E, N, K]); 4/8-byte
 // stores straight from the accumulator fragment, masked to the valid rows and columns; optional
@@ -49,7 +53,7 @@
 //          serial: issue, wait for all, decode the scale bytes in every thread, promote (~290).
 //          wide (kBlockN = 192, MXMOE_GEMM_TILE=192; off by default): 4 × m64n192k32 into one
 //            accumulator per warpgroup, wait_group 0, promote (math_fast_single; 273 per chunk).
-//          wide with B in 128x128 blocks (kBlockScalesB): the same chunk, then 4 products
+//          wide with B in 128x128 blocks (kBlockB != kNone): the same chunk, then 4 products
 //            2^ea[row]·2^eb[block] and one FFMA per element (math_fast_single_block).
 //   exact: 4 × wgmma m64nNk16.f32.bf16.bf16 (N = kBlockN: 256 by default, or 128) accumulating
 //          straight into one FP32 accumulator that spans the whole reduction (math_exact): no
@@ -149,6 +153,9 @@ struct Params {
   bool sort_experts;        // k-grouped: walk the experts by token count, largest first (k_grouped_expert_order)
   bool a_blocked, b_blocked;  // k-grouped exact: A's / B's image is token-blocked (3-D map and loads;
                               // in the struct's tail padding, so the other fields keep their offsets)
+  // B's 128x128-block scale bytes [E·ceil(K/128), fast_block_scales_pitch(n)] for the kLdg decoder
+  // (BlockScalesB); null otherwise. Last, so that every other field keeps its offset.
+  const uint8_t* b_block_scales;
 };
 
 // Where a math warpgroup's finished tile goes (a template parameter of the kernel):
@@ -175,10 +182,26 @@ struct Tile {
 // math threads read them) and a "scales ready" barrier; see decode_fast_scales / math_fast_pipelined.
 // kOutStage (bytes, 0 = none): the TMA-store epilogue's staging of the output tile, appended after
 // everything else (1024-aligned for the 128B swizzle), so the other offsets do not move.
-// kBlockScalesB: B's fast scales are 128x128-block bytes (a [1, kBlockScaleBox] box per stage, read
-// at the start of the B scale slot; the decoded floats of the tile's two blocks at the start of the
-// decoded B slot). Only the bytes the TMA brings change; every offset stays that of the 1x128 form.
-constexpr int kBlockScaleBox = 16;  // bytes of B block scales loaded per stage (TMA: 16-byte multiples)
+// How B's fast scales reach the decoder (a kernel template parameter):
+//   kNone: the 1x128 form, a [1, kBlockN] TMA box per stage (every kernel but the block ones).
+//   B in 128x128 blocks (gemm.h FastScaleLayout::kBlock128; MXMOE_GEMM_BLOCK_SCALES_LOAD, read per call):
+//   kLdg (default): the decoder warp's lanes 0, 1 read the tile's two block bytes from global memory
+//     (Params::b_block_scales, ld.global.nc); the producer loads no B scales.
+//   kTma: [1, kBlockScaleBox] boxes into the B scale slot: at block x0 = b0 & ~15 (slot bytes
+//     0..15) and, when b0 % 16 == 15 and block b0 + 1 is used, at x0 + 16 (slot bytes 128..143; TMA
+//     destinations are 128-aligned). Why aligned: a tensor copy's box must start at a 16-byte
+//     aligned global address along the innermost dimension, or the TMA unit raises an illegal
+//     instruction (found by Triton's maintainers, triton-lang/triton#7385 and #8657, and stated in
+//     their Gluon TMA tutorial; not in the CUDA docs read here). Session 10 loaded the
+//     box at b0 = n0/128 itself (1 for the tile at n0 = 192): runs 76 and 77 died with
+//     cudaErrorIllegalInstruction on the first launch. Every other box of this file starts at a
+//     multiple of 16 bytes (rows of 128, columns of 64 or 192 elements, k in 128-byte chunks).
+// Both give the decoder the same bytes, hence the same floats and output bits (GemmGpu test).
+enum class BlockScalesB : int { kNone = 0, kTma = 1, kLdg = 2 };
+// kBlockScalesB (SmemLayout): B's fast scales are 128x128-block bytes. The decoded floats of the
+// tile's two blocks sit at the start of the decoded B slot; every offset stays that of the 1x128
+// form, and kTxBytes leaves out B's scales (the kTma producer adds its boxes' bytes per stage).
+constexpr int kBlockScaleBox = 16;  // bytes of one B block-scale box (TMA: 16-byte multiples)
 template <int kBlockN, int kNumStages, bool kExact, bool kPipelined = false, int kOutStage = 0,
           bool kBlockScalesB = false>
 struct SmemLayout {
@@ -206,7 +229,7 @@ struct SmemLayout {
   static constexpr int kBytes = kOffOut + kOutStage;
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the base to 1024 B (swizzle atoms)
   static constexpr uint32_t kTxBytes =
-      kTileA + kTileB + (kExact ? 0 : kScaleA + (kBlockScalesB ? kBlockScaleBox : kBlockN));
+      kTileA + kTileB + (kExact ? 0 : kScaleA + (kBlockScalesB ? 0 : kBlockN));
 
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "kBlockN: multiple of 64, TMA box <= 256");
   static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "swizzled tiles stay 1024-aligned");
@@ -407,17 +430,40 @@ __device__ __forceinline__ int scale_b_slot(int n) {
 // pass), and it overwrites stage s's decoded floats only after that same empty[s] completion
 // (full[s] of the next pass follows the producer's wait on empty[s]), so no math warp still reads
 // them.
-// kBlockScalesB: B's stage holds the block bytes of the tile's blocks n0/128 and n0/128 + 1 (the
-// first two of its 16-byte box); lanes 0 and 1 decode them to decoded B slots 0 and 1.
-template <int kBlockN, int kNumStages, bool kBlockScalesB = false, class Scheduler>
+// B in 128x128 blocks (kBlockB != kNone, see BlockScalesB): lanes 0 and 1 decode the bytes of the
+// tile's blocks b0 = n0/128 and b0 + 1 into decoded B slots 0 and 1; a block >= ceil(N/128) (only
+// ever the second, whose columns are >= N) decodes as 0 without being read. kLdg: the lane loads its
+// byte from global memory before waiting on full[s] (the load does not depend on the stage, so its
+// latency overlaps the wait); kTma: from the stage's box (block_scale_slot).
+__device__ __forceinline__ int fast_block_scales_pitch_dev(int n) { return ((n + 127) / 128 + 15) / 16 * 16; }
+// Byte of block b in the kTma B scale slot of a tile whose first block is b0 (BlockScalesB::kTma).
+__device__ __forceinline__ int block_scale_slot(int b, int b0) {
+  const int i = b - (b0 & ~15);  // 0..16
+  return i < kBlockScaleBox ? i : 128 + (i - kBlockScaleBox);
+}
+template <int kBlockN, int kNumStages, BlockScalesB kBlockB = BlockScalesB::kNone, class Scheduler>
 __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Scheduler& sched,
                                                    uint64_t* full, uint64_t* ready) {
   using L = SmemLayout<kBlockN, kNumStages, false, true>;
   const int lane = threadIdx.x % 32;
   PipeState<kNumStages> at;
   for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
-    const int num_chunks = sched.tile(t).num_chunks;
+    const Tile x = sched.tile(t);
+    const int num_chunks = x.num_chunks;
+    // block form: this lane's block (lanes 0, 1 only) and whether it holds columns < N
+    int b0 = 0, b = 0;
+    bool b_used = false;
+    if constexpr (kBlockB != BlockScalesB::kNone) {
+      b0 = x.sb_x / 128;  // sb_x = n0 (MGroupedScheduler)
+      b = b0 + (lane & 1);
+      b_used = lane < 2 && b < (sched.p->n + 127) / 128;
+    }
     for (int c = 0; c < num_chunks; ++c) {
+      uint32_t vb_block = 0;  // block form: this lane's byte (0 where unused)
+      if constexpr (kBlockB == BlockScalesB::kLdg) {
+        const int64_t row = x.sb_y0 + c;  // e·ceil(K/128) + chunk
+        if (b_used) vb_block = __ldg(sched.p->b_block_scales + row * fast_block_scales_pitch_dev(sched.p->n) + b);
+      }
       device::mbarrier_wait_parity(&full[at.s], at.phase);  // acquire: TMA's scale bytes
       const uint8_t* sa8 = smem + L::kOffScaleA + at.s * L::kScaleA;              // [128] u8
       const uint8_t* sb8 = smem + L::kOffScaleB + at.s * L::kScaleB;              // [kBlockN] u8
@@ -428,11 +474,13 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
       uint32_t va[kBlockM / 32];
 #pragma unroll
       for (int i = 0; i < kBlockM / 32; ++i) va[i] = sa8[lane + 32 * i];
-      if constexpr (kBlockScalesB) {
-        const uint32_t vb = sb8[lane % 2];  // block n0/128 + lane % 2
+      if constexpr (kBlockB != BlockScalesB::kNone) {
+        if constexpr (kBlockB == BlockScalesB::kTma) {
+          if (b_used) vb_block = sb8[block_scale_slot(b, b0)];
+        }
 #pragma unroll
         for (int i = 0; i < kBlockM / 32; ++i) saf[scale_a_slot(lane + 32 * i)] = e8m0_to_float_fast(va[i]);
-        if (lane < 2) sbf[lane] = e8m0_to_float_fast(vb);
+        if (lane < 2) sbf[lane] = e8m0_to_float_fast(vb_block);
       } else {
         uint32_t vb[kBlockN / 32];
 #pragma unroll
@@ -477,14 +525,19 @@ __device__ __forceinline__ void load_operand_box(void* smem_dst, const CUtensorM
   device::cp_async_bulk_tensor_2d_global_to_shared(smem_dst, map, bar, kc, row);
 }
 
-// kBlockScalesB (m-grouped, fast): B's scale box is the [1, kBlockScaleBox] box of block bytes
-// starting at block n0/128 (x.sb_x = n0), see SmemLayout.
-template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, bool kBlockScalesB = false, class Scheduler>
+// kBlockB (m-grouped, fast; BlockScalesB): kLdg loads no B scales (the decoder reads them from
+// global memory); kTma loads B's block-scale box at the 16-byte aligned block (x.sb_x / 128) & ~15
+// and, when the tile's second block starts the next box and is used, that box too (expect_tx counts
+// the boxes loaded).
+template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, BlockScalesB kBlockB = BlockScalesB::kNone,
+          class Scheduler>
 __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensorMap* tm_b,
                                          const CUtensorMap* tm_sa, const CUtensorMap* tm_sb,
                                          uint8_t* smem, const Scheduler& sched, uint64_t* full,
                                          uint64_t* empty, uint32_t rank) {
+  constexpr bool kBlockScalesB = kBlockB != BlockScalesB::kNone;
   using L = SmemLayout<kBlockN, kNumStages, kExact, false, 0, kBlockScalesB>;
+  static_assert(!kBlockScalesB || L::kScaleB >= 128 + kBlockScaleBox, "kTma: the second box at slot byte 128");
   constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a multicast pair loads
   constexpr int kChunkK = chunk_k<kExact>(), kElemBytes = kExact ? 2 : 1;
   constexpr bool kMayBeBlocked = kExact && Scheduler::kIsKGrouped && !kMulticast;
@@ -502,19 +555,29 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
     device::prefetch_tensormap(tm_b);
     if (!kExact) {
       device::prefetch_tensormap(tm_sa);
-      device::prefetch_tensormap(tm_sb);
+      if (kBlockB != BlockScalesB::kLdg) device::prefetch_tensormap(tm_sb);  // kLdg: tm_sb unused
     }
   }
   int s = 0;
   uint32_t phase = 0;
   for (int t = blockIdx.x; t < sched.num_tiles; t += gridDim.x) {
     const Tile x = sched.tile(t);
+    // kTma: the aligned first box's block and whether the tile's second block needs the next box
+    int box_x = 0;
+    bool second_box = false;
+    if constexpr (kBlockB == BlockScalesB::kTma) {
+      const int b0 = x.sb_x / 128;  // sb_x = n0 (MGroupedScheduler)
+      box_x = b0 & ~15;             // box_x <= b0 < ceil(N/128) <= pitch (16 | both): box_x + 16 <= pitch
+      second_box = (b0 & 15) == 15 && b0 + 1 < (sched.p->n + 127) / 128;  // then box_x + 32 <= pitch
+    }
+    uint32_t tx_bytes = L::kTxBytes;
+    if constexpr (kBlockB == BlockScalesB::kTma) tx_bytes += second_box ? 2 * kBlockScaleBox : kBlockScaleBox;
     for (int c = 0; c < x.num_chunks; ++c) {
       device::mbarrier_wait_parity(&empty[s], phase ^ 1u);
       uint8_t* sa = smem + L::kOffScaleA + s * L::kScaleA;
       uint8_t* sb = smem + L::kOffScaleB + s * L::kScaleB;
       if (lead) {
-        device::mbarrier_arrive_expect_tx(&full[s], L::kTxBytes);
+        device::mbarrier_arrive_expect_tx(&full[s], tx_bytes);
         const int kc = (x.k0 + c * kChunkK) * kElemBytes;  // bytes along kdim
         if constexpr (kMulticast)  // [64, 128] half of A, 128B swizzle, into both CTAs
           device::cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
@@ -525,8 +588,14 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
         load_operand_box<kMayBeBlocked>(smem + L::kOffB + s * L::kTileB, tm_b, &full[s], kc, x.b_row, b_blocked);
         if constexpr (!kExact) {
           device::cp_async_bulk_tensor_2d_global_to_shared(sa, tm_sa, &full[s], x.sa_x, x.sa_y0 + c);
-          const int sb_x = kBlockScalesB ? x.sb_x / 128 : x.sb_x;
-          device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], sb_x, x.sb_y0 + c);
+          if constexpr (kBlockB == BlockScalesB::kNone) {
+            device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], x.sb_x, x.sb_y0 + c);
+          } else if constexpr (kBlockB == BlockScalesB::kTma) {
+            device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], box_x, x.sb_y0 + c);
+            if (second_box)
+              device::cp_async_bulk_tensor_2d_global_to_shared(sb + 128, tm_sb, &full[s], box_x + kBlockScaleBox,
+                                                               x.sb_y0 + c);
+          }
         }
       }
       if (++s == kNumStages) { s = 0; phase ^= 1u; }
@@ -1194,7 +1263,7 @@ __device__ __forceinline__ void math_fast_single(const Params& p, uint8_t* smem,
   finish_tile_stores<kOut>();
 }
 
-// ---- fast mode, wide tiles, B scales per 128x128 block (kBlockScalesB; m-grouped only) -----------
+// ---- fast mode, wide tiles, B scales per 128x128 block (kBlockB != kNone; m-grouped only) --------
 //
 // gemm.h FastScaleLayout::kBlock128: B's scale is one per (expert, 128-chunk, 128-row block of N), so
 // a thread's 96 accumulators (rows r, r + 8; columns 8j + c_frag (+1), j < 24) need only four
@@ -1307,12 +1376,13 @@ __device__ __forceinline__ void math_fast_single_block(const Params& p, uint8_t*
 // kOut (store_tile_any): kTma (wide tiles; not BF16 with accumulate) the TMA-store epilogue
 // (store_tile_tma) through tm_y; kRows (wide tiles, m-grouped BF16) the row epilogue to the row table
 // (store_tile_rows + row_store_warp in producer warps 2 and 3); tm_y is unused otherwise.
-// kBlockScalesB (m-grouped, 192-wide pipelined fast mode, kDirect or kTma): B's fast scales in
-// 128x128 blocks (FastScaleLayout::kBlock128): the producer's [1, 16] box, decode_fast_scales'
-// two block floats, math_fast_single_block. (A trailing parameter: the other kernels' code is
-// unchanged, their names gain "false".)
+// kBlockB != kNone (m-grouped, 192-wide pipelined fast mode, kDirect or kTma): B's fast scales in
+// 128x128 blocks (FastScaleLayout::kBlock128), read by the decoder from global memory (kLdg) or
+// from the producer's aligned TMA boxes (kTma), decode_fast_scales' two block floats,
+// math_fast_single_block. (A trailing parameter: the other kernels' code is unchanged, their names
+// gain "(BlockScalesB)0".)
 template <int kBlockN, int kNumStages, bool kExact, bool kOutF32, bool kKGrouped, bool kPipelined,
-          bool kMulticast = false, OutStore kOut = OutStore::kDirect, bool kBlockScalesB = false>
+          bool kMulticast = false, OutStore kOut = OutStore::kDirect, BlockScalesB kBlockB = BlockScalesB::kNone>
 __global__ void __launch_bounds__(kNumThreads, 1)
 grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_b,
@@ -1329,6 +1399,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   static_assert(kOut == OutStore::kDirect || (kBlockN > 128 && !kMulticast && (kPipelined || kExact)),
                 "the TMA-store and row epilogues: wide tiles (fast 192, exact 256)");
   static_assert(kOut != OutStore::kRows || (!kOutF32 && !kKGrouped), "the row epilogue: m-grouped BF16");
+  constexpr bool kBlockScalesB = kBlockB != BlockScalesB::kNone;
   static_assert(!kBlockScalesB || (!kKGrouped && kPipelined && kBlockN == 192 && !kMulticast && kOut != OutStore::kRows),
                 "B block scales: m-grouped, 192-wide fast mode, direct or TMA-store epilogue");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
@@ -1382,7 +1453,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     device::setmaxnreg_dec_sync_aligned_u32<kProducerRegs>();
     const Scheduler sched = kLateScheduler ? Scheduler(s_off, p) : sched_early;
     if (kPipelined && threadIdx.x / 32 == 1) {  // producer warp 1 decodes scales; warp 0 lane 0 issues TMA
-      if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages, kBlockScalesB>(smem, sched, full, ready);
+      if constexpr (kPipelined) decode_fast_scales<kBlockN, kNumStages, kBlockB>(smem, sched, full, ready);
     } else if (kOut == OutStore::kRows && threadIdx.x / 32 >= 2) {  // warps 2, 3: row stores of math wg 0, 1
       if constexpr (kOut == OutStore::kRows) {
         const int wg = int(threadIdx.x) / 32 - 2;
@@ -1390,8 +1461,8 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                 wg, int(threadIdx.x) % 32);
       }
     } else {
-      producer<kBlockN, kNumStages, kExact, kMulticast, kBlockScalesB>(&tm_a, &tm_b, &tm_sa, &tm_sb, smem, sched,
-                                                                       full, empty, rank);
+      producer<kBlockN, kNumStages, kExact, kMulticast, kBlockB>(&tm_a, &tm_b, &tm_sa, &tm_sb, smem, sched, full,
+                                                                 empty, rank);
     }
   } else {
     device::setmaxnreg_inc_sync_aligned_u32<kMathRegs>();
@@ -1492,6 +1563,7 @@ struct KernelPath {
   bool tma_store = false;  // set by the launchers (use_tma_store)
   bool rows = false;       // the row epilogue (OutStore::kRows): set by the EP layer's entry only
   bool block_scales_b = false;  // B's fast scales in 128x128 blocks (block_n 192): m-grouped y entry only
+  bool block_scales_ldg = true;  // ... read by the decoder from global memory, else TMA (block_scales_load_ldg)
 };
 
 // Whether a call on `path` takes the TMA-store epilogue: wide fast tiles, FP32 output or BF16
@@ -1508,6 +1580,17 @@ inline bool k_grouped_sort_experts() {
   if (std::strcmp(v, "index") == 0) return false;
   throw Error(std::string("mxmoe: environment variable MXMOE_GEMM_K_ORDER = '") + v +
               "': must be 'tokens' (default) or 'index'");
+}
+// B in 128x128 blocks: how the kernel gets the block bytes (BlockScalesB), from
+// MXMOE_GEMM_BLOCK_SCALES_LOAD (read per call): "ldg" (default) the decoder warp reads them from
+// global memory (kLdg), "tma" the producer's aligned TMA boxes (kTma). Same results either way.
+// Another value throws (before any CUDA call), naming the variable.
+inline bool block_scales_load_ldg(const char* fn) {
+  const char* v = std::getenv("MXMOE_GEMM_BLOCK_SCALES_LOAD");
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "ldg") == 0) return true;
+  if (std::strcmp(v, "tma") == 0) return false;
+  detail::throw_arg(fn, "MXMOE_GEMM_BLOCK_SCALES_LOAD", std::string("'") + v + "'",
+                    "environment variable: must be 'ldg' (default) or 'tma'");
 }
 inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
   if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;
@@ -1585,13 +1668,13 @@ inline CUtensorMap out_tma_map(const char* fn, void* y, bool out_f32, int64_t ba
                                         uint64_t(4 * cols * rows), kOutBoxRows, 32, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// TMA map of B's 128x128-block fast scales (FastScaleLayout::kBlock128, gemm.h): u8 [E·num_kc, pitch]
-// with pitch = fast_block_scales_pitch(n) (>= 16, a multiple of 16) as both the row length and the row
-// stride, boxes [1, kBlockScaleBox] (the producer loads at (n0/128, e·num_kc + chunk)). The row is the
-// whole pitch, not ceil(n/128): that was a box wider than the tensor for n <= 1920 and a row length
-// that is not a multiple of 16 bytes (run 76: cudaErrorIllegalInstruction on the first launch, see
-// docs/notes/gemm.md "Session 10 fixes"). Bytes in [ceil(n/128), pitch) are then read from the
-// caller's padding: they scale only columns >= n (never stored); past pitch they read as zero.
+// TMA map of B's 128x128-block fast scales (FastScaleLayout::kBlock128, gemm.h; BlockScalesB::kTma):
+// u8 [E·num_kc, pitch] with pitch = fast_block_scales_pitch(n) (>= 16, a multiple of 16) as both the
+// row length and the row stride, boxes [1, kBlockScaleBox]; the producer loads them at 16-byte
+// aligned block coordinates only (x = (n0/128) & ~15 and x + 16), so every box lies inside its row.
+// (Run 76 loaded at x = n0/128 itself: cudaErrorIllegalInstruction, docs/notes/gemm.md "Session 10
+// fixes".) Bytes in [ceil(n/128), pitch) may be loaded from the caller's padding; the decoder never
+// uses them.
 inline CUtensorMap block_scales_map(const char* fn, const uint8_t* scales, int num_experts, int64_t num_kc,
                                     int64_t n) {
   const uint64_t pitch = uint64_t(fast_block_scales_pitch(n));
@@ -1635,7 +1718,7 @@ int max_active_pairs(const char* fn, int smem) {
 }
 
 template <int kBlockN, bool kExact, bool kOutF32, bool kKGrouped, OutStore kOut = OutStore::kDirect,
-          bool kBlockScalesB = false>
+          BlockScalesB kBlockB = BlockScalesB::kNone>
 void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                     const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb,
                     const Params& p, int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
@@ -1644,7 +1727,8 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
   // The row epilogue's staging (50 / 66 KB) is 2 KB over the TMA one's, so it runs with the same stages.
   constexpr int kStages = kOut != OutStore::kDirect ? (kExact ? kConfigExactTmaStoreStages : kConfigTmaStoreStages)
                                                     : stages_for<kBlockN>();
-  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>(), kBlockScalesB>;
+  using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>(),
+                       kBlockB != BlockScalesB::kNone>;
   if constexpr (!kExact && kBlockN == kConfigBlockN) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
@@ -1659,7 +1743,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
     }
   }
   constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32, kKGrouped,
-                                                            kPipelined, false, kOut, kBlockScalesB>;
+                                                            kPipelined, false, kOut, kBlockB>;
   detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
   kernel<<<grid, kNumThreads, L::kAlloc, stream>>>(tm_a, tm_b, tm_sa, tm_sb, p, tm_y);
   MXMOE_CHECK_LAUNCH(fn);
@@ -1667,7 +1751,7 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
 
 // One (width, mode): the four output forms, FP32 or BF16, with the TMA-store epilogue (wide
 // widths only; use_tma_store never asks it of 128) or direct stores.
-template <int kBlockN, bool kExact, bool kKGrouped, bool kBlockScalesB = false>
+template <int kBlockN, bool kExact, bool kKGrouped, BlockScalesB kBlockB = BlockScalesB::kNone>
 void launch_by_output(const char* fn, bool out_f32, bool tma_store, bool multicast, const CUtensorMap& tm_a,
                       const CUtensorMap& tm_b, const CUtensorMap& tm_sa, const CUtensorMap& tm_sb, const Params& p,
                       int grid, cudaStream_t stream, const CUtensorMap& tm_y) {
@@ -1675,27 +1759,28 @@ void launch_by_output(const char* fn, bool out_f32, bool tma_store, bool multica
   if constexpr (kBlockN > kConfigBlockN) {
     if (tma_store) {
       if (out_f32)
-        launch_grouped<kBlockN, kExact, true, kKGrouped, kT, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb,
-                                                                            p, grid, stream, tm_y);
+        launch_grouped<kBlockN, kExact, true, kKGrouped, kT, kBlockB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p,
+                                                                      grid, stream, tm_y);
       else
-        launch_grouped<kBlockN, kExact, false, kKGrouped, kT, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb,
-                                                                             p, grid, stream, tm_y);
+        launch_grouped<kBlockN, kExact, false, kKGrouped, kT, kBlockB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p,
+                                                                       grid, stream, tm_y);
       return;
     }
   }
   if (out_f32)
-    launch_grouped<kBlockN, kExact, true, kKGrouped, kD, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p,
-                                                                        grid, stream, tm_y);
+    launch_grouped<kBlockN, kExact, true, kKGrouped, kD, kBlockB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+                                                                  stream, tm_y);
   else
-    launch_grouped<kBlockN, kExact, false, kKGrouped, kD, kBlockScalesB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p,
-                                                                         grid, stream, tm_y);
+    launch_grouped<kBlockN, kExact, false, kKGrouped, kD, kBlockB>(fn, multicast, tm_a, tm_b, tm_sa, tm_sb, p, grid,
+                                                                   stream, tm_y);
 }
 
 // path: from choose_kernel_path (the A map's box must have a_box_rows(path.multicast) rows, the B
 // map's box and the B scale map's box path.block_n rows). tm_y: the output map of the TMA-store
 // epilogue (path.tma_store; out_tma_map), otherwise any map (unused). path.rows (m-grouped, BF16,
 // the wide width of the mode): the row epilogue to the row table (Params::y). path.block_scales_b
-// (m-grouped fast, block_n 192): B's scales in 128x128 blocks, tm_sb from block_scales_map.
+// (m-grouped fast, block_n 192): B's scales in 128x128 blocks; path.block_scales_ldg: read from
+// Params::b_block_scales (tm_sb unused), else tm_sb from block_scales_map.
 template <bool kKGrouped>
 void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath& path,
                       const CUtensorMap& tm_a, const CUtensorMap& tm_b, const CUtensorMap& tm_sa,
@@ -1711,8 +1796,12 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
       return;
     }
     if (path.block_scales_b) {  // checked by the caller: fast mode, block_n 192
-      launch_by_output<kW, false, false, true>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa, tm_sb, p, grid,
-                                               stream, tm_y);
+      if (path.block_scales_ldg)
+        launch_by_output<kW, false, false, BlockScalesB::kLdg>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa,
+                                                               tm_sb, p, grid, stream, tm_y);
+      else
+        launch_by_output<kW, false, false, BlockScalesB::kTma>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa,
+                                                               tm_sb, p, grid, stream, tm_y);
       return;
     }
   }

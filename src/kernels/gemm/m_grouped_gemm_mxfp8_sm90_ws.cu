@@ -47,6 +47,7 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
                 "must be 0 or 192 with b.fast_scale_layout = kBlock128 (that form runs on 128 x 192 tiles only)");
     path.block_n = gemm_sm90::kConfigWideBlockN;
     path.block_scales_b = true;
+    path.block_scales_ldg = gemm_sm90::block_scales_load_ldg(fn);  // MXMOE_GEMM_BLOCK_SCALES_LOAD
     path.tma_store = gemm_sm90::use_tma_store(path, false, out_f32, opts.accumulate);
   } else {
     path = gemm_sm90::choose_kernel_path(exact, opts.fast_tile_n != 0 ? opts.fast_tile_n
@@ -79,9 +80,11 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(fn, a.fast_scales, num_kc, m_total, m_total, 1,
                                           kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128]
-    tm_sb = block_b ? gemm_sm90::block_scales_map(fn, b.fast_scales, num_experts, num_kc, n)  // [1, 16]
-                    : detail::make_tensor_map_2d_u8(fn, b.fast_scales, num_experts * num_kc, n, n, 1, block_n,
-                                                    CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n]
+    if (!block_b)
+      tm_sb = detail::make_tensor_map_2d_u8(fn, b.fast_scales, num_experts * num_kc, n, n, 1, block_n,
+                                            CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n]
+    else if (!path.block_scales_ldg)  // kTma: [1, 16] boxes; kLdg reads p.b_block_scales (tm_sb unused)
+      tm_sb = gemm_sm90::block_scales_map(fn, b.fast_scales, num_experts, num_kc, n);
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
@@ -92,6 +95,7 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
   p.kdim = int(k);
   p.m_tiles_cap = int(m_total / kBlockM);
   p.accumulate = opts.accumulate;
+  p.b_block_scales = block_b && path.block_scales_ldg ? b.fast_scales : nullptr;
   // the TMA-store epilogue's map of Y [m_total, n] (unused otherwise)
   const CUtensorMap tm_y = path.tma_store ? gemm_sm90::out_tma_map(fn, y, out_f32, 1, m_total, n) : tm_a;
   gemm_sm90::dispatch_grouped<false>(fn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);
