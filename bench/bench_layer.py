@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, check, device_info, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
+from common import (Timer, check, device_info, kernel_env, load_lib, print_table, ptr, require_gpu,  # noqa: E402
+                    write_json)
 
 PAD = 16  # rows per expert segment for torch._grouped_mm's alignment
 # (name, H, I, E, k, scoring, scaling): DESIGN.md §6
@@ -48,6 +49,19 @@ def stage_times(lib, h):
     n = ctypes.c_int()
     check(lib, lib.mxmoe_layer_stage_times(h, names, 4096, ms, 64, ctypes.byref(n)))
     return list(zip(names.value.decode().split("\n")[: n.value], list(ms)[: n.value]))
+
+
+def short_kernel_name(n):
+    """A kernel's name without return type, namespaces and parameter list (template arguments kept)."""
+    n = n.replace("void ", "").replace("(anonymous namespace)::", "")
+    n = n.replace("mxmoe::detail::", "").replace("mxmoe::gemm_sm90::", "")
+    depth = 0
+    for i, ch in enumerate(n):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0 and i > 0:
+            n = n[:i]
+            break
+    return n if len(n) <= 100 else n[:97] + "..."
 
 
 def torch_layer(x, wr, w1, w2, k, scoring, scaling, bias):
@@ -157,71 +171,71 @@ def main():
             base_out.backward(dout)
             base_dx = params[0].grad.clone()
             base_peak = torch.cuda.max_memory_allocated() / 1e9
-            t_base_f = timer(base_fwd)
-            t_base = timer(base_step)
+
+            # ---- mxmoe, fast and exact: every row's layer made and checked first, then the baseline
+            # and all rows timed in alternation (Timer.many: rep r of every call before rep r + 1, so
+            # a drift of the GPU's clocks over the run affects every row alike)
+            def make_impl(mode, mname, env):
+                if env:
+                    mname += " [" + ",".join(f"{a}={b}" for a, b in env.items()) + "]"
+                im = {"name": mname, "env": env}
+                with kernel_env(env):  # read by the library per call (getenv)
+                    h = ctypes.c_void_p()
+                    check(lib, lib.mxmoe_layer_create(H, I, E, k, scoring, 1, 1, scaling,
+                                                      ptr(bias) if scoring == 1 else None, mode, T, ctypes.byref(h)))
+                    im["h"] = h
+                    out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+                    dx = torch.empty_like(out)
+                    dwr = torch.empty(E, H, device=dev)
+                    dw1 = torch.empty(E, 2 * I, H, device=dev)
+                    dw2 = torch.empty(E, H, I, device=dev)
+                    im["tensors"] = (x, wr, w1, w2, out, dx, dwr, dw1, dw2, dout)
+                    stream = torch.cuda.current_stream().cuda_stream
+
+                    def fwd():
+                        check(lib, lib.mxmoe_layer_forward(h, ptr(x), T, ptr(wr), ptr(w1), ptr(w2), ptr(out), stream))
+
+                    def step():
+                        fwd()
+                        check(lib, lib.mxmoe_layer_backward(h, ptr(dout), ptr(x), ptr(wr), ptr(dx), ptr(dwr),
+                                                            ptr(dw1), ptr(dw2), stream))
+                    im["fwd"], im["step"] = fwd, step
+                    step()
+                    torch.cuda.synchronize()
+                    im["e_out"], im["e_dx"] = rel(out, base_out), rel(dx, base_dx)
+                return im
+
+            impls = [make_impl(mode_ids[m], f"mxmoe {m}", v) for m in modes for v in variants]
+            fwd_times = timer.many([(None, base_fwd)] + [(im["env"], im["fwd"]) for im in impls])
+            step_times = timer.many([(None, base_step)] + [(im["env"], im["step"]) for im in impls])
             for p in params:
                 p.grad = None
+            t_base_f, t_base = fwd_times[0], step_times[0]
             table.append([name, routing, "torch BF16", f"{t_base_f / 1e3:.2f}", f"{t_base / 1e3:.2f}",
                           f"{flops / (t_base * 1e-6) / 1e12:.0f}", "1.00", f"{base_peak:.1f}", "-"])
             results["rows"].append(dict(shape=name, routing=routing, impl="torch-bf16", fwd_us=t_base_f, step_us=t_base,
                                         peak_gb=base_peak))
-
-            # ---- mxmoe, fast and exact
-            runs = [(mode_ids[m], f"mxmoe {m}", v) for m in modes for v in variants]
-            for mode, mname, env in runs:
-                if env:
-                    mname += " [" + ",".join(f"{a}={b}" for a, b in env.items()) + "]"
-                saved = {a: os.environ.get(a) for a in (env or {})}
-                os.environ.update(env or {})  # read by the library per call (getenv)
-                h = ctypes.c_void_p()
-                check(lib, lib.mxmoe_layer_create(H, I, E, k, scoring, 1, 1, scaling,
-                                                  ptr(bias) if scoring == 1 else None, mode, T, ctypes.byref(h)))
-                out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-                dx = torch.empty_like(out)
-                dwr = torch.empty(E, H, device=dev)
-                dw1 = torch.empty(E, 2 * I, H, device=dev)
-                dw2 = torch.empty(E, H, I, device=dev)
-                stream = torch.cuda.current_stream().cuda_stream
-
-                def fwd():
-                    check(lib, lib.mxmoe_layer_forward(h, ptr(x), T, ptr(wr), ptr(w1), ptr(w2), ptr(out), stream))
-
-                def step():
-                    fwd()
-                    check(lib, lib.mxmoe_layer_backward(h, ptr(dout), ptr(x), ptr(wr), ptr(dx), ptr(dwr), ptr(dw1),
-                                                        ptr(dw2), stream))
-
-                step()
-                torch.cuda.synchronize()
-                e_out, e_dx = rel(out, base_out), rel(dx, base_dx)
+            for im, t_f, t_s in zip(impls, fwd_times[1:], step_times[1:]):
+                mname, h, step = im["name"], im["h"], im["step"]
+                e_out, e_dx = im["e_out"], im["e_dx"]
                 ok = e_out < 0.1 and e_dx < 0.1
-                t_f = timer(fwd)
-                t_s = timer(step)
-                check(lib, lib.mxmoe_layer_set_profiling(h, 1))  # one profiled step: per-stage breakdown
-                step()
-                stages = stage_times(lib, h)
-                check(lib, lib.mxmoe_layer_set_profiling(h, 0))
-                if args.kernels:
-                    torch.cuda.synchronize()
-                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                        step()
+                with kernel_env(im["env"]):
+                    check(lib, lib.mxmoe_layer_set_profiling(h, 1))  # one profiled step: per-stage breakdown
+                    step()
+                    stages = stage_times(lib, h)
+                    check(lib, lib.mxmoe_layer_set_profiling(h, 0))
+                    if args.kernels:
                         torch.cuda.synchronize()
-                    kern = sorted((ev.time_range.start, ev.time_range.elapsed_us(), ev.name) for ev in prof.events()
-                                  if ev.device_type == torch.autograd.DeviceType.CUDA)
-                    def short(n):  # drop return type, namespaces and parameter list; keep template arguments
-                        n = n.replace("void ", "").replace("(anonymous namespace)::", "")
-                        n = n.replace("mxmoe::detail::", "").replace("mxmoe::gemm_sm90::", "")
-                        depth = 0
-                        for i, ch in enumerate(n):
-                            depth += (ch == "<") - (ch == ">")
-                            if ch == "(" and depth == 0 and i > 0:
-                                n = n[:i]
-                                break
-                        return n if len(n) <= 100 else n[:97] + "..."
-                    print_table(f"{name} {routing} {mname}: GPU kernels of one step in launch order (torch.profiler)",
-                                ["#", "kernel", "ms"], [[i, short(n), f"{us / 1e3:.3f}"] for i, (_, us, n) in enumerate(kern)])
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            step()
+                            torch.cuda.synchronize()
+                        kern = sorted((ev.time_range.start, ev.time_range.elapsed_us(), ev.name) for ev in prof.events()
+                                      if ev.device_type == torch.autograd.DeviceType.CUDA)
+                        print_table(f"{name} {routing} {mname}: GPU kernels of one step in launch order (torch.profiler)",
+                                    ["#", "kernel", "ms"],
+                                    [[i, short_kernel_name(n), f"{us / 1e3:.3f}"] for i, (_, us, n) in enumerate(kern)])
                 ws = lib.mxmoe_layer_workspace_bytes(h)
-                peak = (ws + sum(t.numel() * t.element_size() for t in (x, wr, w1, w2, out, dx, dwr, dw1, dw2, dout))) / 1e9
+                peak = (ws + sum(t.numel() * t.element_size() for t in im["tensors"])) / 1e9
                 check(lib, lib.mxmoe_layer_destroy(h))
                 table.append([name, routing, mname, f"{t_f / 1e3:.2f}", f"{t_s / 1e3:.2f}",
                               f"{flops / (t_s * 1e-6) / 1e12:.0f}", f"{t_base / t_s:.2f}", f"{peak:.1f}",
@@ -231,11 +245,7 @@ def main():
                                             verified=ok, stages_ms=stages))
                 print_table(f"{name} {routing} {mname}: stages of one step (CUDA events)", ["stage", "ms"],
                             [[sn, f"{sm:.3f}"] for sn, sm in stages])
-                for a, b in saved.items():
-                    if b is None:
-                        os.environ.pop(a, None)
-                    else:
-                        os.environ[a] = b
+            del impls
             del params, base_out, base_dx
             torch.cuda.empty_cache()
 
