@@ -1,4 +1,4 @@
-// cp.async.bulk.tensor (TMA, sm_90): 2-D tiled global -> shared copies completing on an mbarrier,
+// cp.async.bulk.tensor (TMA, sm_90): 2-D and 3-D tiled global -> shared copies completing on an mbarrier,
 // plus prefetch.tensormap, the cluster multicast form, and 3-D shared -> global stores in bulk
 // groups. The CUtensorMap lives in kernel parameter space (__grid_constant__).
 #pragma once
@@ -31,6 +31,22 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_addr(smem_dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// The 3-D form of the copy above: the box at element coordinates (c0 = innermost, c1, c2).
+// Out-of-bounds elements are zero-filled and still count toward the barrier's transaction bytes.
+__device__ __forceinline__ void cp_async_bulk_tensor_3d_global_to_shared(
+    void* smem_dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1, int32_t c2) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 #else
   MXMOE_DEVICE_UNSUPPORTED();

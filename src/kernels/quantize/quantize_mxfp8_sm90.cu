@@ -41,6 +41,7 @@
 #include "device/cp_async_bulk_tensor.cuh"
 #include "device/mbarrier.cuh"
 #include "device/fast_divmod.cuh"
+#include "device/ld_st_shared.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "host/kernel_attr.h"
@@ -628,10 +629,11 @@ __device__ __forceinline__ uint32_t row_block_scale(const uint4* v, int b, Scale
 
 // kFast: the staging gets the fast form instead of the plain codes (the launcher asks for one or
 // the other), and the scale stores write the chunk-major fast scales.
+// r: tile row, half: which 64 columns (the pipelined kernel places its row-wise warps itself;
+// the other kernels take row_of_thread() and half_of_thread(), see rowwise_staged).
 template <bool kFast>
-__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
-                                               uint8_t* out) {
-  const int r = row_of_thread(), half = half_of_thread();
+__device__ __forceinline__ void rowwise_staged_at(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
+                                                  uint8_t* out, int r, int half) {
   const uint4* v = rv.v;
   uint32_t sb[2];
   // The 128-chunk is this row's 4 blocks: 2 here, 2 in the thread of the other half (lane ^ 16).
@@ -677,6 +679,12 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
       if (blk + 1 < nblk) sp[1] = uint8_t(sb[1]);
     }
   }
+}
+
+template <bool kFast>
+__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
+                                               uint8_t* out) {
+  rowwise_staged_at<kFast>(p, t, rv, out, row_of_thread(), half_of_thread());
 }
 
 template <bool kFast>
@@ -938,6 +946,250 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
   if (row_group) dev::cp_async_wait_group<0>();
 }
 
+// ==== Pipelined kernel (MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring; no CTA-wide barrier ====
+// The plain MX copies of dense inputs (a matrix or a batch of them; rows, columns or both). One CTA
+// of 17 warps per SM (persistent):
+//  - warp 16 (one lane) is the producer: for each tile of the walk it waits until the ring slot is
+//    free (mbarrier `empty`), writes the tile's coordinates into the slot, and loads the 128x128
+//    BF16 tile with two TMA copies (two [128 rows, 64 columns] boxes, 128-byte swizzle: 16-byte
+//    chunk c of row r at c ^ (r % 8)) that complete on the slot's mbarrier `full`; a box wholly
+//    past the last column is not loaded (its bytes are not waited for, and nothing reads them into
+//    an output that is stored);
+//  - warps 0-15 are consumers, each on its own 16-row (row-wise) or 16-column (column-wise) slice
+//    of a tile: wait for `full`, copy the slice's inputs into registers, arrive on `empty` (one
+//    arrival per warp), convert into the warp's own 2 KB staging slice (double-buffered), fence,
+//    and one lane stores the slice with a TMA store (full 128-byte lines). Warps synchronise only
+//    through the ring's mbarriers and their own bulk groups: none waits for another warp's
+//    conversion or stores, unlike barriers A-C-B of the staged and two-group kernels, where ncu saw
+//    35-49% of samples at a barrier and ~1.1 eligible warps a scheduler (runs 26, 37).
+// Both directions: 8 row-wise + 8 column-wise warps per tile. One direction: two teams of 8 warps
+// take alternate tiles.
+// Row-wise warp w: tile rows 16w..16w+15, thread = (row, half): the staged kernel's two 32-blocks a
+// thread (rowwise_staged_at, the same arithmetic and bytes). Column-wise warp w: tile columns
+// 16w..16w+15, lane = h + 8q: column quad q (4 columns), 16-row group h. So that its 16 loads of 8
+// bytes are free of bank conflicts on the TMA layout, thread h reads its rows in the order
+// 16h + (i ^ h) (in each half-warp the 8 rows then sit in 8 different chunks); the codes are put
+// back in row order with one byte permutation (PRMT) per 4 output bytes. Lanes h and h ^ 1 hold
+// the two halves of a 32-row block (one shuffle for its amax). Staging row = tile column, chunk
+// h: the 8 lanes of a quarter-warp store 8 different chunks of one row.
+// Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 2 KB alignment slack (~194 KB). The
+// stage and staging bases are 2048-byte aligned at run time, so that the swizzled addresses are
+// one XOR of a per-thread base (no 64-bit or IMAD address arithmetic per access).
+constexpr int kPipeStages = 4;
+constexpr int kPipeConsumerWarps = 16;
+constexpr int kPipeThreads = (kPipeConsumerWarps + 1) * 32;  // + the producer warp
+constexpr int kPipeBoxCols = 64;                              // BF16 columns of one TMA load box (128 B)
+constexpr int kPipeBoxBytes = kTileRows * kPipeBoxCols * 2;   // 16 KB
+constexpr int kPipeSliceBytes = 16 * 128;                     // one warp's output slice: 16 rows x 128 B
+struct PipeTile {
+  int32_t b, r0, c0, out_valid;
+};
+struct PipeLayout {
+  static constexpr int kStaging = kPipeStages * kStageBytes;                           // [S][2 boxes][128][128 B]
+  static constexpr int kTiles = kStaging + kPipeConsumerWarps * 2 * kPipeSliceBytes;  // [S] PipeTile
+  static constexpr int kFull = kTiles + kPipeStages * int(sizeof(PipeTile));          // [S] mbarrier
+  static constexpr int kEmpty = kFull + kPipeStages * 8;                               // [S] mbarrier
+  static constexpr int kUsed = kEmpty + kPipeStages * 8;
+  static constexpr int kBytes = kUsed + 2048;  // slack: the base is aligned up to 2048 at run time
+};
+static_assert(kStageBytes == 2 * kPipeBoxBytes && kPipeBoxBytes % 2048 == 0 && kPipeSliceBytes == 2048,
+              "2048-byte aligned stages, boxes and slices");
+static_assert(kTileRows == 8 * 16 && kTileCols == 8 * 16, "8 warps of 16 rows / 16 columns cover a tile");
+static_assert(PipeLayout::kBytes <= 227 * 1024, "one CTA per SM");
+
+// Row-wise slice: the thread's row (tile row r) and half, 8 x 16 bytes from the box of its half:
+// vector j of the row at chunk j ^ (r % 8). `stage`: shared address of the stage (2048-aligned).
+__device__ __forceinline__ RowVecs pipe_row_load(uint32_t stage, int r, int half) {
+  RowVecs rv;
+  const uint32_t row = stage + uint32_t(half * kPipeBoxBytes + r * 128) + uint32_t((r & 7) << 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) rv.v[j] = device::ld_shared_v4_u32(row ^ uint32_t(j << 4));
+  return rv;
+}
+
+// Column-wise slice of warp w (tile columns 16w..16w+15), thread (q, h): w[2i] = columns
+// (16w + 4q, +1) and w[2i+1] = (16w + 4q + 2, +3) of tile row 16h + (i ^ h).
+__device__ __forceinline__ ColWords pipe_col_load(uint32_t stage, int w, int q, int h) {
+  ColWords cw;
+  // Row 16h + (i ^ h) of box w / 4 holds the quad in chunk (2 (w % 4) + q / 2) ^ (i % 8) ^ h, at byte
+  // 8 (q % 2). With i = 8 i3 + i_lo and a 2048-aligned stage, the address is one XOR of `base`:
+  // (i ^ h) << 7 = (i3 << 10) | ((i_lo ^ h) << 7), no carries into or out of bits 4-10.
+  const uint32_t chunk = uint32_t((2 * (w % 4) + q / 2) ^ h);
+  const uint32_t base = stage + uint32_t((w / 4) * kPipeBoxBytes + h * 2048 + (q % 2) * 8) +
+                        (uint32_t(h) << 7) + (chunk << 4);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const uint2 v = device::ld_shared_v2_u32(base ^ uint32_t(((i >> 3) << 10) | ((i & 7) << 7) | ((i & 7) << 4)));
+    cw.w[2 * i] = v.x;
+    cw.w[2 * i + 1] = v.y;
+  }
+  return cw;
+}
+
+// Quantizes a column-wise slice (the arithmetic of colwise_quantize, block partner lane ^ 1) and
+// writes its codes in row order to the warp's staging slice (row 4q + c = column, chunk h = rows
+// 16h..16h+15), and the scale bytes to global memory.
+__device__ __forceinline__ void pipe_col_convert(const QuantizeParams& p, const PipeTile& t, const ColWords& cw, int w,
+                                                 int q, int h, uint32_t slice) {
+  const uint32_t* x = cw.w;
+  uint32_t m01 = 0, m23 = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    m01 = dev::abs_max_bf16x2(m01, x[2 * i]);
+    m23 = dev::abs_max_bf16x2(m23, x[2 * i + 1]);
+  }
+  m01 = __vmaxu2(m01, __shfl_xor_sync(0xFFFFFFFFu, m01, 1));  // the other 16 rows of the 32-row block
+  m23 = __vmaxu2(m23, __shfl_xor_sync(0xFFFFFFFFu, m23, 1));
+  uint32_t sc[4];
+  sc[0] = dev::e8m0_scale_byte(m01 & 0xFFFFu, p.mode);
+  sc[1] = dev::e8m0_scale_byte(m01 >> 16, p.mode);
+  sc[2] = dev::e8m0_scale_byte(m23 & 0xFFFFu, p.mode);
+  sc[3] = dev::e8m0_scale_byte(m23 >> 16, p.mode);
+  // Slot s holds row s ^ h, so output byte k of word j (row 4j + k) is byte k ^ (h % 4) of the
+  // slot-order word j ^ (h / 4): PRMT(word j, word j ^ 1) with selector nibbles (k ^ (h % 4)) + 4 (h / 4).
+  const uint32_t sel = (0x3210u ^ (uint32_t(h & 3) * 0x1111u)) + uint32_t(h >> 2) * 0x4444u;
+  const uint32_t row0 = slice + uint32_t(4 * q * 128) + (uint32_t(h ^ (4 * (q & 1))) << 4);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float rcp = dev::e8m0_reciprocal(sc[c]);
+    // A NaN block's codes are all NaN; a mask (one LOP3 a word) rather than a select, which ptxas
+    // turned into a branch around every word's conversion.
+    const uint32_t nan_mask = 0u - uint32_t(sc[c] == kE8M0Nan);
+    uint32_t nat[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float f[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = x[2 * (4 * j + k) + c / 2];
+        f[k] = (c % 2 ? dev::bf16_hi(word) : dev::bf16_lo(word)) * rcp;
+      }
+      nat[j] = (dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]) & ~nan_mask) | (dev::kE4M3NanX4 & nan_mask);
+    }
+    const uint4 o = make_uint4(__byte_perm(nat[0], nat[1], sel), __byte_perm(nat[1], nat[0], sel),
+                               __byte_perm(nat[2], nat[3], sel), __byte_perm(nat[3], nat[2], sel));
+    // Staging row y = 4q + c, chunk h ^ (y % 8) = (h ^ 4 (q % 2)) ^ c.
+    device::st_shared_v4_u32(row0 ^ uint32_t((c << 7) | (c << 4)), o);
+  }
+  if ((h & 1) == 0 && 16 * h < t.out_valid) {
+    const int64_t nblk = p.rows_out / kMxBlock;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int32_t col = t.c0 + 16 * w + 4 * q + c;
+      if (col < p.cols) p.col_scales[(int64_t(t.b) * p.cols + col) * nblk + t.r0 / kMxBlock + h / 2] = uint8_t(sc[c]);
+    }
+  }
+}
+
+template <bool kRow, bool kCol>
+__global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kernel(
+    const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap x_map,
+    const __grid_constant__ CUtensorMap row_map, const __grid_constant__ CUtensorMap col_map) {
+  using L = PipeLayout;
+  constexpr int S = kPipeStages;
+  constexpr int kWarpsPerTile = 8 * (int(kRow) + int(kCol));
+  constexpr int kTeams = kPipeConsumerWarps / kWarpsPerTile;  // 1 (both directions) or 2
+  static_assert(kRow || kCol, "at least one direction");
+  extern __shared__ __align__(1024) uint8_t pipe_smem[];
+  // Align the base up to 2048 bytes (the XOR addressing of pipe_row_load / pipe_col_load).
+  const uint32_t raw = device::smem_addr(pipe_smem);
+  uint8_t* smem = pipe_smem + ((2048u - (raw & 2047u)) & 2047u);
+  const uint32_t sbase = device::smem_addr(smem);
+  PipeTile* ring = reinterpret_cast<PipeTile*>(smem + L::kTiles);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kFull);
+  uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kEmpty);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      device::mbarrier_init(&full[s], 1);                 // the producer's arrive.expect_tx
+      device::mbarrier_init(&empty[s], kWarpsPerTile);    // one arrival per consumer warp of the tile
+    }
+    device::fence_mbarrier_init_release_cluster();
+  }
+  __syncthreads();  // the only CTA-wide barrier
+
+  if (warp == kPipeConsumerWarps) {  // ---- producer
+    if (lane != 0) return;
+    device::prefetch_tensormap(&x_map);
+    for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
+      const int s = int(k % S);
+      device::mbarrier_wait_parity(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
+      const Tile t = tile_at<RowMap::kDense>(p, g, first + k * step, 0);
+      ring[s] = PipeTile{t.b, t.r0, t.c0, t.out_valid};
+      const bool right = t.c0 + kPipeBoxCols < p.cols;  // the right box holds columns of the matrix
+      device::mbarrier_arrive_expect_tx(&full[s], right ? 2 * kPipeBoxBytes : kPipeBoxBytes);
+      uint8_t* stage = smem + s * kStageBytes;
+      device::cp_async_bulk_tensor_3d_global_to_shared(stage, &x_map, &full[s], 2 * t.c0, t.r0, t.b);
+      if (right)
+        device::cp_async_bulk_tensor_3d_global_to_shared(stage + kPipeBoxBytes, &x_map, &full[s],
+                                                         2 * (t.c0 + kPipeBoxCols), t.r0, t.b);
+    }
+    return;
+  }
+
+  // ---- consumers
+  const int team = warp / kWarpsPerTile, role = warp % kWarpsPerTile;
+  const bool row_warp = kRow && role < 8;
+  const int w = role % 8;  // slice: tile rows (row-wise) or tile columns (column-wise) 16w..16w+15
+  const uint32_t slices = sbase + uint32_t(L::kStaging + warp * 2 * kPipeSliceBytes);
+  if (lane == 0) device::prefetch_tensormap(row_warp ? &row_map : &col_map);
+  uint32_t it = 0;  // this warp's tiles so far: staging slice it % 2
+  for (uint32_t k = uint32_t(team); first + k * step < num_tiles; k += kTeams, ++it) {
+    const int s = int(k % S);
+    const uint32_t stage = sbase + uint32_t(s * kStageBytes);
+    device::mbarrier_wait_parity(&full[s], (k / S) & 1);
+    const PipeTile pt = ring[s];
+    const Tile t = [&] {
+      Tile x;
+      x.b = pt.b;
+      x.r0 = pt.r0;
+      x.c0 = pt.c0;
+      x.out_valid = pt.out_valid;
+      x.src_valid = pt.out_valid;
+      return x;
+    }();
+    const uint32_t slice = slices + (it & 1) * kPipeSliceBytes;
+    if (kRow && row_warp) {
+      const int r = 16 * w + lane % 16, half = lane / 16;
+      const RowVecs rv = pipe_row_load(stage, r, half);
+      __syncwarp();
+      if (lane == 0) {
+        device::mbarrier_arrive(&empty[s]);                 // the slice's inputs are in registers
+        device::cp_async_bulk_wait_group_read<1>();          // the store of it - 2 has read this slice
+      }
+      __syncwarp();
+      uint8_t* out = smem + (slice - sbase) - 16 * w * kTileCols;  // tile row r at out + 128 r
+      rowwise_staged_at<false>(p, t, rv, out, r, half);
+      device::fence_proxy_async_shared_cta();
+      __syncwarp();
+      if (lane == 0) {
+        if (16 * w < t.out_valid)
+          device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, smem + (slice - sbase), t.c0, t.r0 + 16 * w, t.b);
+        device::cp_async_bulk_commit_group();
+      }
+    } else if constexpr (kCol) {
+      const int q = lane / 8, h = lane % 8;
+      const ColWords cw = pipe_col_load(stage, w, q, h);
+      __syncwarp();
+      if (lane == 0) {
+        device::mbarrier_arrive(&empty[s]);
+        device::cp_async_bulk_wait_group_read<1>();
+      }
+      __syncwarp();
+      pipe_col_convert(p, pt, cw, w, q, h, slice);
+      device::fence_proxy_async_shared_cta();
+      __syncwarp();
+      if (lane == 0) {
+        if (t.c0 + 16 * w < p.cols)
+          device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, smem + (slice - sbase), t.r0, t.c0 + 16 * w, t.b);
+        device::cp_async_bulk_commit_group();
+      }
+    }
+  }
+  if (lane == 0) device::cp_async_bulk_wait_group<0>();
+}
+
 TileGrid make_grid(const QuantizeParams& p) {
   TileGrid g;
   g.tiles_r = int32_t((p.rows_out + kTileRows - 1) / kTileRows);
@@ -1023,6 +1275,34 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
+// MXMOE_QUANT_TMA=1 (read on every call, so that one process can time both; off by default until
+// measured) sends the plain copies of dense inputs to the pipelined kernel.
+bool use_pipelined() {
+  const char* e = std::getenv("MXMOE_QUANT_TMA");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
+template <bool kRow, bool kCol>
+void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
+  const TileGrid g = make_grid(p);
+  const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
+  const uint64_t rows = uint64_t(p.rows_out), cols = uint64_t(p.cols), batch = uint64_t(p.batch);
+  // x as bytes [batch, rows, 2 cols], loaded in [128 rows, 128 B] boxes; outputs stored in slices of
+  // 16 rows (row-wise [batch, rows, cols]) or 16 columns (column-wise [batch, cols, rows]) x 128 B.
+  const CUtensorMap x_map = make_tensor_map_3d_u8("quantize_mxfp8", const_cast<uint16_t*>(p.x), batch, rows, 2 * cols,
+                                                  2 * cols, 2 * rows * cols, kTileRows, 2 * kPipeBoxCols, sw);
+  CUtensorMap row_map{}, col_map{};
+  if (kRow)
+    row_map = make_tensor_map_3d_u8("quantize_mxfp8", p.row_data, batch, rows, cols, cols, rows * cols, 16, kTileCols, sw);
+  if (kCol)
+    col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, batch, cols, rows, rows, rows * cols, 16, kTileRows, sw);
+  constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol>;
+  constexpr int kSmem = PipeLayout::kBytes;
+  kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads), kPipeThreads, kSmem, stream>>>(p, g, x_map,
+                                                                                                    row_map, col_map);
+  MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+}
+
 // The staged kernels write the plain MX copies, or the fast form alone; MXMOE_QUANT_STAGED=0 (read
 // on every call, so that one process can time both) selects the register-store kernel instead.
 bool use_staged() {
@@ -1067,7 +1347,14 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
     // (The staged kernel stores a row's two scale bytes as one 16-bit word; quantize.h promises
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
-    dispatch_staged<false, kMap>(p.row_data != nullptr, p.col_data != nullptr, p, stream);
+    const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+    if (kMap == RowMap::kDense && use_pipelined()) {  // (the pipelined kernel's row-wise pass is the staged one's)
+      if (row && col) launch_pipelined<true, true>(p, stream);
+      else if (row) launch_pipelined<true, false>(p, stream);
+      else launch_pipelined<false, true>(p, stream);
+      return;
+    }
+    dispatch_staged<false, kMap>(row, col, p, stream);
   } else {
     dispatch_dirs<false, kMap>(p, stream);
   }
