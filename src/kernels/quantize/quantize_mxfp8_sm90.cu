@@ -10,7 +10,7 @@
 // Persistent CTAs of 256 threads walk [128 rows, 128 cols] BF16 tiles (32 KB) through a ring of
 // cp.async stages (each thread loads 8 rows' 16-byte vectors of the tile, rows past the data
 // zero-filled; a gather's row indices and row scales are fetched one tile ahead into registers, see
-// "gather: ... one tile ahead"). A tile is exactly one fast 128-chunk in both directions. Three kernels:
+// "gather: ... one tile ahead"). A tile is exactly one fast 128-chunk in both directions. Four kernels:
 //  - staged (the default for the plain MX copies alone and for the fast form alone, one
 //    direction, or both of grouped inputs): a row-wise thread owns two whole 32-blocks of one row
 //    (no shuffles; the fast form's chunk exponent takes one shuffle with the other half of the
@@ -22,6 +22,10 @@
 //  - two-group (both plain copies of dense and gather inputs): the staged kernel's helpers in one
 //    512-thread CTA per SM, one warp group per direction. (The fast form alone is faster on the
 //    staged kernel, run 42.)
+//  - pipelined (MXMOE_QUANT_TMA=1, off by default until measured; plain copies of dense inputs):
+//    TMA loads into an mbarrier ring fed by one producer lane, 16 consumer warps that each own a
+//    16-row or 16-column slice of a tile and store it by their own TMA store; no CTA-wide barrier
+//    in the tile loop. See "Pipelined kernel" below.
 //  - register-store (plain + fast together, or everything with MXMOE_QUANT_STAGED=0): the
 //    row-wise pass from each thread's own slots (4 lanes per block, shuffles), 8-byte stores; the
 //    column-wise pass through shared memory with 16-byte stores of whole 128-byte lines; 3 stages
@@ -396,6 +400,20 @@ __device__ __forceinline__ ColWords colwise_load(const uint32_t* tile_words) {
   return cw;
 }
 
+// E4M3 codes of column c (0-3) of a ColWords' 4 columns, slots 4j .. 4j+3 (one per byte, slot 4j
+// in the low byte), at the block scale's reciprocal rcp: colwise_quantize's inner loop, for the
+// pipelined kernel. (colwise_quantize keeps its own copy: calling this from it changed ptxas's
+// code for the measured kernels, 26 of them, by -14 to +241 instructions.)
+__device__ __forceinline__ uint32_t col_codes_x4(const uint32_t* w, int c, int j, float rcp) {
+  float f[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = w[2 * (4 * j + k) + c / 2];
+    f[k] = (c % 2 ? dev::bf16_hi(word) : dev::bf16_lo(word)) * rcp;
+  }
+  return dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]);
+}
+
 __device__ __forceinline__ ColQuad colwise_quantize(const QuantizeParams& p, const ColWords& cw) {
   ColQuad r;
   r.h = col_group();  // 16-row group
@@ -614,26 +632,41 @@ __device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t ch
                     dev::e4m3x4_rebase(q.w, pw));
 }
 
-// Scale byte of 32-block b (vectors 4b .. 4b+3) of a row-wise thread's 64 columns.
+// Scale byte of 32-block b (vectors 4b .. 4b+3) of a row-wise thread's 64 columns. kUnmasked: the
+// same max from unsigned and signed maxima (abs_max_bf16x2_from_maxes, one instruction a word
+// fewer; the pipelined kernel's; the other kernels keep the form they were measured with).
+template <bool kUnmasked = false>
 __device__ __forceinline__ uint32_t row_block_scale(const uint4* v, int b, ScaleMode mode) {
   uint32_t m = 0;
+  if constexpr (kUnmasked) {
+    uint32_t u = 0, s = 0;
 #pragma unroll
-  for (int j = 4 * b; j < 4 * b + 4; ++j) {
-    m = dev::abs_max_bf16x2(m, v[j].x);
-    m = dev::abs_max_bf16x2(m, v[j].y);
-    m = dev::abs_max_bf16x2(m, v[j].z);
-    m = dev::abs_max_bf16x2(m, v[j].w);
+    for (int j = 4 * b; j < 4 * b + 4; ++j) {
+      for (const uint32_t w : {v[j].x, v[j].y, v[j].z, v[j].w}) {
+        u = __vmaxu2(u, w);
+        s = __vmaxs2(s, w);
+      }
+    }
+    m = dev::abs_max_bf16x2_from_maxes(u, s);
+  } else {
+#pragma unroll
+    for (int j = 4 * b; j < 4 * b + 4; ++j) {
+      m = dev::abs_max_bf16x2(m, v[j].x);
+      m = dev::abs_max_bf16x2(m, v[j].y);
+      m = dev::abs_max_bf16x2(m, v[j].z);
+      m = dev::abs_max_bf16x2(m, v[j].w);
+    }
   }
   return dev::e8m0_scale_byte(dev::halves_max(m), mode);
 }
 
 // kFast: the staging gets the fast form instead of the plain codes (the launcher asks for one or
 // the other), and the scale stores write the chunk-major fast scales.
-// r: tile row, half: which 64 columns (the pipelined kernel places its row-wise warps itself;
-// the other kernels take row_of_thread() and half_of_thread(), see rowwise_staged).
-template <bool kFast>
-__device__ __forceinline__ void rowwise_staged_at(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
-                                                  uint8_t* out, int r, int half) {
+// r: tile row, half: which 64 columns (the pipelined kernel places its row-wise warps itself).
+// kUnmasked: row_block_scale's other form of the same max (the pipelined kernel).
+template <bool kFast, bool kUnmasked = false>
+__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
+                                               uint8_t* out, int r = row_of_thread(), int half = half_of_thread()) {
   const uint4* v = rv.v;
   uint32_t sb[2];
   // The 128-chunk is this row's 4 blocks: 2 here, 2 in the thread of the other half (lane ^ 16).
@@ -649,7 +682,7 @@ __device__ __forceinline__ void rowwise_staged_at(const QuantizeParams& p, const
   }
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    if constexpr (!kFast) sb[b] = row_block_scale(v, b, p.mode);
+    if constexpr (!kFast) sb[b] = row_block_scale<kUnmasked>(v, b, p.mode);
     const uint32_t s = sb[b];
     const float rcp = dev::e8m0_reciprocal(s);
 #pragma unroll
@@ -679,12 +712,6 @@ __device__ __forceinline__ void rowwise_staged_at(const QuantizeParams& p, const
       if (blk + 1 < nblk) sp[1] = uint8_t(sb[1]);
     }
   }
-}
-
-template <bool kFast>
-__device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
-                                               uint8_t* out) {
-  rowwise_staged_at<kFast>(p, t, rv, out, row_of_thread(), half_of_thread());
 }
 
 template <bool kFast>
@@ -965,7 +992,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 // Both directions: 8 row-wise + 8 column-wise warps per tile. One direction: two teams of 8 warps
 // take alternate tiles.
 // Row-wise warp w: tile rows 16w..16w+15, thread = (row, half): the staged kernel's two 32-blocks a
-// thread (rowwise_staged_at, the same arithmetic and bytes). Column-wise warp w: tile columns
+// thread (rowwise_staged, the same arithmetic and bytes). Column-wise warp w: tile columns
 // 16w..16w+15, lane = h + 8q: column quad q (4 columns), 16-row group h. So that its 16 loads of 8
 // bytes are free of bank conflicts on the TMA layout, thread h reads its rows in the order
 // 16h + (i ^ h) (in each half-warp the 8 rows then sit in 8 different chunks); the codes are put
@@ -1032,12 +1059,16 @@ __device__ __forceinline__ ColWords pipe_col_load(uint32_t stage, int w, int q, 
 __device__ __forceinline__ void pipe_col_convert(const QuantizeParams& p, const PipeTile& t, const ColWords& cw, int w,
                                                  int q, int h, uint32_t slice) {
   const uint32_t* x = cw.w;
-  uint32_t m01 = 0, m23 = 0;
+  // max |x| per column as BF16 bits without a mask per word (abs_max_bf16x2_from_maxes).
+  uint32_t u01 = 0, u23 = 0, s01 = 0, s23 = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    m01 = dev::abs_max_bf16x2(m01, x[2 * i]);
-    m23 = dev::abs_max_bf16x2(m23, x[2 * i + 1]);
+    u01 = __vmaxu2(u01, x[2 * i]);
+    s01 = __vmaxs2(s01, x[2 * i]);
+    u23 = __vmaxu2(u23, x[2 * i + 1]);
+    s23 = __vmaxs2(s23, x[2 * i + 1]);
   }
+  uint32_t m01 = dev::abs_max_bf16x2_from_maxes(u01, s01), m23 = dev::abs_max_bf16x2_from_maxes(u23, s23);
   m01 = __vmaxu2(m01, __shfl_xor_sync(0xFFFFFFFFu, m01, 1));  // the other 16 rows of the 32-row block
   m23 = __vmaxu2(m23, __shfl_xor_sync(0xFFFFFFFFu, m23, 1));
   uint32_t sc[4];
@@ -1057,15 +1088,7 @@ __device__ __forceinline__ void pipe_col_convert(const QuantizeParams& p, const 
     const uint32_t nan_mask = 0u - uint32_t(sc[c] == kE8M0Nan);
     uint32_t nat[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float f[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t word = x[2 * (4 * j + k) + c / 2];
-        f[k] = (c % 2 ? dev::bf16_hi(word) : dev::bf16_lo(word)) * rcp;
-      }
-      nat[j] = (dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]) & ~nan_mask) | (dev::kE4M3NanX4 & nan_mask);
-    }
+    for (int j = 0; j < 4; ++j) nat[j] = (col_codes_x4(x, c, j, rcp) & ~nan_mask) | (dev::kE4M3NanX4 & nan_mask);
     const uint4 o = make_uint4(__byte_perm(nat[0], nat[1], sel), __byte_perm(nat[1], nat[0], sel),
                                __byte_perm(nat[2], nat[3], sel), __byte_perm(nat[3], nat[2], sel));
     // Staging row y = 4q + c, chunk h ^ (y % 8) = (h ^ 4 (q % 2)) ^ c.
@@ -1160,7 +1183,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       }
       __syncwarp();
       uint8_t* out = smem + (slice - sbase) - 16 * w * kTileCols;  // tile row r at out + 128 r
-      rowwise_staged_at<false>(p, t, rv, out, r, half);
+      rowwise_staged<false, true>(p, t, rv, out, r, half);
       device::fence_proxy_async_shared_cta();
       __syncwarp();
       if (lane == 0) {
