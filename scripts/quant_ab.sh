@@ -1,46 +1,95 @@
 #!/usr/bin/env bash
-# A/B of the pipelined quantizer (MXMOE_QUANT_TMA=1) against today's kernels, in one GPU session,
-# on an existing build (nothing is built here): MXMOE_BUILD_DIR (default: build) must hold
-# mxmoe_gpu_tests and libmxmoe_c.so built from this tree.
-#   MXMOE_BUILD_DIR=build-gpu timeout 150 scripts/quant_ab.sh OUT
-# Every step runs under `timeout` (30 + 45 + 30 + 15 s at most; expected ~15 + 20 + 20 + 3 s, the
-# tests' time mostly the CPU reference). Writes OUT/quant_ab_pipelined.log, OUT/quant_ab_bench.log,
-# OUT/quant_ab_bench.json, OUT/quant_ab_tests_tma.log, OUT/quant_ab_tests_base.log; prints a summary.
-#  1. the pipelined kernel's own test (PipelinedKernelOnPlainCopies: every BF16 pattern, partial
-#     tiles, batches, long walks, reruns; it sets MXMOE_QUANT_TMA=1 itself);
-#  2. bench_quant.py --quick --tma on the plain dense cases: "% copy" = today's default kernel,
-#     "tma % copy" = the pipelined kernel, same process, same data, both outputs checked bit for bit;
-#  3. dense quantize tests with MXMOE_QUANT_TMA=1 (every plain copy of a dense input then takes the
-#     pipelined kernel; the fast forms keep their kernels), and a short set with MXMOE_QUANT_TMA=0
-#     (today's kernels; the full suite is the regular test run's).
+# Issue 2 diagnostic + A/B of the pipelined quantizer's switches, in one GPU session, on an existing
+# build (nothing is built here): MXMOE_BUILD_DIR (default: build) must hold mxmoe_gpu_tests and
+# libmxmoe_c.so built from this tree.
+#   MXMOE_BUILD_DIR=build-gpu timeout 210 scripts/quant_ab.sh OUT
+# Whole script <= ~200 s: each step's timeout is cut to what is left of QUANT_AB_BUDGET (200 s).
+# Expected: ~40 + ~45 + ~45 s. Prints a compact summary; the full logs go to OUT:
+#  1. bench/quant_variants.py: copy ceilings (copy_, an SM copy kernel, a 2:1 read:write kernel) and
+#     today's kernels vs the pipelined kernel and its switches (raster group height, L2 hints,
+#     the no-arithmetic skeleton), rowwise / colwise / row+col on 3 shapes + batched weights, each
+#     timed three ways (flush = bench_quant.py's timer, clean = L2 clean at the start, loop = back
+#     to back), outputs checked bit for bit -> OUT/quant_variants.{log,json}
+#  2. ncu, 16384x7168: SM copy kernel, 2:1 kernel, default / pipelined / skeleton / g32 / st1st both
+#     directions, default and pipelined column-wise, pipelined row-wise; one line per kernel
+#     (DRAM bytes vs expected, DRAM/L2/SM %, L2 hit rates, fabric sectors, occupancy, stalls)
+#     -> OUT/ncu_diag.{txt,csv}, OUT/ncu_diag_run.log, OUT/ncu_query.txt (every metric name)
+#  3. tests, in parallel processes (their time is the CPU reference): the pipelined kernel's test
+#     as it is and under three switch settings; the dense quantize tests with MXMOE_QUANT_TMA=1 (one
+#     process a test); a short set with MXMOE_QUANT_TMA=0 -> OUT/quant_ab_test_*.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}
 BUILD=${MXMOE_BUILD_DIR:-build}
+BUDGET=${QUANT_AB_BUDGET:-200}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 MXMOE_BUILD_DIR=$BUILD
 TESTS=$BUILD/mxmoe_gpu_tests
-DENSE='QuantizeGpu.RandomShapesBitExact:QuantizeGpu.BatchedWeightsBothDirectionsOnePass:QuantizeGpu.NanAndInfPoisonBlocksAndChunks:QuantizeGpu.UnalignedScalePointers'
-SHORT='QuantizeGpu.NanAndInfPoisonBlocksAndChunks:QuantizeGpu.UnalignedScalePointers:QuantizeGpu.RerunsAreBitwiseIdentical'
-summary() {  # log: gtest's verdict and the first failures
-  grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" "$1" | head -12
-  grep -E -A4 ": Failure$" "$1" | cut -c1-220 | head -30
+left() {  # timeout for a step: min(want, what is left of the budget - 3 s), at least 5
+  local l=$((BUDGET - SECONDS - 3)); [ "$1" -lt "$l" ] && l=$1; [ "$l" -lt 5 ] && l=5; echo "$l"
 }
-echo "== 1. QuantizeGpu.PipelinedKernelOnPlainCopies"
-timeout 30 "$TESTS" --gtest_filter=QuantizeGpu.PipelinedKernelOnPlainCopies > "$OUT/quant_ab_pipelined.log" 2>&1
-echo "rc=$?"; summary "$OUT/quant_ab_pipelined.log"
-echo "== 2. bench_quant.py --quick --tma (plain copies of dense inputs)"
-MXMOE_BUILD_DIR=$BUILD timeout 45 python3 bench/bench_quant.py --quick --tma \
-  --cases '^(rowwise|colwise|row\+col|weights row\+col) [0-9]' --json "$OUT/quant_ab_bench.json" > "$OUT/quant_ab_bench.log" 2>&1
+summary() {  # gtest log: verdict and first failures
+  grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" "$1" | head -6
+  grep -E -A4 ": Failure$" "$1" | cut -c1-220 | head -20
+}
+
+echo "== 1. quant_variants.py (t=${SECONDS}s)"
+timeout "$(left 75)" python3 bench/quant_variants.py --json "$OUT/quant_variants.json" > "$OUT/quant_variants.log" 2>&1
 echo "rc=$?"
-B="$OUT/quant_ab_bench.log"
-grep -E "^device-to-device copy" "$B"
-if grep -q "^MXFP8 quantization" "$B"; then sed -n '/^MXFP8 quantization/,$p' "$B" | cut -c1-200 | head -20
-else grep -E "^done: " "$B" | cut -c1-200; fi  # cut short: the cases that finished
-grep -E "ERROR|Error|error|Traceback" "$B" | head -5
-echo "== 3a. dense quantize tests, MXMOE_QUANT_TMA=1"
-MXMOE_QUANT_TMA=1 timeout 30 "$TESTS" --gtest_filter="$DENSE" > "$OUT/quant_ab_tests_tma.log" 2>&1
-echo "rc=$?"; summary "$OUT/quant_ab_tests_tma.log"
-echo "== 3b. short set, MXMOE_QUANT_TMA=0 (today's kernels)"
-MXMOE_QUANT_TMA=0 timeout 15 "$TESTS" --gtest_filter="$SHORT" > "$OUT/quant_ab_tests_base.log" 2>&1
-echo "rc=$?"; summary "$OUT/quant_ab_tests_base.log"
+sed '/^Traceback/,$d' "$OUT/quant_variants.log" | cut -c1-220 | head -40
+grep -q "^Traceback" "$OUT/quant_variants.log" && sed -n '/^Traceback/,$p' "$OUT/quant_variants.log" | tail -6
+
+echo "== 2. ncu diagnostic, 16384x7168 (t=${SECONDS}s)"
+if command -v ncu > /dev/null; then
+  ncu --query-metrics > "$OUT/ncu_query.txt" 2>&1
+  run_ncu() {  # $1: metric list
+    timeout "$(left 70)" ncu --clock-control none --kernel-name-base demangled \
+      -k "regex:quantize_mxfp8_[a-z_]+kernel|BitwiseOr" --section WarpStateStats --metrics "$1" \
+      -f -o /tmp/ncu_qdiag python3 bench/quant_variants.py --profile "$OUT/ncu_labels.txt" > "$OUT/ncu_diag_run.log" 2>&1
+  }
+  run_ncu "$(python3 scripts/ncu_quant_diag.py metrics "$OUT/ncu_query.txt")"
+  rc=$?
+  if [ $rc -ne 0 ] && grep -qiE "metric|invalid" "$OUT/ncu_diag_run.log" && [ $((BUDGET - SECONDS)) -gt 50 ]; then
+    echo "ncu rc=$rc; retrying with the basic metrics:"; grep -iE "error" "$OUT/ncu_diag_run.log" | head -3
+    cp "$OUT/ncu_diag_run.log" "$OUT/ncu_diag_run_first.log"
+    run_ncu "$(python3 scripts/ncu_quant_diag.py metrics "$OUT/ncu_query.txt" sure)"
+    rc=$?
+  fi
+  echo "ncu rc=$rc"
+  grep -E "==ERROR==|==WARNING==" "$OUT/ncu_diag_run.log" | sort | uniq -c | head -5
+  if [ -f /tmp/ncu_qdiag.ncu-rep ]; then
+    ncu -i /tmp/ncu_qdiag.ncu-rep --page raw --csv --print-units base > "$OUT/ncu_diag.csv" 2>&1 ||
+      ncu -i /tmp/ncu_qdiag.ncu-rep --page raw --csv > "$OUT/ncu_diag.csv" 2>&1
+    python3 scripts/ncu_quant_diag.py summary "$OUT/ncu_diag.csv" "$OUT/ncu_labels.txt" | tee "$OUT/ncu_diag.txt" | cut -c1-400
+  fi
+  grep -E "^(lts__|dram__|fbpa__)\S*(evict|dirty|clean|fabric|activ|page|row|turn|fill)" "$OUT/ncu_query.txt" | awk '{print $1}' | tr '\n' ' ' | cut -c1-600
+  echo
+else
+  echo "ncu not found"
+fi
+
+echo "== 3. tests in parallel (t=${SECONDS}s)"
+DENSE='RandomShapesBitExact BatchedWeightsBothDirectionsOnePass NanAndInfPoisonBlocksAndChunks UnalignedScalePointers'
+SHORT='QuantizeGpu.NanAndInfPoisonBlocksAndChunks:QuantizeGpu.UnalignedScalePointers:QuantizeGpu.RerunsAreBitwiseIdentical'
+T=$(left 95)
+declare -A LOGS
+start() {  # name, env assignments..., -- gtest filter
+  local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  env "${envs[@]}" timeout "$T" "$TESTS" --gtest_filter="$1" > "$OUT/quant_ab_test_$name.log" 2>&1 &
+  LOGS[$name]=$!
+}
+P=QuantizeGpu.PipelinedKernelOnPlainCopies
+start pipelined MXMOE_QUANT_TMA=1 -- "$P"
+start pipelined_g1_hints MXMOE_QUANT_TMA_GROUP=1 MXMOE_QUANT_TMA_LOAD_HINT=first MXMOE_QUANT_TMA_STORE_HINT=last -- "$P"
+start pipelined_g32_st1st MXMOE_QUANT_TMA_GROUP=32 MXMOE_QUANT_TMA_STORE_HINT=first -- "$P"
+start pipelined_gcol MXMOE_QUANT_TMA_GROUP=1000000 MXMOE_QUANT_TMA_LOAD_HINT=normal -- "$P"
+for t in $DENSE; do start "tma_$t" MXMOE_QUANT_TMA=1 -- "QuantizeGpu.$t"; done
+start base_short MXMOE_QUANT_TMA=0 -- "$SHORT"
+RES=""
+for name in "${!LOGS[@]}"; do
+  wait "${LOGS[$name]}"; rc=$?
+  RES+="$name rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/quant_ab_test_$name.log" | head -1)"$'\n'
+done
+printf '%s' "$RES" | sort
+for f in "$OUT"/quant_ab_test_*.log; do grep -q ": Failure$" "$f" && { echo "-- $f"; summary "$f"; }; done
+echo "== done (t=${SECONDS}s)"

@@ -1011,6 +1011,35 @@ constexpr int kPipeSliceBytes = 16 * 128;                     // one warp's outp
 struct PipeTile {
   int32_t b, r0, c0, out_valid;
 };
+// Diagnostic switches of the pipelined kernel (read from the environment on every call, see
+// pipe_options): none changes an output byte.
+//  - group: the tile raster's group height in row tiles (today's kernels: kGroupRowTiles = 8).
+//    Consecutive tile ids walk the G row tiles of one column tile, then the next column tile, so
+//    the ~132 tiles in flight at once cover G row tiles x (132 / G) column tiles: contiguous runs
+//    of ~G x 128 B in each column-wise output row and ~(132 / G) x 128 B in each row-wise output
+//    row (x2 for the input). G = 1: row-major; G = tiles_r: column-major.
+//  - load_hint / store_hint: L2 cache policy of the TMA loads / TMA stores (-1: no hint; 0 evict_normal,
+//    1 evict_first, 2 evict_last; createpolicy_l2).
+struct PipeOpts {
+  int32_t group = kGroupRowTiles, full_groups = 0;
+  int32_t load_hint = -1, store_hint = -1;
+  FastDivmod per_group, group_rows, last_group_rows;
+};
+
+// Tile id → tile of the walk with the raster of `o` (tile_at's order when o.group == kGroupRowTiles).
+__device__ __forceinline__ PipeTile pipe_tile_at(const QuantizeParams& p, const TileGrid& g, const PipeOpts& o,
+                                                 uint32_t id) {
+  PipeTile t;
+  t.b = int32_t(g.per_batch.div(id));
+  const uint32_t in_b = id - uint32_t(t.b) * g.per_batch.d;
+  const uint32_t grp = o.per_group.div(in_b), rem = in_b - grp * o.per_group.d;
+  const FastDivmod& rows_in_group = int32_t(grp) < o.full_groups ? o.group_rows : o.last_group_rows;
+  const uint32_t tc = rows_in_group.div(rem), tr_in = rem - tc * rows_in_group.d;
+  t.r0 = int32_t((grp * uint32_t(o.group) + tr_in) * kTileRows);
+  t.c0 = int32_t(tc * kTileCols);
+  t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+  return t;
+}
 struct PipeLayout {
   static constexpr int kStaging = kPipeStages * kStageBytes;                           // [S][2 boxes][128][128 B]
   static constexpr int kTiles = kStaging + kPipeConsumerWarps * 2 * kPipeSliceBytes;  // [S] PipeTile
@@ -1104,9 +1133,12 @@ __device__ __forceinline__ void pipe_col_convert(const QuantizeParams& p, const 
   }
 }
 
-template <bool kRow, bool kCol>
+// kSkel (diagnostic, MXMOE_QUANT_TMA=skel): the same TMA loads and data stores, mbarriers and bulk
+// groups, but no conversion and no scale stores: each warp stores its staging slice as it is
+// (stale bytes). What the memory system gives this access pattern with no arithmetic in the way.
+template <bool kRow, bool kCol, bool kSkel>
 __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kernel(
-    const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap x_map,
+    const QuantizeParams p, const TileGrid g, const PipeOpts o, const __grid_constant__ CUtensorMap x_map,
     const __grid_constant__ CUtensorMap row_map, const __grid_constant__ CUtensorMap col_map) {
   using L = PipeLayout;
   constexpr int S = kPipeStages;
@@ -1135,18 +1167,22 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
   if (warp == kPipeConsumerWarps) {  // ---- producer
     if (lane != 0) return;
     device::prefetch_tensormap(&x_map);
+    const bool hint = o.load_hint >= 0;
+    const uint64_t policy = hint ? device::createpolicy_l2(o.load_hint) : 0;
     for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
       const int s = int(k % S);
       device::mbarrier_wait_parity(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
-      const Tile t = tile_at<RowMap::kDense>(p, g, first + k * step, 0);
-      ring[s] = PipeTile{t.b, t.r0, t.c0, t.out_valid};
+      const PipeTile t = pipe_tile_at(p, g, o, first + k * step);
+      ring[s] = t;
       const bool right = t.c0 + kPipeBoxCols < p.cols;  // the right box holds columns of the matrix
       device::mbarrier_arrive_expect_tx(&full[s], right ? 2 * kPipeBoxBytes : kPipeBoxBytes);
       uint8_t* stage = smem + s * kStageBytes;
-      device::cp_async_bulk_tensor_3d_global_to_shared(stage, &x_map, &full[s], 2 * t.c0, t.r0, t.b);
-      if (right)
-        device::cp_async_bulk_tensor_3d_global_to_shared(stage + kPipeBoxBytes, &x_map, &full[s],
-                                                         2 * (t.c0 + kPipeBoxCols), t.r0, t.b);
+      for (int box = 0; box < (right ? 2 : 1); ++box) {
+        uint8_t* dst = stage + box * kPipeBoxBytes;
+        const int32_t c = 2 * (t.c0 + box * kPipeBoxCols);
+        if (hint) device::cp_async_bulk_tensor_3d_global_to_shared_hint(dst, &x_map, &full[s], c, t.r0, t.b, policy);
+        else device::cp_async_bulk_tensor_3d_global_to_shared(dst, &x_map, &full[s], c, t.r0, t.b);
+      }
     }
     return;
   }
@@ -1157,6 +1193,14 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
   const int w = role % 8;  // slice: tile rows (row-wise) or tile columns (column-wise) 16w..16w+15
   const uint32_t slices = sbase + uint32_t(L::kStaging + warp * 2 * kPipeSliceBytes);
   if (lane == 0) device::prefetch_tensormap(row_warp ? &row_map : &col_map);
+  const bool store_hint = o.store_hint >= 0;
+  const uint64_t store_policy = store_hint && lane == 0 ? device::createpolicy_l2(o.store_hint) : 0;
+  // One lane: the TMA store of a slice (with the L2 policy when asked for).
+  const auto store = [&](const CUtensorMap* map, uint32_t slice, int32_t c0, int32_t c1, int32_t c2) {
+    const void* src = smem + (slice - sbase);
+    if (store_hint) device::cp_async_bulk_tensor_3d_shared_to_global_hint(map, src, c0, c1, c2, store_policy);
+    else device::cp_async_bulk_tensor_3d_shared_to_global(map, src, c0, c1, c2);
+  };
   uint32_t it = 0;  // this warp's tiles so far: staging slice it % 2
   for (uint32_t k = uint32_t(team); first + k * step < num_tiles; k += kTeams, ++it) {
     const int s = int(k % S);
@@ -1175,37 +1219,39 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     const uint32_t slice = slices + (it & 1) * kPipeSliceBytes;
     if (kRow && row_warp) {
       const int r = 16 * w + lane % 16, half = lane / 16;
-      const RowVecs rv = pipe_row_load(stage, r, half);
+      RowVecs rv;
+      if constexpr (!kSkel) rv = pipe_row_load(stage, r, half);
       __syncwarp();
       if (lane == 0) {
         device::mbarrier_arrive(&empty[s]);                 // the slice's inputs are in registers
         device::cp_async_bulk_wait_group_read<1>();          // the store of it - 2 has read this slice
       }
       __syncwarp();
-      uint8_t* out = smem + (slice - sbase) - 16 * w * kTileCols;  // tile row r at out + 128 r
-      rowwise_staged<false, true>(p, t, rv, out, r, half);
+      if constexpr (!kSkel) {
+        uint8_t* out = smem + (slice - sbase) - 16 * w * kTileCols;  // tile row r at out + 128 r
+        rowwise_staged<false, true>(p, t, rv, out, r, half);
+      }
       device::fence_proxy_async_shared_cta();
       __syncwarp();
       if (lane == 0) {
-        if (16 * w < t.out_valid)
-          device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, smem + (slice - sbase), t.c0, t.r0 + 16 * w, t.b);
+        if (16 * w < t.out_valid) store(&row_map, slice, t.c0, t.r0 + 16 * w, t.b);
         device::cp_async_bulk_commit_group();
       }
     } else if constexpr (kCol) {
       const int q = lane / 8, h = lane % 8;
-      const ColWords cw = pipe_col_load(stage, w, q, h);
+      ColWords cw;
+      if constexpr (!kSkel) cw = pipe_col_load(stage, w, q, h);
       __syncwarp();
       if (lane == 0) {
         device::mbarrier_arrive(&empty[s]);
         device::cp_async_bulk_wait_group_read<1>();
       }
       __syncwarp();
-      pipe_col_convert(p, pt, cw, w, q, h, slice);
+      if constexpr (!kSkel) pipe_col_convert(p, pt, cw, w, q, h, slice);
       device::fence_proxy_async_shared_cta();
       __syncwarp();
       if (lane == 0) {
-        if (t.c0 + 16 * w < p.cols)
-          device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, smem + (slice - sbase), t.r0, t.c0 + 16 * w, t.b);
+        if (t.c0 + 16 * w < p.cols) store(&col_map, slice, t.r0, t.c0 + 16 * w, t.b);
         device::cp_async_bulk_commit_group();
       }
     }
@@ -1300,14 +1346,48 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
 
 // MXMOE_QUANT_TMA=1 (read on every call, so that one process can time both; off by default until
 // measured) sends the plain copies of dense inputs to the pipelined kernel.
+// MXMOE_QUANT_TMA=skel (diagnostic, wrong outputs): the kernel's memory traffic without the
+// conversion (kSkel).
 bool use_pipelined() {
   const char* e = std::getenv("MXMOE_QUANT_TMA");
-  return e != nullptr && std::strcmp(e, "1") == 0;
+  return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "skel") == 0);
+}
+bool pipelined_skeleton() {
+  const char* e = std::getenv("MXMOE_QUANT_TMA");
+  return e != nullptr && std::strcmp(e, "skel") == 0;
 }
 
-template <bool kRow, bool kCol>
+// PipeOpts from the environment (diagnostic A/B switches, none changes an output byte):
+// MXMOE_QUANT_TMA_GROUP = raster group height in row tiles (default 8; clamped to [1, row tiles]);
+// MXMOE_QUANT_TMA_LOAD_HINT / MXMOE_QUANT_TMA_STORE_HINT = normal | first | last (L2 policy of the
+// TMA loads / stores; unset: no hint).
+int pipe_hint_env(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return -1;
+  if (std::strcmp(e, "normal") == 0) return 0;
+  if (std::strcmp(e, "first") == 0) return 1;
+  if (std::strcmp(e, "last") == 0) return 2;
+  throw_arg("quantize_mxfp8", name, e, "must be normal, first or last");
+}
+PipeOpts pipe_options(const TileGrid& g) {
+  PipeOpts o;
+  const char* e = std::getenv("MXMOE_QUANT_TMA_GROUP");
+  int group = e != nullptr && *e != 0 ? std::atoi(e) : kGroupRowTiles;
+  group = std::max(1, std::min(group, int(g.tiles_r)));
+  o.group = group;
+  o.full_groups = g.tiles_r / group;
+  o.per_group = FastDivmod(uint32_t(group * g.tiles_c));
+  o.group_rows = FastDivmod(uint32_t(group));
+  o.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % group)));
+  o.load_hint = pipe_hint_env("MXMOE_QUANT_TMA_LOAD_HINT");
+  o.store_hint = pipe_hint_env("MXMOE_QUANT_TMA_STORE_HINT");
+  return o;
+}
+
+template <bool kRow, bool kCol, bool kSkel>
 void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
   const TileGrid g = make_grid(p);
+  const PipeOpts o = pipe_options(g);
   const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
   const uint64_t rows = uint64_t(p.rows_out), cols = uint64_t(p.cols), batch = uint64_t(p.batch);
   // x as bytes [batch, rows, 2 cols], loaded in [128 rows, 128 B] boxes; outputs stored in slices of
@@ -1319,9 +1399,9 @@ void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
     row_map = make_tensor_map_3d_u8("quantize_mxfp8", p.row_data, batch, rows, cols, cols, rows * cols, 16, kTileCols, sw);
   if (kCol)
     col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, batch, cols, rows, rows, rows * cols, 16, kTileRows, sw);
-  constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol>;
+  constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol, kSkel>;
   constexpr int kSmem = PipeLayout::kBytes;
-  kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads), kPipeThreads, kSmem, stream>>>(p, g, x_map,
+  kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads), kPipeThreads, kSmem, stream>>>(p, g, o, x_map,
                                                                                                     row_map, col_map);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
@@ -1372,9 +1452,15 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
     const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
     if (kMap == RowMap::kDense && use_pipelined()) {  // (the pipelined kernel's row-wise pass is the staged one's)
-      if (row && col) launch_pipelined<true, true>(p, stream);
-      else if (row) launch_pipelined<true, false>(p, stream);
-      else launch_pipelined<false, true>(p, stream);
+      if (pipelined_skeleton()) {
+        if (row && col) launch_pipelined<true, true, true>(p, stream);
+        else if (row) launch_pipelined<true, false, true>(p, stream);
+        else launch_pipelined<false, true, true>(p, stream);
+      } else {
+        if (row && col) launch_pipelined<true, true, false>(p, stream);
+        else if (row) launch_pipelined<true, false, false>(p, stream);
+        else launch_pipelined<false, true, false>(p, stream);
+      }
       return;
     }
     dispatch_staged<false, kMap>(row, col, p, stream);
