@@ -182,13 +182,14 @@ def profile(lib, labels_file):
                     check(lib, lib.mxmoe_quantize_mxfp8(ptr(x), 1, R, C, *outs[kind].args(), RCEIL, None))
             torch.cuda.synchronize()
             if kind == "copy":
-                rd, wr = n, n
+                rd, wr, k = n, n, "t"
             elif kind == "2:1":
-                rd, wr = 2 * h * 4, h * 4
+                rd, wr, k = 2 * h * 4, h * 4, "t"
             else:
                 dirs = int(kind[0]) + int(kind[1])
-                rd, wr = n, dirs * (R * C + R * C // 32)
-            f.write(f"{label}\t{rd}\t{wr}\n")
+                scales = 0 if e["MXMOE_QUANT_TMA"] == "skel" else R * C // 32  # (the skeleton writes none)
+                rd, wr, k = n, dirs * (R * C + scales), "q"
+            f.write(f"{label}\t{rd}\t{wr}\t{k}\n")
     print("profiled launches:", ", ".join(p[0] for p in PROFILE))
 
 

@@ -7,8 +7,9 @@ one-line-per-kernel summary of the report.
         name says L2 eviction / write-back / fabric; `sure`: only metrics every recent ncu has on
         sm_90 (the fallback when the first list is refused).
   ncu_quant_diag.py summary RAW_CSV LABELS     RAW_CSV: `ncu -i REP --page raw --csv --print-units
-        base`; LABELS: lines "label<TAB>expected read bytes<TAB>expected write bytes" in launch
-        order (bench/quant_variants.py --profile writes them).
+        base`; LABELS: lines "label<TAB>expected read bytes<TAB>expected write bytes<TAB>kind" in launch
+        order, and q / t (a quantize_mxfp8 kernel / a torch kernel) (bench/quant_variants.py --profile
+        writes them).
 """
 import csv
 import re
@@ -99,9 +100,13 @@ def summary(raw_csv, labels_file):
         stall_cols = [(n, m.group(1)) for n in hdr for m in [re.fullmatch(r"smsp__\w*issue_stalled_(\w+?)(_per\w+)?(\.\w+)*", n)] if m]
     print("label | us | DRAM read/write MB (expected) | DRAM GB/s | dram% | dram-active% | L2% | SM% | L2 hit rd/wr % "
           "| L2 sectors rd/wr M | fabric M | occupancy% | eligible | issue% | top stalls (warps per issue)")
-    for i, r in enumerate(data):
-        lab = labels[i] if i < len(labels) else ["?"]
+    # labels in launch order, matched by kind (q: a quantize_mxfp8 kernel, t: a torch kernel), so
+    # that a kernel the filter missed does not shift the others' labels
+    queue = {"q": [l for l in labels if len(l) < 4 or l[3] == "q"], "t": [l for l in labels if len(l) >= 4 and l[3] == "t"]}
+    for r in data:
         name = r[ix["Kernel Name"]]
+        q = queue["q" if "quantize_mxfp8" in name else "t"]
+        lab = q.pop(0) if q else ["?"]
         m = re.search(r"(\w+_kernel)(<[^>]*>)?", name)
         short = m.group(0) if m else name
         ns = val(r, "gpu__time_duration.sum")
