@@ -33,20 +33,25 @@ from bench_quant import MxOutputs, RCEIL, compare, torch_quant
 from common import check, device_info, kernel_env, load_lib, ptr, require_gpu, write_json
 
 BASE = {"MXMOE_QUANT_STAGED": "1", "MXMOE_QUANT_TWO_GROUP": "1", "MXMOE_QUANT_TMA": "0",
-        "MXMOE_QUANT_TMA_GROUP": "", "MXMOE_QUANT_TMA_LOAD_HINT": "", "MXMOE_QUANT_TMA_STORE_HINT": ""}
-# (label, env over BASE, checked bit for bit)
+        "MXMOE_QUANT_TMA_GROUP": "", "MXMOE_QUANT_TMA_LOAD_HINT": "", "MXMOE_QUANT_TMA_STORE_HINT": "",
+        "MXMOE_QUANT_TMA_SCALES": "", "MXMOE_QUANT_TMA_SKEL_SCALES": "", "MXMOE_QUANT_LATE_SCALES": ""}
+TMA = {"MXMOE_QUANT_TMA": "1"}
+# (label, env over BASE, checked bit for bit). Since session 10 the pipelined kernel's defaults are
+# late scale stores + evict_last TMA stores ("tma"); "tma-run59" is the kernel as run 59 measured it.
 VARIANTS = [
     ("default", {}, True),                                            # today's kernels (staged / two-group)
-    ("tma", {"MXMOE_QUANT_TMA": "1"}, True),                          # pipelined, raster groups of 8 row tiles
-    ("g1", {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_GROUP": "1"}, True),        # row-major raster
-    ("g32", {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_GROUP": "32"}, True),      # 4 KB column-output runs
-    ("gcol", {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_GROUP": "1000000"}, True),  # column-major raster
-    ("ld1st", {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_LOAD_HINT": "first"}, True),
-    ("st1st", {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_STORE_HINT": "first"}, True),
-    ("stlast", {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_STORE_HINT": "last"}, True),
-    ("skel", {"MXMOE_QUANT_TMA": "skel"}, False),                     # memory traffic, no arithmetic
-    ("skel-g1", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_GROUP": "1"}, False),
-    ("skel-g32", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_GROUP": "32"}, False),
+    ("late", {"MXMOE_QUANT_LATE_SCALES": "1"}, True),                 # today's kernels, scale bytes after the TMA stores
+    ("tma-run59", {**TMA, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),
+    ("tma-early", {**TMA, "MXMOE_QUANT_TMA_SCALES": "early"}, True),  # evict_last stores, scales before the fence
+    ("tma-nohint", {**TMA, "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),  # late scales, no store hint
+    ("tma", TMA, True),                                               # new defaults: late scales + evict_last stores
+    ("tma-g1", {**TMA, "MXMOE_QUANT_TMA_GROUP": "1"}, True),          # row-major raster
+    ("skel", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none"}, False),  # run 59's skeleton
+    ("skel-sc-early", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
+                       "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}, False),
+    ("skel-sc-late", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
+                      "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),
+    ("skel-last", {"MXMOE_QUANT_TMA": "skel"}, False),                # skeleton with the evict_last stores
 ]
 # (name, batch, rows, cols, row, col)
 CASES = [(n, 1, r, c, row, col) for (r, c) in [(16384, 7168), (65536, 2048), (32768, 2880)]
@@ -120,7 +125,7 @@ def run_case(lib, timer, case, modes, variants, results, copy_gbs):
     a = mx.args()
     ref = torch_quant(x, row, col, False)
     nbytes = x.numel() * 2 + mx.nbytes()
-    data_bytes = x.numel() * 2 + x.numel() * (int(row) + int(col))  # the skeleton writes no scales
+    data_bytes = x.numel() * 2 + x.numel() * (int(row) + int(col))  # the skeleton writes no scales (by default)
 
     def run():
         check(lib, lib.mxmoe_quantize_mxfp8(ptr(x), b, r, c, *a, RCEIL, None))
@@ -134,7 +139,7 @@ def run_case(lib, timer, case, modes, variants, results, copy_gbs):
         with kernel_env(e):
             us = {m: timer(run, m) for m in modes}
         bad = compare(mx, ref) if checked else None
-        nb = nbytes if checked else data_bytes
+        nb = nbytes if checked or env.get("MXMOE_QUANT_TMA_SKEL_SCALES") == "1" else data_bytes
         pct = {m: 100 * nb / (us[m] * 1e-6) / 1e9 / copy_gbs[m] for m in modes}
         results["rows"].append({"kernel": name, "shape": shape, "variant": label, "env": env, "us": us,
                                 "pct_copy": pct, "mismatched_bytes": bad})
@@ -146,15 +151,16 @@ def run_case(lib, timer, case, modes, variants, results, copy_gbs):
 
 PROFILE = [  # (label, kernel, env) on 16384x7168; kernel: "copy", "2:1", or (row, col)
     ("sm copy 235MB", "copy", {}),
-    ("2:1 r:w 235+117MB", "2:1", {}),
     ("row+col default", (True, True), {}),
-    ("row+col tma", (True, True), {"MXMOE_QUANT_TMA": "1"}),
-    ("row+col skel", (True, True), {"MXMOE_QUANT_TMA": "skel"}),
-    ("row+col tma g32", (True, True), {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_GROUP": "32"}),
-    ("row+col tma st1st", (True, True), {"MXMOE_QUANT_TMA": "1", "MXMOE_QUANT_TMA_STORE_HINT": "first"}),
-    ("colwise default", (False, True), {}),
-    ("colwise tma", (False, True), {"MXMOE_QUANT_TMA": "1"}),
-    ("rowwise tma", (True, False), {"MXMOE_QUANT_TMA": "1"}),
+    ("row+col late", (True, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
+    ("row+col tma-run59", (True, True), {**TMA, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
+    ("row+col tma-nohint", (True, True), {**TMA, "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
+    ("row+col tma", (True, True), TMA),
+    ("row+col skel-sc-early", (True, True), {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
+                                             "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}),
+    ("colwise late", (False, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
+    ("colwise tma", (False, True), TMA),
+    ("rowwise tma", (True, False), TMA),
 ]
 
 
@@ -187,7 +193,8 @@ def profile(lib, labels_file):
                 rd, wr, k = 2 * h * 4, h * 4, "t"
             else:
                 dirs = int(kind[0]) + int(kind[1])
-                scales = 0 if e["MXMOE_QUANT_TMA"] == "skel" else R * C // 32  # (the skeleton writes none)
+                skel_none = e["MXMOE_QUANT_TMA"] == "skel" and e["MXMOE_QUANT_TMA_SKEL_SCALES"] != "1"
+                scales = 0 if skel_none else R * C // 32  # (the skeleton writes none by default)
                 rd, wr, k = n, dirs * (R * C + scales), "q"
             f.write(f"{label}\t{rd}\t{wr}\t{k}\n")
     print("profiled launches:", ", ".join(p[0] for p in PROFILE))

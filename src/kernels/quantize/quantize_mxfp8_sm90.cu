@@ -660,13 +660,66 @@ __device__ __forceinline__ uint32_t row_block_scale(const uint4* v, int b, Scale
   return dev::e8m0_scale_byte(dev::halves_max(m), mode);
 }
 
+// A thread's plain scale bytes, stored after the tile's fence.proxy.async instead of before it
+// (`late scales`): the fence compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the MEMBAR waits
+// for this thread's outstanding global stores (the scale bytes just written) before the TMA store
+// may be issued. Issued after the fence, they have a whole tile of work to complete before the next
+// fence. Byte c (c < 4) goes to ptr + c * stride when bit c of mask is set; mask bit 4: bytes 0-1
+// as one 16-bit store instead.
+struct ScaleStores {
+  uint8_t* ptr = nullptr;
+  uint32_t stride = 1, bytes = 0, mask = 0;
+};
+__device__ __forceinline__ void store_scales(const ScaleStores& s) {
+  if (s.mask & 16u) {
+    *reinterpret_cast<uint16_t*>(s.ptr) = uint16_t(s.bytes);
+    return;
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    if (s.mask & (1u << c)) s.ptr[c * s.stride] = uint8_t(s.bytes >> (8 * c));
+}
+// The row-wise plain scale stores of thread (tile row r, half): rowwise_staged's choice of one
+// 16-bit or up to two byte stores.
+__device__ __forceinline__ ScaleStores row_scale_stores(const QuantizeParams& p, const Tile& t, int r, int half,
+                                                        uint32_t sb0, uint32_t sb1) {
+  ScaleStores s;
+  if (r < t.out_valid) {
+    const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
+    s.ptr = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
+    s.bytes = sb0 | (sb1 << 8);
+    if (blk + 1 < nblk && nblk % 2 == 0) s.mask = 16u;
+    else s.mask = (blk < nblk ? 1u : 0u) | (blk + 1 < nblk ? 2u : 0u);
+  }
+  return s;
+}
+// The column-wise plain scale stores of a thread of row group h (16 rows) and columns col0 .. col0 + 3
+// of batch entry b: row block (r0 + 16 h) / 32; lanes with odd h store nothing (the lane of h - 1
+// holds the same bytes), nor do row groups past the valid rows or columns past the matrix.
+__device__ __forceinline__ ScaleStores col_scale_stores(const QuantizeParams& p, int32_t b, int32_t r0, int32_t out_valid,
+                                                        int32_t col0, int h, uint32_t bytes) {
+  ScaleStores s;
+  const int64_t nblk = p.rows_out / kMxBlock;
+  s.ptr = p.col_scales + (int64_t(b) * p.cols + col0) * nblk + r0 / kMxBlock + h / 2;
+  s.stride = uint32_t(nblk);
+  s.bytes = bytes;
+  if ((h & 1) == 0 && 16 * h < out_valid) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s.mask |= col0 + c < p.cols ? 1u << c : 0u;
+  }
+  return s;
+}
+
 // kFast: the staging gets the fast form instead of the plain codes (the launcher asks for one or
 // the other), and the scale stores write the chunk-major fast scales.
 // r: tile row, half: which 64 columns (the pipelined kernel places its row-wise warps itself).
 // kUnmasked: row_block_scale's other form of the same max (the pipelined kernel).
+// late != nullptr (plain copy only): the scale bytes are not stored but returned in *late
+// (row_scale_stores), for a store after the fence (ScaleStores).
 template <bool kFast, bool kUnmasked = false>
 __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
-                                               uint8_t* out, int r = row_of_thread(), int half = half_of_thread()) {
+                                               uint8_t* out, int r = row_of_thread(), int half = half_of_thread(),
+                                               ScaleStores* late = nullptr) {
   const uint4* v = rv.v;
   uint32_t sb[2];
   // The 128-chunk is this row's 4 blocks: 2 here, 2 in the thread of the other half (lane ^ 16).
@@ -702,6 +755,8 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
       const int64_t nck = (p.cols + kFastChunk - 1) / kFastChunk;
       p.row_fast_scales[(int64_t(t.b) * nck + t.c0 / kFastChunk) * p.rows_out + t.r0 + r] = uint8_t(chunk);
     }
+  } else if (late != nullptr) {
+    *late = row_scale_stores(p, t, r, half, sb[0], sb[1]);
   } else if (r < t.out_valid) {
     const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
     uint8_t* sp = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
@@ -714,9 +769,10 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
   }
 }
 
+// late != nullptr (plain copy only): the scale bytes are returned in *late instead of stored.
 template <bool kFast>
 __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Tile& t, const ColWords& cw,
-                                               uint8_t* out) {
+                                               uint8_t* out, ScaleStores* late = nullptr) {
   const ColQuad cq = colwise_quantize(p, cw);
   const int q = cq.q, h = cq.h;
   // The 128-chunk of a column is the 8 row groups h of its quad: lanes 4h + q % 4 of this warp.
@@ -743,6 +799,9 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
       for (int c = 0; c < 4; ++c)
         if (t.c0 + 4 * q + c < p.cols) fs[4 * q + c] = uint8_t(chunks >> (8 * c));
     }
+  } else if (late != nullptr) {
+    *late = col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 4 * q, h,
+                             cq.sc[0] | (cq.sc[1] << 8) | (cq.sc[2] << 16) | (cq.sc[3] << 24));
   } else if ((h & 1) == 0 && 16 * h < t.out_valid) {
     const int64_t nblk = p.rows_out / kMxBlock;
 #pragma unroll
@@ -787,7 +846,9 @@ __device__ __forceinline__ void trap_unless_staging_aligned(const uint8_t* smem)
   }
 }
 
-template <bool kRow, bool kCol, bool kFast, RowMap kMap>
+// kLate (MXMOE_QUANT_LATE_SCALES=1; plain copies of dense inputs, one direction): the scale bytes
+// are stored after barrier B and the TMA store instead of before the fence (ScaleStores).
+template <bool kRow, bool kCol, bool kFast, RowMap kMap, bool kLate = false>
 __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(const QuantizeParams p, const TileGrid g,
                                                                           const __grid_constant__ CUtensorMap row_map,
                                                                           const __grid_constant__ CUtensorMap col_map) {
@@ -825,6 +886,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   gather_ahead_start<kMap>(p, ahead, tile_k);
 #pragma unroll
   for (int k = 0; k < S; ++k) issue(k);
+  static_assert(!kLate || (!(kRow && kCol) && !kFast), "late scales: plain copies, one direction");
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
     dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
@@ -832,6 +894,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
     const bool valid = t.out_valid > 0;  // uniform across the CTA
     gather_scale_tile<kMap>(p, ahead, tile_k, k, t, valid, stage);
     __syncthreads();  // A: tile k is visible to every thread
+    ScaleStores late;  // kLate: this thread's scale bytes, stored after the TMA store
     if constexpr (kRow && kCol) {
       // Both passes' inputs (64 registers) do not fit beside the rest, so the row-wise pass runs
       // between two barriers instead: C frees the staging, D ends the reads of the stage.
@@ -855,8 +918,8 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       __syncthreads();  // C: stage k % S has been read; the staging is free
       issue(k + S);     // the refill runs while this tile is converted and stored
       if (valid) {
-        if constexpr (kRow) rowwise_staged<kFast>(p, t, rv, row_out);
-        if constexpr (kCol) colwise_staged<kFast>(p, t, cw, col_out);
+        if constexpr (kRow) rowwise_staged<kFast>(p, t, rv, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
+        if constexpr (kCol) colwise_staged<kFast>(p, t, cw, col_out, kLate ? &late : nullptr);
       }
     }
     device::fence_proxy_async_shared_cta();
@@ -870,6 +933,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
         device::cp_async_bulk_commit_group();
       }
     }
+    if constexpr (kLate) store_scales(late);
   }
   if (threadIdx.x == 0) device::cp_async_bulk_wait_group<0>();
   dev::cp_async_wait_group<0>();
@@ -900,7 +964,9 @@ struct WsLayout {
   static constexpr int kBytes = kOut + 4 * kOutTileBytes;       // 192 KB
 };
 
-template <RowMap kMap>
+// kLate (MXMOE_QUANT_LATE_SCALES=1, dense inputs): the scale bytes are stored after barrier B and
+// the TMA stores instead of before the fence (ScaleStores).
+template <RowMap kMap, bool kLate = false>
 __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel(
     const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap row_map,
     const __grid_constant__ CUtensorMap col_map) {
@@ -952,9 +1018,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
       issue(k + S);
       uint8_t* row_out = smem + L::kOut + (k & 1) * 2 * kOutTileBytes;
       uint8_t* col_out = row_out + kOutTileBytes;
+      ScaleStores late;  // kLate: this thread's scale bytes, stored after the TMA stores
       if (valid) {
-        if constexpr (kRowGroup) rowwise_staged<false>(p, t, in, row_out);
-        else colwise_staged<false>(p, t, in, col_out);
+        if constexpr (kRowGroup) rowwise_staged<false>(p, t, in, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
+        else colwise_staged<false>(p, t, in, col_out, kLate ? &late : nullptr);
       }
       device::fence_proxy_async_shared_cta();
       __syncthreads();  // B: the staging is complete
@@ -965,6 +1032,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
         device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
       }
       if (threadIdx.x == 0) device::cp_async_bulk_commit_group();
+      if constexpr (kLate) store_scales(late);
     }
   };
   if (row_group) run(std::true_type{});
@@ -1019,10 +1087,16 @@ struct PipeTile {
 //    of ~G x 128 B in each column-wise output row and ~(132 / G) x 128 B in each row-wise output
 //    row (x2 for the input). G = 1: row-major; G = tiles_r: column-major.
 //  - load_hint / store_hint: L2 cache policy of the TMA loads / TMA stores (-1: no hint; 0 evict_normal,
-//    1 evict_first, 2 evict_last; createpolicy_l2).
+//    1 evict_first, 2 evict_last; createpolicy_l2). Default: loads without a hint, stores evict_last
+//    (run 59: +2.3 to +5.6 points in back-to-back timing, +3.6 for both directions with the flush).
+//  - late_scales: 1 (default) = the scale bytes are stored after the slice's TMA store is issued,
+//    0 = before the fence, as measured in runs 56-59 (see ScaleStores).
+//  - skel_scales (skeleton only): 1 = the skeleton also stores scale bytes (0x7F) to the real
+//    addresses, in the order late_scales says; 0 = no scale stores (runs 56-59's skeleton).
 struct PipeOpts {
   int32_t group = kGroupRowTiles, full_groups = 0;
-  int32_t load_hint = -1, store_hint = -1;
+  int32_t load_hint = -1, store_hint = 2;
+  int32_t late_scales = 1, skel_scales = 0;
   FastDivmod per_group, group_rows, last_group_rows;
 };
 
@@ -1084,9 +1158,9 @@ __device__ __forceinline__ ColWords pipe_col_load(uint32_t stage, int w, int q, 
 
 // Quantizes a column-wise slice (the arithmetic of colwise_quantize, block partner lane ^ 1) and
 // writes its codes in row order to the warp's staging slice (row 4q + c = column, chunk h = rows
-// 16h..16h+15), and the scale bytes to global memory.
-__device__ __forceinline__ void pipe_col_convert(const QuantizeParams& p, const PipeTile& t, const ColWords& cw, int w,
-                                                 int q, int h, uint32_t slice) {
+// 16h..16h+15); returns the scale bytes' stores (col_scale_stores).
+__device__ __forceinline__ ScaleStores pipe_col_convert(const QuantizeParams& p, const PipeTile& t, const ColWords& cw,
+                                                        int w, int q, int h, uint32_t slice) {
   const uint32_t* x = cw.w;
   // max |x| per column as BF16 bits without a mask per word (abs_max_bf16x2_from_maxes).
   uint32_t u01 = 0, u23 = 0, s01 = 0, s23 = 0;
@@ -1123,14 +1197,8 @@ __device__ __forceinline__ void pipe_col_convert(const QuantizeParams& p, const 
     // Staging row y = 4q + c, chunk h ^ (y % 8) = (h ^ 4 (q % 2)) ^ c.
     device::st_shared_v4_u32(row0 ^ uint32_t((c << 7) | (c << 4)), o);
   }
-  if ((h & 1) == 0 && 16 * h < t.out_valid) {
-    const int64_t nblk = p.rows_out / kMxBlock;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int32_t col = t.c0 + 16 * w + 4 * q + c;
-      if (col < p.cols) p.col_scales[(int64_t(t.b) * p.cols + col) * nblk + t.r0 / kMxBlock + h / 2] = uint8_t(sc[c]);
-    }
-  }
+  return col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 16 * w + 4 * q, h,
+                          sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24));
 }
 
 // kSkel (diagnostic, MXMOE_QUANT_TMA=skel): the same TMA loads and data stores, mbarriers and bulk
@@ -1217,7 +1285,11 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       return x;
     }();
     const uint32_t slice = slices + (it & 1) * kPipeSliceBytes;
-    if (kRow && row_warp) {
+    ScaleStores scales;  // this thread's scale bytes (none in the skeleton unless o.skel_scales)
+    const CUtensorMap* map;
+    int32_t c0, c1;
+    bool has_slice;
+    if (kRow && (!kCol || row_warp)) {  // (one direction: a constant)
       const int r = 16 * w + lane % 16, half = lane / 16;
       RowVecs rv;
       if constexpr (!kSkel) rv = pipe_row_load(stage, r, half);
@@ -1229,15 +1301,15 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       __syncwarp();
       if constexpr (!kSkel) {
         uint8_t* out = smem + (slice - sbase) - 16 * w * kTileCols;  // tile row r at out + 128 r
-        rowwise_staged<false, true>(p, t, rv, out, r, half);
+        rowwise_staged<false, true>(p, t, rv, out, r, half, &scales);
+      } else if (o.skel_scales) {
+        scales = row_scale_stores(p, t, r, half, 0x7Fu, 0x7Fu);
       }
-      device::fence_proxy_async_shared_cta();
-      __syncwarp();
-      if (lane == 0) {
-        if (16 * w < t.out_valid) store(&row_map, slice, t.c0, t.r0 + 16 * w, t.b);
-        device::cp_async_bulk_commit_group();
-      }
-    } else if constexpr (kCol) {
+      map = &row_map;
+      c0 = t.c0;
+      c1 = t.r0 + 16 * w;
+      has_slice = 16 * w < t.out_valid;
+    } else {
       const int q = lane / 8, h = lane % 8;
       ColWords cw;
       if constexpr (!kSkel) cw = pipe_col_load(stage, w, q, h);
@@ -1247,14 +1319,23 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
         device::cp_async_bulk_wait_group_read<1>();
       }
       __syncwarp();
-      if constexpr (!kSkel) pipe_col_convert(p, pt, cw, w, q, h, slice);
-      device::fence_proxy_async_shared_cta();
-      __syncwarp();
-      if (lane == 0) {
-        if (t.c0 + 16 * w < p.cols) store(&col_map, slice, t.r0, t.c0 + 16 * w, t.b);
-        device::cp_async_bulk_commit_group();
-      }
+      if constexpr (!kSkel) scales = pipe_col_convert(p, pt, cw, w, q, h, slice);
+      else if (o.skel_scales) scales = col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 16 * w + 4 * q, h, 0x7F7F7F7Fu);
+      map = &col_map;
+      c0 = t.r0;
+      c1 = t.c0 + 16 * w;
+      has_slice = c1 < p.cols;
     }
+    // Scale bytes before the fence (o.late_scales == 0, the measured order of runs 56-59) or after
+    // the slice's TMA store is issued (ScaleStores: the fence's MEMBAR waits for them otherwise).
+    if (!o.late_scales) store_scales(scales);
+    device::fence_proxy_async_shared_cta();
+    __syncwarp();
+    if (lane == 0) {
+      if (has_slice) store(map, slice, c0, c1, t.b);
+      device::cp_async_bulk_commit_group();
+    }
+    if (o.late_scales) store_scales(scales);
   }
   if (lane == 0) device::cp_async_bulk_wait_group<0>();
 }
@@ -1301,6 +1382,14 @@ bool use_two_group() {
   return e == nullptr || std::strcmp(e, "0") != 0;
 }
 
+// MXMOE_QUANT_LATE_SCALES=1 (read on every call; off by default until measured): the plain copies
+// of dense inputs on the two-group kernel (both directions) and the staged kernel (one direction)
+// store their scale bytes after the tile's TMA stores instead of before the fence (ScaleStores).
+bool use_late_scales() {
+  const char* e = std::getenv("MXMOE_QUANT_LATE_SCALES");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
 // kFast: the fast form alone (the plain pointers are null); otherwise the plain copies alone.
 template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
@@ -1326,6 +1415,25 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   // 65536x2048 / 32768x2880, 85.1 / 84.6% on weights and 36.5% on a gather, against 75.5 / 76.1 /
   // 72.8, 79.9 / 80.3 and 32.2% for the two-group kernel (half the output bytes leave the two
   // staging tiles less busy, and two CTAs per SM beat one).
+  if constexpr (kRow && kCol && kMap == RowMap::kDense && !kFast) {
+    if (use_two_group() && use_late_scales()) {
+      constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap, true>;
+      constexpr int kSmem = WsLayout::kBytes;
+      kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kWsThreads), kWsThreads, kSmem, stream>>>(
+          p, g, row_map, col_map);
+      MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+      return;
+    }
+  }
+  if constexpr (!(kRow && kCol) && kMap == RowMap::kDense && !kFast) {
+    if (use_late_scales()) {
+      constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kFast, kMap, true>;
+      constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
+      kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
+      MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+      return;
+    }
+  }
   if constexpr (kRow && kCol && kMap != RowMap::kGrouped && !kFast) {
     if (use_two_group()) {
       constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap>;
@@ -1359,15 +1467,24 @@ bool pipelined_skeleton() {
 
 // PipeOpts from the environment (diagnostic A/B switches, none changes an output byte):
 // MXMOE_QUANT_TMA_GROUP = raster group height in row tiles (default 8; clamped to [1, row tiles]);
-// MXMOE_QUANT_TMA_LOAD_HINT / MXMOE_QUANT_TMA_STORE_HINT = normal | first | last (L2 policy of the
-// TMA loads / stores; unset: no hint).
-int pipe_hint_env(const char* name) {
+// MXMOE_QUANT_TMA_LOAD_HINT / MXMOE_QUANT_TMA_STORE_HINT = none | normal | first | last (L2 policy
+// of the TMA loads / stores; unset: loads none, stores last);
+// MXMOE_QUANT_TMA_SCALES = late (default) | early (scale bytes after / before the fence, PipeOpts);
+// MXMOE_QUANT_TMA_SKEL_SCALES = 1: the skeleton (MXMOE_QUANT_TMA=skel) stores scale bytes too.
+int pipe_hint_env(const char* name, int unset) {
   const char* e = std::getenv(name);
-  if (e == nullptr || *e == 0) return -1;
+  if (e == nullptr || *e == 0) return unset;
+  if (std::strcmp(e, "none") == 0) return -1;
   if (std::strcmp(e, "normal") == 0) return 0;
   if (std::strcmp(e, "first") == 0) return 1;
   if (std::strcmp(e, "last") == 0) return 2;
-  throw_arg("quantize_mxfp8", name, e, "must be normal, first or last");
+  throw_arg("quantize_mxfp8", name, e, "must be none, normal, first or last");
+}
+bool pipe_late_scales() {
+  const char* e = std::getenv("MXMOE_QUANT_TMA_SCALES");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "late") == 0) return true;
+  if (std::strcmp(e, "early") == 0) return false;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "must be late or early");
 }
 PipeOpts pipe_options(const TileGrid& g) {
   PipeOpts o;
@@ -1379,8 +1496,11 @@ PipeOpts pipe_options(const TileGrid& g) {
   o.per_group = FastDivmod(uint32_t(group * g.tiles_c));
   o.group_rows = FastDivmod(uint32_t(group));
   o.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % group)));
-  o.load_hint = pipe_hint_env("MXMOE_QUANT_TMA_LOAD_HINT");
-  o.store_hint = pipe_hint_env("MXMOE_QUANT_TMA_STORE_HINT");
+  o.load_hint = pipe_hint_env("MXMOE_QUANT_TMA_LOAD_HINT", -1);
+  o.store_hint = pipe_hint_env("MXMOE_QUANT_TMA_STORE_HINT", 2);
+  o.late_scales = pipe_late_scales() ? 1 : 0;
+  const char* sk = std::getenv("MXMOE_QUANT_TMA_SKEL_SCALES");
+  o.skel_scales = sk != nullptr && std::strcmp(sk, "1") == 0 ? 1 : 0;
   return o;
 }
 
