@@ -13,8 +13,11 @@ bandwidth measured in the same mode):
 Ceilings: torch copy_ of 1 GiB (the bench's ceiling, a driver memcpy); an SM copy kernel of the
 16384x7168 input's bytes (bitwise_or with 0 on int32, read 1 : write 1); a 2 : 1 read : write kernel
 (c = a | b, the row-wise or column-wise quantizer's mix).
-Variants (env of the pipelined kernel; every one's output is checked bit for bit against PyTorch,
-except the skeletons, which store stale bytes by design): see VARIANTS.
+Variants (env of the quantizer; every one's output is checked bit for bit against PyTorch, except
+the skeletons, which store stale bytes by design): see VARIANTS. Session 10: the scale-store order
+(MXMOE_QUANT_TMA_SCALES=early|late|warp, MXMOE_QUANT_LATE_SCALES=1 for today's kernels) and the
+skeleton with scale stores (MXMOE_QUANT_TMA_SKEL_SCALES=1) test whether the fence's MEMBAR waiting
+for the scale bytes' global stores is what the conversion costs.
 
 Usage: python3 bench/quant_variants.py [--json F] [--cases REGEX] [--modes flush,clean,loop]
                                        [--variants REGEX] [--reps N]
@@ -45,6 +48,7 @@ VARIANTS = [
     ("tma-early", {**TMA, "MXMOE_QUANT_TMA_SCALES": "early"}, True),  # evict_last stores, scales before the fence
     ("tma-nohint", {**TMA, "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),  # late scales, no store hint
     ("tma", TMA, True),                                               # new defaults: late scales + evict_last stores
+    ("tma-warp", {**TMA, "MXMOE_QUANT_TMA_SCALES": "warp"}, True),    # scale bytes by the writer warp
     ("tma-g1", {**TMA, "MXMOE_QUANT_TMA_GROUP": "1"}, True),          # row-major raster
     ("skel", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none"}, False),  # run 59's skeleton
     ("skel-sc-early", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
@@ -154,8 +158,8 @@ PROFILE = [  # (label, kernel, env) on 16384x7168; kernel: "copy", "2:1", or (ro
     ("row+col default", (True, True), {}),
     ("row+col late", (True, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
     ("row+col tma-run59", (True, True), {**TMA, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
-    ("row+col tma-nohint", (True, True), {**TMA, "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
     ("row+col tma", (True, True), TMA),
+    ("row+col tma-warp", (True, True), {**TMA, "MXMOE_QUANT_TMA_SCALES": "warp"}),
     ("row+col skel-sc-early", (True, True), {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
                                              "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}),
     ("colwise late", (False, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
@@ -164,9 +168,9 @@ PROFILE = [  # (label, kernel, env) on 16384x7168; kernel: "copy", "2:1", or (ro
 ]
 
 
-def profile(lib, labels_file):
-    """One launch of each PROFILE kernel, nothing else that ncu's filter (BitwiseOr |
-    quantize_mxfp8_*kernel) would catch."""
+def profile(lib, labels_file, skip=None):
+    """One launch of each PROFILE kernel (labels matching `skip` left out), nothing else that ncu's
+    filter (BitwiseOr | quantize_mxfp8_*kernel) would catch."""
     R, C = 16384, 7168
     x = torch.randn(R, C, device="cuda").to(torch.bfloat16)
     n = R * C * 2
@@ -177,6 +181,8 @@ def profile(lib, labels_file):
     torch.cuda.synchronize()
     with open(labels_file, "w") as f:
         for label, kind, env in PROFILE:
+            if skip and re.search(skip, label):
+                continue
             e = dict(BASE)
             e.update(env)
             with kernel_env(e):
@@ -197,7 +203,7 @@ def profile(lib, labels_file):
                 scales = 0 if skel_none else R * C // 32  # (the skeleton writes none by default)
                 rd, wr, k = n, dirs * (R * C + scales), "q"
             f.write(f"{label}\t{rd}\t{wr}\t{k}\n")
-    print("profiled launches:", ", ".join(p[0] for p in PROFILE))
+    print("profiled launches:", ", ".join(p[0] for p in PROFILE if not (skip and re.search(skip, p[0]))))
 
 
 def main():
@@ -205,6 +211,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--cases", default=None, help="regex on 'name shape'")
     ap.add_argument("--variants", default=None, help="regex on the variant labels")
+    ap.add_argument("--skip", default=None, help="regex: variants and --profile labels left out (e.g. one whose test failed)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", default=None, metavar="LABELS_FILE")
@@ -213,10 +220,11 @@ def main():
     lib = load_lib()
     torch.manual_seed(0)
     if args.profile:
-        profile(lib, args.profile)
+        profile(lib, args.profile, args.skip)
         return
     modes = [m for m in args.modes.split(",") if m]
-    variants = [v for v in VARIANTS if not args.variants or re.search(args.variants, v[0])]
+    variants = [v for v in VARIANTS if (not args.variants or re.search(args.variants, v[0]))
+                and not (args.skip and re.search(args.skip, v[0]))]
     timer = ModeTimer(args.reps)
     ceil = ceilings(timer, modes)
     copy_gbs = {m: ceil[("copy_ 1GiB", m)] for m in modes}

@@ -1043,7 +1043,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 
 // ==== Pipelined kernel (MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring; no CTA-wide barrier ====
 // The plain MX copies of dense inputs (a matrix or a batch of them; rows, columns or both). One CTA
-// of 17 warps per SM (persistent):
+// of 18 warps per SM (persistent; warp 17 is the scale writer, idle unless MXMOE_QUANT_TMA_SCALES=warp):
 //  - warp 16 (one lane) is the producer: for each tile of the walk it waits until the ring slot is
 //    free (mbarrier `empty`), writes the tile's coordinates into the slot, and loads the 128x128
 //    BF16 tile with two TMA copies (two [128 rows, 64 columns] boxes, 128-byte swizzle: 16-byte
@@ -1053,7 +1053,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 //  - warps 0-15 are consumers, each on its own 16-row (row-wise) or 16-column (column-wise) slice
 //    of a tile: wait for `full`, copy the slice's inputs into registers, arrive on `empty` (one
 //    arrival per warp), convert into the warp's own 2 KB staging slice (double-buffered), fence,
-//    and one lane stores the slice with a TMA store (full 128-byte lines). Warps synchronise only
+//    and one lane stores the slice with a TMA store (full 128-byte lines); the scale bytes are
+//    stored after that (session 10: before the fence, its MEMBAR.ALL.CTA waited for them, see
+//    ScaleStores; PipeOpts.late_scales has the other orders). Warps synchronise only
 //    through the ring's mbarriers and their own bulk groups: none waits for another warp's
 //    conversion or stores, unlike barriers A-C-B of the staged and two-group kernels, where ncu saw
 //    35-49% of samples at a barrier and ~1.1 eligible warps a scheduler (runs 26, 37).
@@ -1067,12 +1069,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 // back in row order with one byte permutation (PRMT) per 4 output bytes. Lanes h and h ^ 1 hold
 // the two halves of a 32-row block (one shuffle for its amax). Staging row = tile column, chunk
 // h: the 8 lanes of a quarter-warp store 8 different chunks of one row.
-// Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 2 KB alignment slack (~194 KB). The
+// Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 4 x 1 KB scale slots + 2 KB alignment
+// slack (~198 KB). The
 // stage and staging bases are 2048-byte aligned at run time, so that the swizzled addresses are
 // one XOR of a per-thread base (no 64-bit or IMAD address arithmetic per access).
 constexpr int kPipeStages = 4;
 constexpr int kPipeConsumerWarps = 16;
-constexpr int kPipeThreads = (kPipeConsumerWarps + 1) * 32;  // + the producer warp
+constexpr int kPipeThreads = (kPipeConsumerWarps + 2) * 32;  // + the producer warp + the scale writer warp
 constexpr int kPipeBoxCols = 64;                              // BF16 columns of one TMA load box (128 B)
 constexpr int kPipeBoxBytes = kTileRows * kPipeBoxCols * 2;   // 16 KB
 constexpr int kPipeSliceBytes = 16 * 128;                     // one warp's output slice: 16 rows x 128 B
@@ -1090,7 +1093,9 @@ struct PipeTile {
 //    1 evict_first, 2 evict_last; createpolicy_l2). Default: loads without a hint, stores evict_last
 //    (run 59: +2.3 to +5.6 points in back-to-back timing, +3.6 for both directions with the flush).
 //  - late_scales: 1 (default) = the scale bytes are stored after the slice's TMA store is issued,
-//    0 = before the fence, as measured in runs 56-59 (see ScaleStores).
+//    0 = before the fence, as measured in runs 56-59 (see ScaleStores); 2 = the consumer warps put
+//    them in shared memory and the scale writer warp stores them (4 bytes a row or column of a
+//    tile in one store where aligned), so no consumer warp has a global store in flight at its fence.
 //  - skel_scales (skeleton only): 1 = the skeleton also stores scale bytes (0x7F) to the real
 //    addresses, in the order late_scales says; 0 = no scale stores (runs 56-59's skeleton).
 struct PipeOpts {
@@ -1119,7 +1124,14 @@ struct PipeLayout {
   static constexpr int kTiles = kStaging + kPipeConsumerWarps * 2 * kPipeSliceBytes;  // [S] PipeTile
   static constexpr int kFull = kTiles + kPipeStages * int(sizeof(PipeTile));          // [S] mbarrier
   static constexpr int kEmpty = kFull + kPipeStages * 8;                               // [S] mbarrier
-  static constexpr int kUsed = kEmpty + kPipeStages * 8;
+  // Scale writer (late_scales == 2): per ring slot, the tile's row-wise scale bytes [128 rows][4 blocks]
+  // then its column-wise ones [128 columns][4 blocks]; `sfull` (one arrival per consumer warp of the
+  // tile) and `sempty` (the writer's arrival) mbarriers per slot.
+  static constexpr int kScaleSlot = 2 * kTileRows * 4;
+  static constexpr int kScales = kEmpty + kPipeStages * 8;
+  static constexpr int kSFull = kScales + kPipeStages * kScaleSlot;
+  static constexpr int kSEmpty = kSFull + kPipeStages * 8;
+  static constexpr int kUsed = kSEmpty + kPipeStages * 8;
   static constexpr int kBytes = kUsed + 2048;  // slack: the base is aligned up to 2048 at run time
 };
 static_assert(kStageBytes == 2 * kPipeBoxBytes && kPipeBoxBytes % 2048 == 0 && kPipeSliceBytes == 2048,
@@ -1221,16 +1233,71 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
   PipeTile* ring = reinterpret_cast<PipeTile*>(smem + L::kTiles);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kFull);
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kEmpty);
+  uint64_t* sfull = reinterpret_cast<uint64_t*>(smem + L::kSFull);
+  uint64_t* sempty = reinterpret_cast<uint64_t*>(smem + L::kSEmpty);
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       device::mbarrier_init(&full[s], 1);                 // the producer's arrive.expect_tx
       device::mbarrier_init(&empty[s], kWarpsPerTile);    // one arrival per consumer warp of the tile
+      device::mbarrier_init(&sfull[s], kWarpsPerTile);    // scale writer: one arrival per consumer warp
+      device::mbarrier_init(&sempty[s], 1);               // the scale writer's arrival
     }
     device::fence_mbarrier_init_release_cluster();
   }
   __syncthreads();  // the only CTA-wide barrier
+
+  if (warp == kPipeConsumerWarps + 1) {  // ---- scale writer (late_scales == 2 only)
+    if (o.late_scales != 2) return;
+    const int32_t nblk_r = int32_t(p.cols / kMxBlock), nblk_c = int32_t(p.rows_out / kMxBlock);
+    // 4-byte stores where a tile's 4 blocks are a whole aligned word (128-multiple widths).
+    const bool wide_r = (reinterpret_cast<uintptr_t>(p.row_scales) & 3u) == 0 && nblk_r % 4 == 0;
+    const bool wide_c = (reinterpret_cast<uintptr_t>(p.col_scales) & 3u) == 0 && nblk_c % 4 == 0;
+    for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
+      const int s = int(k % S);
+      device::mbarrier_wait_parity(&sfull[s], (k / S) & 1);
+      const PipeTile t = pipe_tile_at(p, g, o, first + k * step);
+      const uint32_t* slot = reinterpret_cast<const uint32_t*>(smem + L::kScales + s * L::kScaleSlot);
+      if constexpr (kRow) {
+#pragma unroll
+        for (int i = 0; i < kTileRows / 32; ++i) {
+          const int r = 32 * i + lane;
+          const uint32_t v = slot[r];
+          if (r < t.out_valid) {
+            uint8_t* dst = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk_r + t.c0 / kMxBlock;
+            if (wide_r) {
+              *reinterpret_cast<uint32_t*>(dst) = v;
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (t.c0 + kMxBlock * j < p.cols) dst[j] = uint8_t(v >> (8 * j));
+            }
+          }
+        }
+      }
+      if constexpr (kCol) {
+#pragma unroll
+        for (int i = 0; i < kTileCols / 32; ++i) {
+          const int c = 32 * i + lane;
+          const uint32_t v = slot[kTileRows + c];
+          if (t.c0 + c < p.cols) {
+            uint8_t* dst = p.col_scales + (int64_t(t.b) * p.cols + t.c0 + c) * nblk_c + t.r0 / kMxBlock;
+            if (wide_c && t.out_valid == kTileRows) {
+              *reinterpret_cast<uint32_t*>(dst) = v;
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (kMxBlock * j < t.out_valid) dst[j] = uint8_t(v >> (8 * j));
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) device::mbarrier_arrive(&sempty[s]);  // the slot has been read
+    }
+    return;
+  }
 
   if (warp == kPipeConsumerWarps) {  // ---- producer
     if (lane != 0) return;
@@ -1326,16 +1393,32 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       c1 = t.c0 + 16 * w;
       has_slice = c1 < p.cols;
     }
-    // Scale bytes before the fence (o.late_scales == 0, the measured order of runs 56-59) or after
-    // the slice's TMA store is issued (ScaleStores: the fence's MEMBAR waits for them otherwise).
-    if (!o.late_scales) store_scales(scales);
+    // Scale bytes before the fence (o.late_scales == 0, the measured order of runs 56-59), after
+    // the slice's TMA store is issued (1; ScaleStores: the fence's MEMBAR waits for them otherwise),
+    // or through the scale writer warp (2): into slot k % S once the writer has read its tile k - S.
+    if (o.late_scales == 2) {
+      device::mbarrier_wait_parity(&sempty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
+      uint8_t* slot = smem + L::kScales + s * L::kScaleSlot;
+      if (kRow && (!kCol || row_warp)) {
+        const int r = 16 * w + lane % 16, half = lane / 16;  // blocks 2 half, 2 half + 1 of row r
+        *reinterpret_cast<uint16_t*>(slot + 4 * r + 2 * half) = uint16_t(scales.bytes);
+      } else if ((lane % 8) % 2 == 0) {  // h even: block h / 2 of columns 16 w + 4 q + c
+        const int q = lane / 8, h = lane % 8;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) slot[4 * kTileRows + 4 * (16 * w + 4 * q + c) + h / 2] = uint8_t(scales.bytes >> (8 * c));
+      }
+      __syncwarp();
+      if (lane == 0) device::mbarrier_arrive(&sfull[s]);
+    } else if (o.late_scales == 0) {
+      store_scales(scales);
+    }
     device::fence_proxy_async_shared_cta();
     __syncwarp();
     if (lane == 0) {
       if (has_slice) store(map, slice, c0, c1, t.b);
       device::cp_async_bulk_commit_group();
     }
-    if (o.late_scales) store_scales(scales);
+    if (o.late_scales == 1) store_scales(scales);
   }
   if (lane == 0) device::cp_async_bulk_wait_group<0>();
 }
@@ -1469,7 +1552,8 @@ bool pipelined_skeleton() {
 // MXMOE_QUANT_TMA_GROUP = raster group height in row tiles (default 8; clamped to [1, row tiles]);
 // MXMOE_QUANT_TMA_LOAD_HINT / MXMOE_QUANT_TMA_STORE_HINT = none | normal | first | last (L2 policy
 // of the TMA loads / stores; unset: loads none, stores last);
-// MXMOE_QUANT_TMA_SCALES = late (default) | early (scale bytes after / before the fence, PipeOpts);
+// MXMOE_QUANT_TMA_SCALES = late (default) | early | warp (scale bytes after / before the fence, or by
+// the scale writer warp; PipeOpts);
 // MXMOE_QUANT_TMA_SKEL_SCALES = 1: the skeleton (MXMOE_QUANT_TMA=skel) stores scale bytes too.
 int pipe_hint_env(const char* name, int unset) {
   const char* e = std::getenv(name);
@@ -1480,11 +1564,12 @@ int pipe_hint_env(const char* name, int unset) {
   if (std::strcmp(e, "last") == 0) return 2;
   throw_arg("quantize_mxfp8", name, e, "must be none, normal, first or last");
 }
-bool pipe_late_scales() {
+int pipe_late_scales() {
   const char* e = std::getenv("MXMOE_QUANT_TMA_SCALES");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "late") == 0) return true;
-  if (std::strcmp(e, "early") == 0) return false;
-  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "must be late or early");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "late") == 0) return 1;
+  if (std::strcmp(e, "early") == 0) return 0;
+  if (std::strcmp(e, "warp") == 0) return 2;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "must be late, early or warp");
 }
 PipeOpts pipe_options(const TileGrid& g) {
   PipeOpts o;
@@ -1498,7 +1583,7 @@ PipeOpts pipe_options(const TileGrid& g) {
   o.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % group)));
   o.load_hint = pipe_hint_env("MXMOE_QUANT_TMA_LOAD_HINT", -1);
   o.store_hint = pipe_hint_env("MXMOE_QUANT_TMA_STORE_HINT", 2);
-  o.late_scales = pipe_late_scales() ? 1 : 0;
+  o.late_scales = pipe_late_scales();
   const char* sk = std::getenv("MXMOE_QUANT_TMA_SKEL_SCALES");
   o.skel_scales = sk != nullptr && std::strcmp(sk, "1") == 0 ? 1 : 0;
   return o;
