@@ -7,13 +7,15 @@
 // alone or the fast form alone; the register-store one writes plain + fast together (and
 // everything with MXMOE_QUANT_STAGED=0). Every case that asks for the fast form also runs with the
 // fast form alone on the default kernels and on the register-store one, and without its fast form,
-// so that every kernel sees every input.
+// so that every kernel sees every input. The pipelined kernel (plain copies of dense inputs, behind
+// MXMOE_QUANT_TMA=1 until measured) has its own test, PipelinedKernelOnPlainCopies.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <utility>
 
 #include "common/gpu_test_util.h"
 #include "mxmoe/quantize.h"
@@ -195,23 +197,34 @@ TEST(QuantizeGpu, NanAndInfPoisonBlocksAndChunks) {
   run_dense({1, R, C, true, true, true}, ScaleMode::kFloor, x, "nan/inf");
 }
 
-TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
+namespace {
+
+// Two launches on the same 1024 x 2880 input (both directions; with its fast form when `fast`) into
+// buffers poisoned differently: every output byte identical.
+void expect_reruns_identical(bool fast, std::mt19937& rng) {
   const int64_t R = 1024, C = 2880;
   auto x = random_bf16(R, C, Dist::kHeavyTailed, rng);
   DevBuf<uint16_t> dx(x.size());
   dx.upload(x);
-  CopyBufs a1(1, R, C, true, 0x11), b1(1, C, R, true, 0x11), a2(1, R, C, true, 0x22), b2(1, C, R, true, 0x22);
-  const MxOut ra1 = a1.out(true), cb1 = b1.out(true), ra2 = a2.out(true), cb2 = b2.out(true);
+  CopyBufs a1(1, R, C, fast, 0x11), b1(1, C, R, fast, 0x11), a2(1, R, C, fast, 0x22), b2(1, C, R, fast, 0x22);
+  const MxOut ra1 = a1.out(fast), cb1 = b1.out(fast), ra2 = a2.out(fast), cb2 = b2.out(fast);
   quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ra1, &cb1);
   quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ra2, &cb2);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-  EXPECT_EQ(a1.data.download(), a2.data.download());
-  EXPECT_EQ(a1.fast_data.download(), a2.fast_data.download());
-  EXPECT_EQ(b1.data.download(), b2.data.download());
-  EXPECT_EQ(b1.scales.download(), b2.scales.download());
-  EXPECT_EQ(b1.fast_scales.download(), b2.fast_scales.download());
+  for (const auto& [u, v] : {std::pair{&a1, &a2}, std::pair{&b1, &b2}}) {
+    EXPECT_EQ(u->data.download(), v->data.download());
+    EXPECT_EQ(u->scales.download(), v->scales.download());
+    EXPECT_EQ(u->fast_data.download(), v->fast_data.download());
+    EXPECT_EQ(u->fast_scales.download(), v->fast_scales.download());
+  }
+}
+
+}  // namespace
+
+TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  expect_reruns_identical(true, rng);
 }
 
 namespace {
@@ -701,4 +714,47 @@ TEST(QuantizeGpu, FastFormSameBytesOnEveryKernel) {
                                   quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, ro, nullptr);
                               });
   }
+}
+
+// The pipelined kernel (MXMOE_QUANT_TMA=1: TMA loads into an mbarrier ring, one 16-row or 16-column
+// slice per warp, TMA stores per warp) on the plain copies of dense inputs, against the reference:
+// every BF16 pattern as an element and as an amax (both directions and each alone), random shapes
+// with partial tiles both ways (rows not a multiple of 128 or of 32, K = 2880 whose last tile has
+// one 64-column box only, 96 x 64 and 160 x 160), batched weights, NaN/Inf blocks, both scale
+// modes, and walks of many tiles per CTA (every ring slot and staging slice reused many times; one
+// direction alone: two teams of warps on alternate tiles). Reruns bitwise identical.
+TEST(QuantizeGpu, PipelinedKernelOnPlainCopies) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  std::vector<uint16_t> a(65536);
+  std::iota(a.begin(), a.end(), 0);
+  std::vector<uint16_t> b(size_t(65536) * 32, 0);
+  for (int i = 0; i < 65536; ++i) b[size_t(i) * 32 + i % 32] = uint16_t(i);
+  for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor}) {
+    for (const auto& [row, col] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+      run_dense_once({1, 2048, 32, row, col, false}, mode, a, "pipelined: patterns in order");
+      run_dense_once({1, 65536, 32, row, col, false}, mode, b, "pipelined: isolated patterns");
+    }
+  }
+  const DenseCase cases[] = {
+      {1, 4000, 2880, true, true, false},   {1, 4000, 2880, true, false, false}, {1, 4000, 2880, false, true, false},
+      {1, 1000, 2880, true, false, false},  {1, 33, 32, true, false, false},     {1, 96, 64, false, true, false},
+      {1, 160, 160, true, true, false},     {1, 1024, 7168, true, true, false},  {3, 160, 96, true, true, false},
+      {4, 384, 2880, true, true, false},    {3, 2880, 256, true, true, false},   {2, 160, 96, false, true, false},
+      {1, 4096, 7168, true, true, false},   {1, 8192, 2880, true, false, false}, {1, 8192, 2880, false, true, false},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const Dist dist = Dist(i % 4);
+    const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
+    auto x = random_bf16(c.batch * c.rows, c.cols, dist, rng);
+    if (i % 2 == 1) {  // NaN/Inf in some blocks
+      const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+      for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
+    }
+    run_dense_once(c, mode, x, std::string("pipelined: ") + dist_name(dist));
+    ++i;
+  }
+  expect_reruns_identical(false, rng);
 }
