@@ -51,6 +51,7 @@
 #include "host/kernel_attr.h"
 #include "kernels/gemm/tensor_map.h"
 #include "kernels/quantize/quantize_launch.h"
+#include "kernels/quantize/quantize_unit_walk.h"
 #include "mxmoe/quantize.h"
 
 namespace mxmoe::detail {
@@ -1096,13 +1097,22 @@ struct PipeTile {
 //    0 = before the fence, as measured in runs 56-59 (see ScaleStores); 2 = the consumer warps put
 //    them in shared memory and the scale writer warp stores them (4 bytes a row or column of a
 //    tile in one store where aligned), so no consumer warp has a global store in flight at its fence.
+//    3 (the default with the unit walk) = the scale writer collects a unit's scale bytes in shared
+//    memory and stores them when the CTA's part of the unit is done, consecutive bytes of a row
+//    (column) from consecutive lanes (quantize_unit_walk.h): runs of 4 gc (4 gr) bytes instead of 4.
 //  - skel_scales (skeleton only): 1 = the skeleton also stores scale bytes (0x7F) to the real
 //    addresses, in the order late_scales says; 0 = no scale stores (runs 56-59's skeleton).
+//  - unit (MXMOE_QUANT_SCALE_UNIT, session 11): 1 = the unit walk (quantize_unit_walk.h: CTA c
+//    converts a contiguous range of tile positions, ordered by units of walk.gr x walk.gc tiles;
+//    `group` is then unused); 0 = the round-robin walk of runs 56-62 (tile ids c + k * grid in the
+//    raster of `group`).
 struct PipeOpts {
   int32_t group = kGroupRowTiles, full_groups = 0;
   int32_t load_hint = -1, store_hint = 2;
   int32_t late_scales = 1, skel_scales = 0;
+  int32_t unit = 0;
   FastDivmod per_group, group_rows, last_group_rows;
+  UnitWalk walk;
 };
 
 // Tile id → tile of the walk with the raster of `o` (tile_at's order when o.group == kGroupRowTiles).
@@ -1119,25 +1129,36 @@ __device__ __forceinline__ PipeTile pipe_tile_at(const QuantizeParams& p, const 
   t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
   return t;
 }
+// Scale slots of the writer warp (late_scales 2, 3): tile k's bytes go to slot k % kPipeScaleSlots.
+// 8 rather than the ring's 4 (session 11): the writer spends ~2-3 tile times storing a 4x4 unit, and
+// the consumer warps must not wait for a slot meanwhile.
+constexpr int kPipeScaleSlots = 8;
 struct PipeLayout {
   static constexpr int kStaging = kPipeStages * kStageBytes;                           // [S][2 boxes][128][128 B]
   static constexpr int kTiles = kStaging + kPipeConsumerWarps * 2 * kPipeSliceBytes;  // [S] PipeTile
   static constexpr int kFull = kTiles + kPipeStages * int(sizeof(PipeTile));          // [S] mbarrier
   static constexpr int kEmpty = kFull + kPipeStages * 8;                               // [S] mbarrier
-  // Scale writer (late_scales == 2): per ring slot, the tile's row-wise scale bytes [128 rows][4 blocks]
+  // Scale writer (late_scales 2, 3): per scale slot, the tile's row-wise scale bytes [128 rows][4 blocks]
   // then its column-wise ones [128 columns][4 blocks]; `sfull` (one arrival per consumer warp of the
   // tile) and `sempty` (the writer's arrival) mbarriers per slot.
   static constexpr int kScaleSlot = 2 * kTileRows * 4;
   static constexpr int kScales = kEmpty + kPipeStages * 8;
-  static constexpr int kSFull = kScales + kPipeStages * kScaleSlot;
-  static constexpr int kSEmpty = kSFull + kPipeStages * 8;
-  static constexpr int kUsed = kSEmpty + kPipeStages * 8;
+  static constexpr int kSFull = kScales + kPipeScaleSlots * kScaleSlot;
+  static constexpr int kSEmpty = kSFull + kPipeScaleSlots * 8;
+  // The unit buffer (late_scales 3; quantize_unit_walk.h): row part [gr * 128][4 gc], then col part
+  // [gc * 128][4 gr]; 16 KB (4x4 units both ways, 1x8 / 8x1 one way, at most 32 tiles one way).
+  static constexpr int kUnit = kSEmpty + kPipeScaleSlots * 8;
+  static constexpr int kUsed = kUnit + kUnitBufferBytes;
   static constexpr int kBytes = kUsed + 2048;  // slack: the base is aligned up to 2048 at run time
 };
 static_assert(kStageBytes == 2 * kPipeBoxBytes && kPipeBoxBytes % 2048 == 0 && kPipeSliceBytes == 2048,
               "2048-byte aligned stages, boxes and slices");
 static_assert(kTileRows == 8 * 16 && kTileCols == 8 * 16, "8 warps of 16 rows / 16 columns cover a tile");
 static_assert(PipeLayout::kBytes <= 227 * 1024, "one CTA per SM");
+static_assert(PipeLayout::kBytes == 223488, "the layout measured by ptxas in session 11 (218.25 KB)");
+static_assert(unit_buffer_bytes(4, 4, 2) <= kUnitBufferBytes && unit_buffer_bytes(1, 8, 1) <= kUnitBufferBytes,
+              "the default units fit the unit buffer");
+static_assert(PipeLayout::kUnit % 16 == 0, "unit buffer words");
 
 // Row-wise slice: the thread's row (tile row r) and half, 8 x 16 bytes from the box of its half:
 // vector j of the row at chunk j ^ (r % 8). `stage`: shared address of the stage (2048-aligned).
@@ -1213,6 +1234,59 @@ __device__ __forceinline__ ScaleStores pipe_col_convert(const QuantizeParams& p,
                           sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24));
 }
 
+// The scale writer warp with the unit walk (late_scales == 3; quantize_unit_walk.h): for each tile of
+// the CTA's walk, copies the tile's scale slot (filled by the consumer warps) into the unit buffer
+// and frees the slot; when the CTA's part [a, i + 1) of a unit is complete (the unit's last tile, or
+// the CTA's last), stores it: byte e of a part by lane e % 32, so one store instruction writes 32
+// consecutive bytes of the part: 32 / (4 gc) whole row runs (or one row's 32 bytes), and the L1
+// sends one request per run and 128-byte line instead of one per 4-byte run. Byte stores, so no
+// alignment is assumed (K = 2880: rows of 90 bytes). Which bytes are stored is the per-tile rule of
+// every other path (unit_row_scale_dst / unit_col_scale_dst; tests/cpu/test_quantize_unit_walk.cpp).
+template <bool kRow, bool kCol>
+__device__ __forceinline__ void pipe_unit_scale_writer(const QuantizeParams& p, const UnitWalk& u, uint8_t* smem,
+                                                       uint64_t* sfull, uint64_t* sempty, uint32_t first,
+                                                       uint32_t count, int lane) {
+  using L = PipeLayout;
+  uint8_t* rpart = smem + L::kUnit;                                    // [gr * 128][4 gc]
+  uint8_t* cpart = rpart + (kRow ? unit_row_part_bytes(u, u.gr) : 0);  // [gc * 128][4 gr]
+  int32_t a = 0;  // the first position of the CTA's part of the current unit
+  for (uint32_t k = 0; k < count; ++k) {
+    const int s = int(k % kPipeScaleSlots);
+    device::mbarrier_wait_parity(&sfull[s], (k / kPipeScaleSlots) & 1);
+    const UnitTile t = unit_tile_at(u, first + k);
+    if (k == 0 || t.i == 0) a = t.i;
+    const int32_t tr_in = t.tr - t.ur0, tc_in = t.tc - t.uc0;
+    const uint32_t* slot = reinterpret_cast<const uint32_t*>(smem + L::kScales + s * L::kScaleSlot);
+#pragma unroll
+    for (int i = 0; i < kTileRows / 32; ++i) {
+      const int x = 32 * i + lane;
+      if constexpr (kRow) reinterpret_cast<uint32_t*>(rpart)[unit_row_word(u, tr_in, tc_in, x)] = slot[x];
+      if constexpr (kCol) reinterpret_cast<uint32_t*>(cpart)[unit_col_word(u, tr_in, tc_in, x)] = slot[kTileRows + x];
+    }
+    __syncwarp();
+    if (lane == 0) device::mbarrier_arrive(&sempty[s]);  // the slot has been read
+    if (k + 1 < count && t.i + 1 < t.h * t.w) continue;
+    const int32_t e_end = t.i + 1;  // the part [a, e_end) is complete: store it
+    if constexpr (kRow) {
+      const int32_t bytes = unit_row_part_bytes(u, t.h);
+#pragma unroll 4
+      for (int32_t e = lane; e < bytes; e += 32) {
+        const int64_t d = unit_row_scale_dst(u, t, a, e_end, p.rows_out, p.cols, e);
+        if (d >= 0) p.row_scales[d] = rpart[e];
+      }
+    }
+    if constexpr (kCol) {
+      const int32_t bytes = unit_col_part_bytes(u, t.w);
+#pragma unroll 4
+      for (int32_t e = lane; e < bytes; e += 32) {
+        const int64_t d = unit_col_scale_dst(u, t, a, e_end, p.rows_out, p.cols, e);
+        if (d >= 0) p.col_scales[d] = cpart[e];
+      }
+    }
+    __syncwarp();  // every lane has read the unit buffer before the next tile's copy overwrites it
+  }
+}
+
 // kSkel (diagnostic, MXMOE_QUANT_TMA=skel): the same TMA loads and data stores, mbarriers and bulk
 // groups, but no conversion and no scale stores: each warp stores its staging slice as it is
 // (stale bytes). What the memory system gives this access pattern with no arithmetic in the way.
@@ -1236,11 +1310,28 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
   uint64_t* sfull = reinterpret_cast<uint64_t*>(smem + L::kSFull);
   uint64_t* sempty = reinterpret_cast<uint64_t*>(smem + L::kSEmpty);
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  const uint32_t first = blockIdx.x, step = gridDim.x, num_tiles = uint32_t(g.num_tiles);
+  // This CTA's walk: tiles k = 0 .. count - 1. Round robin (o.unit == 0): tile id first + k * step in
+  // the raster of o.group; unit walk: tile position first + k (quantize_unit_walk.h).
+  const uint32_t num_tiles = uint32_t(g.num_tiles);
+  uint32_t first = blockIdx.x, step = gridDim.x, count = 0;
+  if (o.unit) unit_cta_range(num_tiles, gridDim.x, blockIdx.x, &first, &count);
+  else count = (num_tiles - first + step - 1) / step;  // (grid <= tiles: first < num_tiles)
+  const auto tile_of = [&](uint32_t k) {
+    if (!o.unit) return pipe_tile_at(p, g, o, first + k * step);
+    const UnitTile u = unit_tile_at(o.walk, first + k);
+    PipeTile t;
+    t.b = u.b;
+    t.r0 = u.tr * kTileRows;
+    t.c0 = u.tc * kTileCols;
+    t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+    return t;
+  };
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       device::mbarrier_init(&full[s], 1);                 // the producer's arrive.expect_tx
       device::mbarrier_init(&empty[s], kWarpsPerTile);    // one arrival per consumer warp of the tile
+    }
+    for (int s = 0; s < kPipeScaleSlots; ++s) {
       device::mbarrier_init(&sfull[s], kWarpsPerTile);    // scale writer: one arrival per consumer warp
       device::mbarrier_init(&sempty[s], 1);               // the scale writer's arrival
     }
@@ -1248,16 +1339,20 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
   }
   __syncthreads();  // the only CTA-wide barrier
 
-  if (warp == kPipeConsumerWarps + 1) {  // ---- scale writer (late_scales == 2 only)
+  if (warp == kPipeConsumerWarps + 1) {  // ---- scale writer (late_scales 2 and 3 only)
+    if (o.late_scales == 3) {
+      pipe_unit_scale_writer<kRow, kCol>(p, o.walk, smem, sfull, sempty, first, count, lane);
+      return;
+    }
     if (o.late_scales != 2) return;
     const int32_t nblk_r = int32_t(p.cols / kMxBlock), nblk_c = int32_t(p.rows_out / kMxBlock);
     // 4-byte stores where a tile's 4 blocks are a whole aligned word (128-multiple widths).
     const bool wide_r = (reinterpret_cast<uintptr_t>(p.row_scales) & 3u) == 0 && nblk_r % 4 == 0;
     const bool wide_c = (reinterpret_cast<uintptr_t>(p.col_scales) & 3u) == 0 && nblk_c % 4 == 0;
-    for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
-      const int s = int(k % S);
-      device::mbarrier_wait_parity(&sfull[s], (k / S) & 1);
-      const PipeTile t = pipe_tile_at(p, g, o, first + k * step);
+    for (uint32_t k = 0; k < count; ++k) {
+      const int s = int(k % kPipeScaleSlots);
+      device::mbarrier_wait_parity(&sfull[s], (k / kPipeScaleSlots) & 1);
+      const PipeTile t = tile_of(k);
       const uint32_t* slot = reinterpret_cast<const uint32_t*>(smem + L::kScales + s * L::kScaleSlot);
       if constexpr (kRow) {
 #pragma unroll
@@ -1304,10 +1399,10 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     device::prefetch_tensormap(&x_map);
     const bool hint = o.load_hint >= 0;
     const uint64_t policy = hint ? device::createpolicy_l2(o.load_hint) : 0;
-    for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
+    for (uint32_t k = 0; k < count; ++k) {
       const int s = int(k % S);
       device::mbarrier_wait_parity(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
-      const PipeTile t = pipe_tile_at(p, g, o, first + k * step);
+      const PipeTile t = tile_of(k);
       ring[s] = t;
       const bool right = t.c0 + kPipeBoxCols < p.cols;  // the right box holds columns of the matrix
       device::mbarrier_arrive_expect_tx(&full[s], right ? 2 * kPipeBoxBytes : kPipeBoxBytes);
@@ -1337,7 +1432,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     else device::cp_async_bulk_tensor_3d_shared_to_global(map, src, c0, c1, c2);
   };
   uint32_t it = 0;  // this warp's tiles so far: staging slice it % 2
-  for (uint32_t k = uint32_t(team); first + k * step < num_tiles; k += kTeams, ++it) {
+  for (uint32_t k = uint32_t(team); k < count; k += kTeams, ++it) {
     const int s = int(k % S);
     const uint32_t stage = sbase + uint32_t(s * kStageBytes);
     device::mbarrier_wait_parity(&full[s], (k / S) & 1);
@@ -1395,10 +1490,12 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     }
     // Scale bytes before the fence (o.late_scales == 0, the measured order of runs 56-59), after
     // the slice's TMA store is issued (1; ScaleStores: the fence's MEMBAR waits for them otherwise),
-    // or through the scale writer warp (2): into slot k % S once the writer has read its tile k - S.
-    if (o.late_scales == 2) {
-      device::mbarrier_wait_parity(&sempty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
-      uint8_t* slot = smem + L::kScales + s * L::kScaleSlot;
+    // or through the scale writer warp (2, 3): into slot k % kPipeScaleSlots once the writer has read
+    // its tile k - kPipeScaleSlots.
+    if (o.late_scales >= 2) {
+      const int ss = int(k % kPipeScaleSlots);
+      device::mbarrier_wait_parity(&sempty[ss], ((k / kPipeScaleSlots) & 1) ^ 1);  // fresh slots pass at once
+      uint8_t* slot = smem + L::kScales + ss * L::kScaleSlot;
       if (kRow && (!kCol || row_warp)) {
         const int r = 16 * w + lane % 16, half = lane / 16;  // blocks 2 half, 2 half + 1 of row r
         *reinterpret_cast<uint16_t*>(slot + 4 * r + 2 * half) = uint16_t(scales.bytes);
@@ -1408,7 +1505,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
         for (int c = 0; c < 4; ++c) slot[4 * kTileRows + 4 * (16 * w + 4 * q + c) + h / 2] = uint8_t(scales.bytes >> (8 * c));
       }
       __syncwarp();
-      if (lane == 0) device::mbarrier_arrive(&sfull[s]);
+      if (lane == 0) device::mbarrier_arrive(&sfull[ss]);
     } else if (o.late_scales == 0) {
       store_scales(scales);
     }
@@ -1554,7 +1651,14 @@ bool pipelined_skeleton() {
 // of the TMA loads / stores; unset: loads none, stores last);
 // MXMOE_QUANT_TMA_SCALES = late (default) | early | warp (scale bytes after / before the fence, or by
 // the scale writer warp; PipeOpts);
-// MXMOE_QUANT_TMA_SKEL_SCALES = 1: the skeleton (MXMOE_QUANT_TMA=skel) stores scale bytes too.
+// MXMOE_QUANT_TMA_SKEL_SCALES = 1: the skeleton (MXMOE_QUANT_TMA=skel) stores scale bytes too;
+// MXMOE_QUANT_SCALE_UNIT = 0 | 1 | auto | RxC (session 11): 0 = the round-robin walk of runs 56-62;
+// unset, 1 or auto = the unit walk with the default unit (both directions 4x4, row-wise alone 1x8,
+// column-wise alone 8x1: pipe_default_unit); RxC = units of R row tiles x C column tiles (powers of
+// 2, at most 32; R C = 16 at most with both directions: the 16 KB unit buffer). With the unit walk
+// the scale bytes default to the unit writer (MXMOE_QUANT_TMA_SCALES=unit); an explicit late,
+// early or warp keeps the unit walk but stores per tile as before; MXMOE_QUANT_TMA_GROUP applies to
+// the round-robin walk only.
 int pipe_hint_env(const char* name, int unset) {
   const char* e = std::getenv(name);
   if (e == nullptr || *e == 0) return unset;
@@ -1564,14 +1668,43 @@ int pipe_hint_env(const char* name, int unset) {
   if (std::strcmp(e, "last") == 0) return 2;
   throw_arg("quantize_mxfp8", name, e, "must be none, normal, first or last");
 }
-int pipe_late_scales() {
+int pipe_late_scales(bool unit) {
   const char* e = std::getenv("MXMOE_QUANT_TMA_SCALES");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "late") == 0) return 1;
+  if (e == nullptr || *e == 0) return unit ? 3 : 1;
+  if (std::strcmp(e, "late") == 0) return 1;
   if (std::strcmp(e, "early") == 0) return 0;
   if (std::strcmp(e, "warp") == 0) return 2;
-  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "must be late, early or warp");
+  if (std::strcmp(e, "unit") == 0) {
+    if (!unit) throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "needs the unit walk (MXMOE_QUANT_SCALE_UNIT != 0)");
+    return 3;
+  }
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "must be late, early, warp or unit");
 }
-PipeOpts pipe_options(const TileGrid& g) {
+// The default unit (session 11, not measured): both directions 4x4 (16-byte runs each way, the most
+// that fits 16 KB: runs per tile 128 (1/gr + 1/gc) is least for gr = gc); one direction 8 tiles along
+// the scales' contiguous dimension (32-byte runs: a whole sector where the run is 32-byte aligned).
+void pipe_default_unit(bool row, bool col, int32_t* gr, int32_t* gc) {
+  *gr = row && col ? 4 : (row ? 1 : 8);
+  *gc = row && col ? 4 : (row ? 8 : 1);
+}
+// MXMOE_QUANT_SCALE_UNIT → (gr, gc); false: the round-robin walk.
+bool pipe_unit_env(bool row, bool col, int32_t* gr, int32_t* gc) {
+  const char* e = std::getenv("MXMOE_QUANT_SCALE_UNIT");
+  pipe_default_unit(row, col, gr, gc);
+  if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0 || std::strcmp(e, "auto") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  int r = 0, c = 0;
+  char tail = 0;
+  const auto pow2 = [](int v) { return v >= 1 && v <= 32 && (v & (v - 1)) == 0; };
+  if (std::sscanf(e, "%dx%d%c", &r, &c, &tail) != 2 || !pow2(r) || !pow2(c) ||
+      unit_buffer_bytes(r, c, int(row) + int(col)) > kUnitBufferBytes)
+    throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_UNIT", e,
+              "must be 0, 1, auto or RxC with powers of 2 up to 32 and R*C <= 16 (both directions) or 32 (one)");
+  *gr = r;
+  *gc = c;
+  return true;
+}
+PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool col, bool skel) {
   PipeOpts o;
   const char* e = std::getenv("MXMOE_QUANT_TMA_GROUP");
   int group = e != nullptr && *e != 0 ? std::atoi(e) : kGroupRowTiles;
@@ -1583,16 +1716,22 @@ PipeOpts pipe_options(const TileGrid& g) {
   o.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % group)));
   o.load_hint = pipe_hint_env("MXMOE_QUANT_TMA_LOAD_HINT", -1);
   o.store_hint = pipe_hint_env("MXMOE_QUANT_TMA_STORE_HINT", 2);
-  o.late_scales = pipe_late_scales();
+  int32_t gr = 1, gc = 1;
+  o.unit = pipe_unit_env(row, col, &gr, &gc) ? 1 : 0;
+  if (o.unit) o.walk = make_unit_walk(p.batch, g.tiles_r, g.tiles_c, gr, gc);
+  o.late_scales = pipe_late_scales(o.unit != 0);
   const char* sk = std::getenv("MXMOE_QUANT_TMA_SKEL_SCALES");
   o.skel_scales = sk != nullptr && std::strcmp(sk, "1") == 0 ? 1 : 0;
+  // The skeleton without scale stores stores none in every order (the writer warp would store its
+  // slots' stale bytes otherwise).
+  if (skel && !o.skel_scales) o.late_scales = 1;
   return o;
 }
 
 template <bool kRow, bool kCol, bool kSkel>
 void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
   const TileGrid g = make_grid(p);
-  const PipeOpts o = pipe_options(g);
+  const PipeOpts o = pipe_options(g, p, kRow, kCol, kSkel);
   const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
   const uint64_t rows = uint64_t(p.rows_out), cols = uint64_t(p.cols), batch = uint64_t(p.batch);
   // x as bytes [batch, rows, 2 cols], loaded in [128 rows, 128 B] boxes; outputs stored in slices of
