@@ -723,6 +723,8 @@ TEST(QuantizeGpu, FastFormSameBytesOnEveryKernel) {
 // one 64-column box only, 96 x 64 and 160 x 160), batched weights, NaN/Inf blocks, both scale
 // modes, and walks of many tiles per CTA (every ring slot and staging slice reused many times; one
 // direction alone: two teams of warps on alternate tiles). Reruns bitwise identical.
+// Runs on the default walk (the unit walk since session 11; PipelinedKernelScaleUnits below runs
+// the others, MXMOE_QUANT_SCALE_UNIT=0 among them).
 TEST(QuantizeGpu, PipelinedKernelOnPlainCopies) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
@@ -757,4 +759,77 @@ TEST(QuantizeGpu, PipelinedKernelOnPlainCopies) {
     ++i;
   }
   expect_reruns_identical(false, rng);
+}
+
+// The pipelined kernel's unit walk and unit scale writer (MXMOE_QUANT_SCALE_UNIT, session 11; the
+// test above runs the default units) against the reference, with the unit walk off (0: the
+// round-robin walk of runs 56-62), 1x1 units (the unit writer with 4-byte runs), and units that
+// leave partial units at every edge: rows not a multiple of 128 gr, K not a multiple of 128 gc
+// (K = 2880: 22.5 tiles, 90-byte scale rows), shapes smaller than one unit, batched weights (units
+// never cross a batch entry), CTA ranges that split units (4096x7168: 13-14 tiles a CTA on 132
+// SMs) and walks with several whole units a CTA (12288x4096: 3072 tiles, 23 a CTA, 192 4x4 units);
+// also the per-tile scale orders (late, early, warp) on the unit walk, reruns bitwise identical,
+// and the switch's error on a unit that does not fit.
+TEST(QuantizeGpu, PipelinedKernelScaleUnits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  const DenseCase cases[] = {
+      {1, 4000, 2880, true, true, false}, {1, 4000, 2880, true, false, false}, {1, 4000, 2880, false, true, false},
+      {1, 33, 32, true, false, false},    {1, 96, 64, false, true, false},     {1, 160, 160, true, true, false},
+      {3, 160, 96, true, true, false},    {4, 384, 2880, true, true, false},   {3, 2880, 256, true, true, false},
+      {2, 640, 1184, false, true, false}, {1, 1000, 2880, true, false, false},
+  };
+  const char* units[] = {"1", "0", "1x1", "2x2", "1x16", "16x1", "8x2", "2x8", "4x4"};
+  int i = 0;
+  for (const char* unit : units) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    for (const auto& c : cases) {
+      const Dist dist = Dist(i % 4);
+      const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
+      auto x = random_bf16(c.batch * c.rows, c.cols, dist, rng);
+      if (i % 2 == 1) {  // NaN/Inf in some blocks
+        const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+        for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
+      }
+      run_dense_once(c, mode, x, std::string("pipelined, MXMOE_QUANT_SCALE_UNIT=") + unit + ", " + dist_name(dist));
+      ++i;
+    }
+  }
+  // One direction alone takes units up to 32 tiles.
+  for (const char* unit : {"1x32", "32x1"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, false, false}, DenseCase{1, 4000, 2880, false, true, false}})
+      run_dense_once(c, ScaleMode::kRceil, random_bf16(c.rows, c.cols, Dist::kHeavyTailed, rng),
+                     std::string("pipelined, MXMOE_QUANT_SCALE_UNIT=") + unit);
+  }
+  // CTA ranges that split units (4096x7168) and several whole units a CTA (12288x4096), default and
+  // 2x2 units; the round-robin walk on the first.
+  for (const char* unit : {"1", "2x2", "0"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    for (const DenseCase& c : {DenseCase{1, 4096, 7168, true, true, false}, DenseCase{1, 12288, 4096, true, true, false}}) {
+      if (std::string(unit) == "0" && c.rows == 12288) continue;
+      run_dense_once(c, ScaleMode::kRceil, random_bf16(c.rows, c.cols, Dist::kGaussian, rng),
+                     std::string("pipelined, long walk, MXMOE_QUANT_SCALE_UNIT=") + unit);
+    }
+  }
+  // The per-tile scale orders on the unit walk.
+  for (const char* order : {"late", "early", "warp"}) {
+    const ScopedEnv s("MXMOE_QUANT_TMA_SCALES", order);
+    for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, true, false}, DenseCase{3, 160, 96, false, true, false}})
+      run_dense_once(c, ScaleMode::kRceil, random_bf16(c.batch * c.rows, c.cols, Dist::kHeavyTailed, rng),
+                     std::string("pipelined, unit walk, MXMOE_QUANT_TMA_SCALES=") + order);
+  }
+  for (const char* unit : {"1", "2x2", "0"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    SCOPED_TRACE(std::string("reruns, MXMOE_QUANT_SCALE_UNIT=") + unit);
+    expect_reruns_identical(false, rng);
+  }
+  {  // 8x4 = 32 tiles both ways: 32 KB of scale bytes, more than the 16 KB unit buffer
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", "8x4");
+    DevBuf<uint16_t> dx(size_t(256) * 256);
+    CopyBufs rw(1, 256, 256, false), cw(1, 256, 256, false);
+    const MxOut ro = rw.out(false), co = cw.out(false);
+    EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 256, 256, &ro, &co));
+  }
 }
