@@ -11,10 +11,12 @@ memory by TMA stores); the "reg-store" columns time the register-store kernel
 data, in the same run; for both directions of dense and gather inputs the default is the
 two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
 staged kernel (MXMOE_QUANT_TWO_GROUP=0). With --tma, the plain copies of dense inputs are also
-timed on the pipelined kernel (MXMOE_QUANT_TMA=1; the "tma % copy" column), in the same run.
+timed on the pipelined kernel (MXMOE_QUANT_TMA=1; the "tma % copy" column), in the same run;
+--scale-unit V sets its walk (MXMOE_QUANT_SCALE_UNIT: unset = the unit walk with the default units,
+0 = the round-robin walk of runs 56-62, RxC = units of R x C tiles).
 Every variant's output is checked against the PyTorch baseline (the grouped and gather rows: every
 variant's too). --cases REGEX keeps the cases whose "name shape" matches (re.search).
-Usage: python3 bench/bench_quant.py [--json out.json] [--quick] [--tma] [--cases REGEX]
+Usage: python3 bench/bench_quant.py [--json out.json] [--quick] [--tma [--scale-unit V]] [--cases REGEX]
 """
 import argparse
 import re
@@ -122,6 +124,8 @@ def compare(mx, ref, crop=lambda row_copy, i, t: t):
 STAGED_ENV = "MXMOE_QUANT_STAGED"  # "0": the register-store kernel for the plain copies too
 TWO_GROUP_ENV = "MXMOE_QUANT_TWO_GROUP"  # "0": both plain copies on the 256-thread staged kernel
 TMA_ENV = "MXMOE_QUANT_TMA"  # "1": the plain copies of dense inputs on the pipelined kernel
+UNIT_ENV = "MXMOE_QUANT_SCALE_UNIT"  # the pipelined kernel's walk ("" = its default, the unit walk)
+SCALE_UNIT = ""  # --scale-unit
 
 
 def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_copy, i, t: t, tma=False):
@@ -132,7 +136,7 @@ def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_c
     for t in mx.tensors():
         t.fill_(0xA5)
     with kernel_env({STAGED_ENV: "1" if staged else "0", TWO_GROUP_ENV: "1" if two_group else "0",
-                     TMA_ENV: "1" if tma else "0"}):
+                     TMA_ENV: "1" if tma else "0", UNIT_ENV: SCALE_UNIT if tma else ""}):
         us = timer(run)
     return us, compare(mx, ref, crop)
 
@@ -142,8 +146,11 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="fewer reps (smoke test)")
     ap.add_argument("--tma", action="store_true", help="also time the pipelined kernel (MXMOE_QUANT_TMA=1)")
+    ap.add_argument("--scale-unit", default="", help="with --tma: MXMOE_QUANT_SCALE_UNIT (0, 1, RxC)")
     ap.add_argument("--cases", default=None, help="regex: keep the cases whose 'name shape' matches")
     args = ap.parse_args()
+    global SCALE_UNIT
+    SCALE_UNIT = args.scale_unit
     keep = (lambda name, shape: re.search(args.cases, f"{name} {shape}") is not None) if args.cases else \
         (lambda name, shape: True)
     require_gpu()

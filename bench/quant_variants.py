@@ -17,7 +17,10 @@ Variants (env of the quantizer; every one's output is checked bit for bit agains
 the skeletons, which store stale bytes by design): see VARIANTS. Session 10: the scale-store order
 (MXMOE_QUANT_TMA_SCALES=early|late|warp, MXMOE_QUANT_LATE_SCALES=1 for today's kernels) and the
 skeleton with scale stores (MXMOE_QUANT_TMA_SKEL_SCALES=1) test whether the fence's MEMBAR waiting
-for the scale bytes' global stores is what the conversion costs.
+for the scale bytes' global stores is what the conversion costs. Session 11: the unit walk and the
+unit scale writer (MXMOE_QUANT_SCALE_UNIT; the pipelined kernel's default): "tma" is now the unit
+walk, "tma-rr" the round-robin walk of run 62 ("tma" there); the run-62 variants carry "-rr" or set
+MXMOE_QUANT_SCALE_UNIT=0 so that they time what run 62 timed.
 
 Usage: python3 bench/quant_variants.py [--json F] [--cases REGEX] [--modes flush,clean,loop]
                                        [--variants REGEX] [--reps N]
@@ -37,25 +40,34 @@ from common import check, device_info, kernel_env, load_lib, ptr, require_gpu, w
 
 BASE = {"MXMOE_QUANT_STAGED": "1", "MXMOE_QUANT_TWO_GROUP": "1", "MXMOE_QUANT_TMA": "0",
         "MXMOE_QUANT_TMA_GROUP": "", "MXMOE_QUANT_TMA_LOAD_HINT": "", "MXMOE_QUANT_TMA_STORE_HINT": "",
-        "MXMOE_QUANT_TMA_SCALES": "", "MXMOE_QUANT_TMA_SKEL_SCALES": "", "MXMOE_QUANT_LATE_SCALES": ""}
+        "MXMOE_QUANT_TMA_SCALES": "", "MXMOE_QUANT_TMA_SKEL_SCALES": "", "MXMOE_QUANT_LATE_SCALES": "",
+        "MXMOE_QUANT_SCALE_UNIT": ""}
 TMA = {"MXMOE_QUANT_TMA": "1"}
+RR = {"MXMOE_QUANT_SCALE_UNIT": "0"}  # the round-robin walk of runs 56-62
+SKEL = {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none"}
 # (label, env over BASE, checked bit for bit). Since session 10 the pipelined kernel's defaults are
-# late scale stores + evict_last TMA stores ("tma"); "tma-run59" is the kernel as run 59 measured it.
+# late scale stores + evict_last TMA stores; since session 11 the unit walk with the unit scale
+# writer ("tma"). "tma-run59" is the kernel as run 59 measured it, "tma-rr" as run 62 did ("tma").
 VARIANTS = [
     ("default", {}, True),                                            # today's kernels (staged / two-group)
     ("late", {"MXMOE_QUANT_LATE_SCALES": "1"}, True),                 # today's kernels, scale bytes after the TMA stores
-    ("tma-run59", {**TMA, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),
-    ("tma-early", {**TMA, "MXMOE_QUANT_TMA_SCALES": "early"}, True),  # evict_last stores, scales before the fence
-    ("tma-nohint", {**TMA, "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),  # late scales, no store hint
-    ("tma", TMA, True),                                               # new defaults: late scales + evict_last stores
-    ("tma-warp", {**TMA, "MXMOE_QUANT_TMA_SCALES": "warp"}, True),    # scale bytes by the writer warp
-    ("tma-g1", {**TMA, "MXMOE_QUANT_TMA_GROUP": "1"}, True),          # row-major raster
-    ("skel", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none"}, False),  # run 59's skeleton
-    ("skel-sc-early", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
-                       "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}, False),
-    ("skel-sc-late", {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
-                      "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),
-    ("skel-last", {"MXMOE_QUANT_TMA": "skel"}, False),                # skeleton with the evict_last stores
+    ("tma-run59", {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),
+    ("tma-early", {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "early"}, True),  # evict_last stores, scales before the fence
+    ("tma-nohint", {**TMA, **RR, "MXMOE_QUANT_TMA_STORE_HINT": "none"}, True),  # late scales, no store hint
+    ("tma-rr", {**TMA, **RR}, True),                                  # run 62's "tma": late scales + evict_last stores
+    ("tma-warp", {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "warp"}, True),  # scale bytes by the writer warp, 4 B a run
+    ("tma-g1", {**TMA, **RR, "MXMOE_QUANT_TMA_GROUP": "1"}, True),    # row-major raster
+    ("tma", TMA, True),                                               # session 11 default: unit walk + unit writer
+    ("tma-unit-late", {**TMA, "MXMOE_QUANT_TMA_SCALES": "late"}, True),  # unit walk, per-tile late scale stores
+    ("tma-u1x1", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x1"}, True),     # unit walk + writer, 4-byte runs (control)
+    ("tma-u2x2", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "2x2"}, True),     # 8-byte runs
+    ("tma-u1x16", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x16"}, True),   # row runs 64 B, column runs 4 B
+    ("skel", {**SKEL, **RR}, False),                                  # run 59's skeleton
+    ("skel-sc-early", {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}, False),
+    ("skel-sc-late", {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),
+    ("skel-last", {"MXMOE_QUANT_TMA": "skel", **RR}, False),          # skeleton with the evict_last stores
+    ("skel-unit", SKEL, False),                                       # the unit walk, no scale stores
+    ("skel-sc-unit", {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),  # the unit walk + unit writer
 ]
 # (name, batch, rows, cols, row, col)
 CASES = [(n, 1, r, c, row, col) for (r, c) in [(16384, 7168), (65536, 2048), (32768, 2880)]
@@ -157,12 +169,17 @@ PROFILE = [  # (label, kernel, env) on 16384x7168; kernel: "copy", "2:1", or (ro
     ("sm copy 235MB", "copy", {}),
     ("row+col default", (True, True), {}),
     ("row+col late", (True, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
-    ("row+col tma-run59", (True, True), {**TMA, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
-    ("row+col tma", (True, True), TMA),
-    ("row+col tma-warp", (True, True), {**TMA, "MXMOE_QUANT_TMA_SCALES": "warp"}),
-    ("row+col skel-sc-early", (True, True), {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none",
-                                             "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}),
+    ("row+col tma-run59", (True, True), {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
+    ("row+col tma-rr", (True, True), {**TMA, **RR}),
+    ("row+col tma-warp", (True, True), {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "warp"}),
+    ("row+col skel-sc-early", (True, True), {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}),
     ("colwise late", (False, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
+    ("colwise tma-rr", (False, True), {**TMA, **RR}),
+    ("rowwise tma-rr", (True, False), {**TMA, **RR}),
+    # session 11: the unit walk (predicted scale write sectors: quantize.md "Session 11")
+    ("row+col tma", (True, True), TMA),
+    ("row+col tma-u1x1", (True, True), {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x1"}),
+    ("row+col skel-sc-unit", (True, True), {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
     ("colwise tma", (False, True), TMA),
     ("rowwise tma", (True, False), TMA),
 ]
