@@ -11,8 +11,12 @@ Settings: NAME:VAR=VAL,VAR=VAL;... (default: "new:" = library defaults, "old:" =
 at 2 CTAs a SM, as before session 8).
 --ncu: one eager step per dtype (Qwen3-30B B = 1 unless --shapes/--batches), for
   ncu -k regex:warp_decode (see scripts/decode_ab.sh).
+--fused: per (shape, B <= 8, dtype, setting) also the fused step (decode_step_fused: one persistent
+  kernel, docs/notes/decode.md "fused step"), timed the same way, its ids, routing weights and
+  output compared bit for bit with the three-kernel step of the same setting ("fused ... bitwise").
+  The fused step's switches (MXMOE_DECODE_FUSED_W2_PREFETCH, _WR_PREFETCH, _COOP) go in --settings.
 Usage: python3 bench/bench_decode_split.py [--shapes ...] [--batches 1,2,8] [--split-batches 1]
-       [--settings ...] [--reps 15] [--ncu]
+       [--settings ...] [--reps 15] [--ncu] [--fused]
 """
 import argparse
 import ctypes
@@ -28,6 +32,20 @@ from common import Timer, check, copy_bandwidth, kernel_env, load_lib, ptr, requ
 
 OLD = {"MXMOE_DECODE_MX_GATE_UP_CTAS": "2"}
 DEFAULT_SETTINGS = "new:;old:" + ",".join(f"{k}={v}" for k, v in OLD.items())
+
+
+FUSED_MAX_BATCH = 8
+
+
+def setup_fused(lib):
+    vp, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.mxmoe_decode_step_fused_workspace_bytes.argtypes = [i32] * 6 + [ctypes.POINTER(i64)]
+    lib.mxmoe_decode_step_fused_init_workspace.argtypes = [vp, i64, vp]
+    lib.mxmoe_decode_step_fused.argtypes = ([vp, i32, i32, i32, i32, i32, i32, vp, i32, i32, i32, i32, f32, vp, i32]
+                                            + [vp] * 8 + [vp, vp, vp, vp, i64, vp])
+    for f in (lib.mxmoe_decode_step_fused_workspace_bytes, lib.mxmoe_decode_step_fused_init_workspace,
+              lib.mxmoe_decode_step_fused):
+        f.restype = i32
 
 
 def parse_settings(s):
@@ -68,6 +86,20 @@ class Step:
         self.w = torch.zeros(B, sh.k, dtype=torch.float32, device="cuda")
         self.h = torch.zeros(B, sh.S, sh.I, dtype=torch.float32, device="cuda")
         self.out = torch.zeros(B, sh.H, dtype=torch.bfloat16, device="cuda")
+        self.ws = None
+
+    def fused(self, Wc, st):
+        sh, lib = self.sh, self.lib
+        if self.ws is None:  # workspace for this batch, initialised once (eager, before any capture)
+            n = ctypes.c_int64(0)
+            check(lib, lib.mxmoe_decode_step_fused_workspace_bytes(sh.H, sh.I, sh.E, sh.k, int(sh.shared), self.B,
+                                                                  ctypes.byref(n)))
+            self.ws = torch.empty(n.value, dtype=torch.uint8, device="cuda")
+            check(lib, lib.mxmoe_decode_step_fused_init_workspace(ptr(self.ws), n.value, st))
+        check(lib, lib.mxmoe_decode_step_fused(
+            ptr(self.x), self.B, sh.H, sh.I, sh.E, sh.k, int(sh.shared), ptr(self.wr), int(sh.sigmoid), 1,
+            sh.n_groups, sh.topk_groups, sh.scaling, ptr(self.bias), self.dtype, *Wc.a1, *Wc.a2, ptr(self.ids),
+            ptr(self.w), ptr(self.out), ptr(self.ws), self.ws.numel(), st))
 
     def router(self, Wc, st):
         sh = self.sh
@@ -84,6 +116,11 @@ class Step:
         sh = self.sh
         check(self.lib, self.lib.mxmoe_decode_down(ptr(self.h), H_FP32, self.B, sh.I, sh.H, self.dtype, *Wc.a2,
                                                    sh.E, ptr(self.ids), ptr(self.w), sh.k, ptr(self.out), st))
+
+
+def same(a, b):  # tuples of tensors, bit for bit
+    return all(torch.equal(x.view(torch.uint8) if x.dtype != torch.int32 else x,
+                           y.view(torch.uint8) if y.dtype != torch.int32 else y) for x, y in zip(a, b))
 
 
 def graph(fn, stream):
@@ -105,10 +142,12 @@ def main():
     ap.add_argument("--settings", default=DEFAULT_SETTINGS)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--fused", action="store_true", help="also time the fused step (B <= 8), bitwise vs step")
     args = ap.parse_args()
     require_gpu()
     lib = load_lib()
     setup_lib(lib)
+    setup_fused(lib)
     shapes = [Shape(*s) for s in SHAPES if s[0] in args.shapes.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     split_b = {int(b) for b in args.split_batches.split(",") if b}
@@ -164,26 +203,32 @@ def main():
                         if B in split_b:
                             kinds += [("R", ("router",)), ("R+G", ("router", "gate_up")), ("G", ("gate_up",)),
                                       ("D", ("down",))]
+                        if args.fused and B <= FUSED_MAX_BATCH:
+                            kinds += [("fused", ("fused",))]
                         for kname, parts in kinds:
+                            if kname == "fused":  # the step's outputs, then poison: the fused step rewrites them
+                                S.ids.fill_(-1), S.w.fill_(float("nan")), S.out.fill_(float("nan"))
                             g = graph(chain(parts), stream)
                             t[kname] = timer(lambda: g.replay()) / STEPS
-                            if kname == "step":  # verify: bitwise against the first setting
+                            if kname in ("step", "fused"):  # verify: bitwise against the first setting / the step
                                 g.replay()
                                 torch.cuda.synchronize()
-                                out = (S.ids.clone(), S.w.clone(), S.out.clone())
+                                res = (S.ids.clone(), S.w.clone(), S.out.clone())
+                                if kname == "step":
+                                    out = res
+                                else:
+                                    fused_eq = same(res, out)
                             del g
                     distinct = torch.unique(S.ids).numel() + (1 if sh.shared else 0)  # + the shared expert
                     wb = distinct * 3 * sh.I * sh.H * elem
-                    eq = ref_out is None or all(torch.equal(a.view(torch.uint8) if a.dtype != torch.int32 else a,
-                                                            b.view(torch.uint8) if b.dtype != torch.int32 else b)
-                                                for a, b in zip(out, ref_out))
-                    same = "" if ref_out is None else (" bitwise=" + ("yes" if eq else "NO"))
+                    eq = ref_out is None or same(out, ref_out)
+                    bit_note = "" if ref_out is None else (" bitwise=" + ("yes" if eq else "NO"))
                     if not eq:
                         fails += 1
                     if ref_out is None:
                         ref_out, base = out, t["step"]
                     line = (f"{sh.name} B={B} {name_d} {sname}: step {t['step']:.1f} us = {100 * wb / (t['step'] * 1e-6) / 1e9 / copy_bw:.1f}% copy"
-                            f" ({base / t['step']:.3f}x {settings[0][0]}){same}")
+                            f" ({base / t['step']:.3f}x {settings[0][0]}){bit_note}")
                     if "R" in t:
                         g1 = distinct * 2 * sh.I * sh.H * elem
                         g2 = distinct * sh.I * sh.H * elem
@@ -191,6 +236,11 @@ def main():
                                  f" | alone: G {t['G']:.1f} ({100 * g1 / (t['G'] * 1e-6) / 1e9 / copy_bw:.0f}% copy)"
                                  f" D {t['D']:.1f} ({100 * g2 / (t['D'] * 1e-6) / 1e9 / copy_bw:.0f}% copy)"
                                  f" R+G+D-step {t['R'] + t['G'] + t['D'] - t['step']:.1f}")
+                    if "fused" in t:
+                        line += (f" | fused {t['fused']:.1f} us = {100 * wb / (t['fused'] * 1e-6) / 1e9 / copy_bw:.1f}%"
+                                 f" copy ({t['step'] / t['fused']:.3f}x step) fused-bitwise={'yes' if fused_eq else 'NO'}")
+                        if not fused_eq:
+                            fails += 1
                     print(line, flush=True)
             del Ws
             torch.cuda.empty_cache()

@@ -36,8 +36,14 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
 largest token count first. Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
+Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
+the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
+the same GEMM on row-major images [rows, M] (bitwise equal output required).
+--tpe, --experts, --routing and --wgrad-only select cases for diagnostics (--experts replaces every
+shape's expert count; the shape lines say E=...).
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--tile-both] [--exact-tile-both] [--k-order-both]
+                                   [--tile-both] [--exact-tile-both] [--k-order-both] [--wgrad-rowimg]
+                                   [--tpe 512,2048] [--experts E] [--routing uniform] [--wgrad-only]
                                    [--shapes Qwen3-30B] [--reps 15]
 """
 import argparse
@@ -60,6 +66,8 @@ TILE_ENV = "MXMOE_GEMM_TILE"
 EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
+WGRAD_ROWIMG = False  # --wgrad-rowimg (set in main): exact wgrad also on row-major images
+ROW_MAJOR, TOKEN_BLOCKED = 0, 1  # image layouts (gemm.h ImageLayout; the C ABI's image_layout)
 COPY_GBS = None  # device-to-device copy bandwidth measured in main (GB/s, read + write)
 BF16_OUT = 0
 VERIFY_TOL = 0.08
@@ -84,7 +92,8 @@ def setup_lib(lib):
     f.argtypes = [vp] * 5 + [i64] + [vp] * 5 + [i32, i64, i64, vp, vp, i32, i32, i32, vp]
     f.restype = i32
     g = lib.mxmoe_k_grouped_mxfp8_gemm_nt
-    g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, vp]
+    # ..., mode, out_dtype, accumulate, num_sms, image_layout, stream
+    g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, i32, vp]
     g.restype = i32
     lib.mxmoe_gemm_last_error.restype = ctypes.c_char_p
 
@@ -223,15 +232,18 @@ def case_bytes(M, E, N, K):
             + M * N * 2 * 5 + 2 * M * K * 4 / 8)
 
 
-def make_images(lib, parts):
-    """BF16 images of MX tensors with mxmoe's dequantize_mxfp8_bf16: parts = [(data, scales)],
-    data u8 [R, C]. Returns (images, run) where run() remakes all of them (what is timed)."""
+def make_images(lib, parts, layout=ROW_MAJOR):
+    """BF16 images of MX tensors with mxmoe's dequantize_mxfp8_bf16 (or, layout TOKEN_BLOCKED,
+    dequantize_mxfp8_bf16_token_blocked: [C/128][R][128], held in a tensor of the same shape):
+    parts = [(data, scales)], data u8 [R, C]. Returns (images, run) where run() remakes all of them
+    (what is timed)."""
     imgs = [torch.empty(d.shape, dtype=torch.bfloat16, device="cuda") for d, _ in parts]
+    fn = lib.mxmoe_dequantize_mxfp8_bf16_token_blocked if layout == TOKEN_BLOCKED else lib.mxmoe_dequantize_mxfp8_bf16
 
     def run():
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         for (d, sc), img in zip(parts, imgs):
-            check(lib, lib.mxmoe_dequantize_mxfp8_bf16(ptr(d), ptr(sc), d.shape[0], d.shape[1], ptr(img), stream))
+            check(lib, fn(ptr(d), ptr(sc), d.shape[0], d.shape[1], ptr(img), stream))
     run()
     return imgs, run
 
@@ -440,7 +452,11 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     a_d, a_s, a_fd, a_fs = quant_rows_chunked(dyt)  # column-wise MX of dY: fast scales [M/128, N]
     b_d, b_s, b_fd, b_fs = quant_rows_chunked(xt)
     img_parts = [(a_d, a_s), (b_d, b_s)]  # exact mode: images of dYᵀ [N, M] and Xᵀ [K, M]
-    (a_img, b_img), remake_images = make_images(lib, img_parts)
+    # token-blocked ([M/128][N|K][128]), as the layer makes them; row-major for --wgrad-rowimg
+    (a_img, b_img), remake_images = make_images(lib, img_parts, TOKEN_BLOCKED)
+    a_rimg = b_rimg = None
+    if WGRAD_ROWIMG:
+        (a_rimg, b_rimg), _ = make_images(lib, img_parts, ROW_MAJOR)
     row = {"shape": shape, "kind": "wgrad", "name": name, "E": E, "N": N, "K": K,
            "tokens_per_expert": tpe, "skewed": skewed, "M_padded": M, "flops": flops}
     def bf16_call():
@@ -452,13 +468,18 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
+    if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
+        variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
     # Every path once, its output checked; then the baseline and the paths timed in alternation.
     checked = {}
     for mode, mname, env, base in variants:
-        def call(mode=mode):
+        rowimg = mname == "mxmoe-exact-rowimg"
+        ai, bi, layout = (a_rimg, b_rimg, ROW_MAJOR) if rowimg else (a_img, b_img, TOKEN_BLOCKED)
+
+        def call(mode=mode, ai=ai, bi=bi, layout=layout):
             rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
-                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(a_img), ptr(b_d), ptr(b_s), ptr(b_fd),
-                ptr(b_fs), ptr(b_img), M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0,
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(ai), ptr(b_d), ptr(b_s), ptr(b_fd),
+                ptr(b_fs), ptr(bi), M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0, layout,
                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
@@ -501,9 +522,17 @@ def main():
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     ap.add_argument("--k-order-both", action="store_true",
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
+    ap.add_argument("--wgrad-rowimg", action="store_true",
+                    help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
+    ap.add_argument("--tpe", default=None, help="comma-separated tokens-per-expert values (default 512,2048,8192)")
+    ap.add_argument("--experts", type=int, default=None,
+                    help="diagnostic: every shape with this many experts instead of its own (E in the shape name)")
+    ap.add_argument("--wgrad-only", action="store_true", help="with --wgrad: skip the m-grouped cases")
+    ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or both")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS, WGRAD_ROWIMG
     EXACT_TILE_BOTH = args.exact_tile_both
+    WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both
     require_gpu()
     lib = load_lib(args.lib)
@@ -518,14 +547,19 @@ def main():
                "rows": []}
     table = []
     tpes = [2048] if args.quick else TOKENS_PER_EXPERT
+    if args.tpe:
+        tpes = [int(t) for t in args.tpe.split(",")]
+    routings = [r == "skewed" for r in args.routing.split(",")]
     for name, E, N, K in SHAPES:
         if args.shapes and not any(s.strip() in name for s in args.shapes.split(",")):
             continue
+        E = args.experts or E
         for tpe in tpes:
-            for skewed in (False, True):
-                run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, args.multicast_both,
-                         args.tile_both)
-                torch.cuda.empty_cache()  # the case's tensors died with its frame
+            for skewed in routings:
+                if not (args.wgrad and args.wgrad_only):
+                    run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, args.multicast_both,
+                             args.tile_both)
+                    torch.cuda.empty_cache()  # the case's tensors died with its frame
                 if args.wgrad:
                     run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table,
                                    args.multicast_both, args.tile_both)
@@ -542,7 +576,8 @@ def main():
     write_json(args.json, results)
     if not all(r.get("mxmoe-fast_ok") and r.get("mxmoe-exact_ok") and r.get("mxmoe-fast-mc_ok", True)
                and r.get("mxmoe-fast-192_ok", True) and r.get("mxmoe-fast-192d_ok", True) and r.get("mxmoe-fast-pre_ok", True)
-               and r.get("mxmoe-exact-128_ok", True) and r.get("mxmoe-exact-256d_ok", True) for r in results["rows"]):
+               and r.get("mxmoe-exact-128_ok", True) and r.get("mxmoe-exact-256d_ok", True)
+               and r.get("mxmoe-exact-rowimg_ok", True) for r in results["rows"]):
         print("ERROR: an mxmoe output failed verification against the BF16 baseline", file=sys.stderr)
         sys.exit(1)
 

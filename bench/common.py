@@ -30,8 +30,10 @@ def load_lib(path=None):
     lib.mxmoe_quantize_mxfp8_gather.argtypes = [vp, i64, i64, vp, i64, vp] + [vp] * 8 + [i32, vp]
     lib.mxmoe_compute_padded_offsets.argtypes = [vp, vp, i32, i32, vp]
     lib.mxmoe_dequantize_mxfp8_bf16.argtypes = [vp, vp, i64, i64, vp, vp]
+    lib.mxmoe_dequantize_mxfp8_bf16_token_blocked.argtypes = [vp, vp, i64, i64, vp, vp]
     for f in (lib.mxmoe_quantize_mxfp8, lib.mxmoe_quantize_mxfp8_grouped, lib.mxmoe_quantize_mxfp8_gather,
-              lib.mxmoe_compute_padded_offsets, lib.mxmoe_dequantize_mxfp8_bf16):
+              lib.mxmoe_compute_padded_offsets, lib.mxmoe_dequantize_mxfp8_bf16,
+              lib.mxmoe_dequantize_mxfp8_bf16_token_blocked):
         f.restype = ctypes.c_int
     return lib
 

@@ -39,6 +39,11 @@ int mxmoe_compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets
 int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales, int64_t rows, int64_t cols,
                                 void* image, void* stream);
 
+/* The same image token-blocked, [cols/128][rows][128] (cols % 128 == 0): the layout the k-grouped
+ * GEMM reads fastest (mxmoe/dequantize.h, ImageLayout::kTokenBlocked). */
+int mxmoe_dequantize_mxfp8_bf16_token_blocked(const void* data, const void* scales, int64_t rows, int64_t cols,
+                                              void* image, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -212,4 +212,46 @@ DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& sha
                        float* topk_weights, __nv_bfloat16* out, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream = nullptr);
 
+// ---- one warp-decode step in ONE persistent kernel (small batches) -------------------------------
+// decode_step_fused: decode_router + decode_gate_up (FP32 h) + decode_down of the warp path fused
+// into one kernel whose CTAs (one per SM) meet at two grid barriers (docs/notes/decode.md, "fused
+// step"). Same arguments and outputs as decode_step on its warp path: topk_ids [B, k],
+// topk_weights [B, k] and out are bitwise those of the three kernels (every reduction order is
+// theirs), deterministic and batch-invariant. It never takes the expert-centric path; the caller
+// chooses it for 1 <= batch <= kDecodeFusedMaxBatch. Opt-in, not used by decode_step: run 63
+// (H200, CUDA graphs, B = 1 / 2 / 8) measured it 1.04-1.11x the three kernels with BF16 weights on
+// Qwen3-235B and DeepSeek-V3 (DeepSeek-V3 B = 1: 211 us = 88% of copy), 0.99-1.02x on Qwen3-30B,
+// and with MXFP8 weights 1.09-1.20x on DeepSeek-V3 but 0.87-0.98x on the Qwen3 shapes.
+// Requirements beyond the warp path's: num_experts <= kDecodeFusedMaxExperts; w1 and w2 of the
+// same dtype, a shared expert in both or neither (shape.shared_expert says which);
+// params.top_k == shape.top_k; out must not overlap x or the workspace. MXFP8 weights need no
+// prepared form.
+// workspace: decode_step_fused_workspace_bytes(shape, batch) bytes (sized for a batch, it serves
+// every smaller one), 256-byte aligned, holding the grid barrier's state, the logits and h. It must
+// be initialised ONCE with decode_step_fused_init_workspace before its first fused step (and again
+// if anything else writes into it); every step leaves the barrier state ready for the next, so CUDA
+// graph replays need no reset. One workspace per stream: two steps running at the same time on one
+// workspace corrupt each other (as they would through h on any path).
+// Co-residency: the grid is exactly as many CTAs as the device holds at once (an occupancy query,
+// cached per device; a device that cannot hold one CTA per SM throws). The kernel waits at its
+// barriers for all of its CTAs, so two fused steps running concurrently on one device (two
+// streams), or a device whose SMs are partitioned away (MPS limits, green contexts) can stall it:
+// the barrier traps after 5 s instead of hanging (a launch failure, as for an uninitialised
+// workspace). MXMOE_DECODE_FUSED_COOP=1 launches with cudaLaunchAttributeCooperative, where the
+// driver guarantees co-residency (run once with PDL in bench_decode_split, bitwise equal; not in the
+// tests: off by default).
+// Launch: PDL as the other decode kernels (griddepcontrol.wait before x or the workspace is read
+// or anything is written; before it, only an L2 prefetch of router_w).
+// Switches (environment, read at every call; for A/B timing): MXMOE_DECODE_FUSED_WR_PREFETCH=0 and
+// MXMOE_DECODE_FUSED_W2_PREFETCH=0 turn off the L2 prefetches of the router weights and of the
+// first down rows; neither changes results.
+inline constexpr int kDecodeFusedMaxBatch = 8;
+inline constexpr int kDecodeFusedMaxExperts = 256;
+size_t decode_step_fused_workspace_bytes(const DecodeShape& shape, int batch);
+void decode_step_fused_init_workspace(void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+void decode_step_fused(const __nv_bfloat16* x, int batch, const DecodeShape& shape,
+                       const __nv_bfloat16* router_w, const RouterParams& params, const DecodeWeights& w1,
+                       const DecodeWeights& w2, int32_t* topk_ids, float* topk_weights, __nv_bfloat16* out,
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+
 }  // namespace mxmoe

@@ -39,10 +39,36 @@ namespace mxmoe {
 
 // kBF16ExactScaleMin, kBF16ExactScaleMax and kBF16Nan are defined in mx_format.h.
 
+// Where an image's elements lie. kRowMajor: image[r, c] at r·cols + c (the plain [rows, cols]).
+// kTokenBlocked: the columns (tokens, for the column-wise copies the k-grouped wgrad GEMM reads)
+// cut into blocks of kImageBlockCols = 128, each block stored whole for every row before the next:
+//   image_blk[c / 128][r][c % 128]   at   token_blocked_offset(r, c, rows) = ((c/128)·rows + r)·128 + c%128
+// Same values, permuted. Why (docs/notes/gemm.md, "Token-blocked wgrad images"): a row-major image
+// of M_total tokens has rows 2·M_total bytes long, so a 64-token window of every row (what the
+// k-grouped GEMM's CTAs read at once) touches one memory page per row; blocked, a 128-token window
+// of all rows is one contiguous rows·256-byte range. Only the k-grouped GEMM reads this layout
+// (gemm.h: MxOperand::image_layout); it needs cols % 128 == 0 (segments are padded to 128 tokens).
+enum class ImageLayout : int {
+  kRowMajor = 0,
+  kTokenBlocked = 1,
+};
+inline constexpr int kImageBlockCols = 128;
+inline constexpr int64_t token_blocked_offset(int64_t r, int64_t c, int64_t rows) {
+  return ((c / kImageBlockCols) * rows + r) * kImageBlockCols + c % kImageBlockCols;
+}
+
 // image [rows, cols] BF16 = the BF16 image of the MX tensor (data [rows, cols] E4M3, scales
 // [rows, cols/32] E8M0). cols % 32 == 0; rows may be 0 (nothing is done). A batch [E, N, K] is
 // rows = E·N. For the column-wise copy of X [M, C] (data [C, M]) pass rows = C, cols = M.
 void dequantize_mxfp8_bf16(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
                            __nv_bfloat16* image, cudaStream_t stream = nullptr);
+
+// The same image in ImageLayout::kTokenBlocked: image element token_blocked_offset(r, c, rows) =
+// the row-major image's [r, c], bit for bit (same kernel arithmetic, only the store address
+// differs). cols % 128 == 0 (cols are tokens: M_total of the k-grouped GEMM), rows·cols/128 < 2^31;
+// otherwise as dequantize_mxfp8_bf16 (checks, alignment, rows == 0 does nothing). Writes are 256
+// contiguous bytes per 16 threads, so it runs at the row-major kernel's bandwidth.
+void dequantize_mxfp8_bf16_token_blocked(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
+                                         __nv_bfloat16* image, cudaStream_t stream = nullptr);
 
 }  // namespace mxmoe

@@ -35,7 +35,8 @@
 // the argument): K % 32 == 0, N % 32 == 0, K >= 32, N >= 32, M_total % 128 == 0 (M_total may be 0),
 // 1 <= E <= kMaxGemmExperts, every pointer the mode reads non-null, fast_data, fast_scales, image
 // and y 16-byte aligned (TMA), E·N and K·M_total within int32 TMA limits (exact k-grouped:
-// M_total <= 2^30, the image's byte coordinates).
+// M_total <= 2^30, the image's byte coordinates), image_layout kRowMajor or kTokenBlocked (the
+// latter k-grouped only).
 // Calls are asynchronous on opts.stream, make no host synchronisation, and are bitwise
 // deterministic (no atomics; each output element is written once by one thread).
 #pragma once
@@ -43,6 +44,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "mxmoe/dequantize.h"
 #include "mxmoe/error.h"
 #include "mxmoe/mx_format.h"
 
@@ -71,6 +73,11 @@ struct MxOperand {
   const uint8_t* fast_scales = nullptr;  // kFast:  E8M0 [ceil(K/128), M_total] for A,
                                          //         [E, ceil(K/128), N] for B
   const __nv_bfloat16* image = nullptr;  // kExact: BF16 [rows, K] = dequantize_mxfp8_bf16(data, scales)
+  // How `image` is laid out (dequantize.h). kRowMajor (default): [rows, K]. kTokenBlocked: only
+  // for the k-grouped GEMM's operands (dequantize_mxfp8_bf16_token_blocked of the column-wise copy,
+  // [M_total/128][rows][128]; the faster form for it at large M_total, docs/notes/gemm.md
+  // "Token-blocked wgrad images"); the m-grouped GEMMs reject it. Read in exact mode only.
+  ImageLayout image_layout = ImageLayout::kRowMajor;
 };
 
 struct GemmOptions {
@@ -99,9 +106,17 @@ void m_grouped_mxfp8_gemm_nt(const MxOperand& a, int64_t m_total, const MxOperan
 // Σ_t deq(dYᵀ)[n, t] · deq(Xᵀ)[k, t] — the same "NT" form with tokens as the reduced dimension.
 //   a = dYᵀ, column-wise MX of dY [M_total, N]: data [N, M_total] (blocks of 32 along tokens),
 //       scales [N, M_total/32]; fast: fast_data [N, M_total], fast_scales [M_total/128, N];
-//       exact: image BF16 [N, M_total] (dequantize_mxfp8_bf16 of the column-wise copy).
+//       exact: image BF16 [N, M_total] (dequantize_mxfp8_bf16 of the column-wise copy), or the
+//       same values token-blocked, [M_total/128][N][128] (image_layout = kTokenBlocked, made by
+//       dequantize_mxfp8_bf16_token_blocked).
 //   b = Xᵀ,  column-wise MX of X [M_total, K]:  data [K, M_total], scales [K, M_total/32];
-//       fast: fast_data [K, M_total], fast_scales [M_total/128, K]; exact: image BF16 [K, M_total].
+//       fast: fast_data [K, M_total], fast_scales [M_total/128, K]; exact: image BF16 [K, M_total]
+//       or token-blocked [M_total/128][K][128].
+//   The two layouts give bitwise the same dW (the same products summed in the same order; only the
+//   TMA map and coordinates differ: a 64-token chunk never crosses a 128-token block because the
+//   segments start at multiples of 128). The layer makes its wgrad images token-blocked: with
+//   row-major images the rows are 2·M_total bytes long and at M_total = 1M (Qwen3-30B at 8192
+//   tokens per expert) the GEMM ran at 0.63x torch BF16 (run 64).
 //   offsets int32 [E+1], DEVICE memory, token segment bounds as for the m-grouped GEMM (multiples
 //       of 128, offsets[0] = 0, offsets[E] <= M_total; pad tokens are zero in both operands).
 //   dw [E, N, K] row-major BF16 or FP32. Every expert's dW is written: an empty expert gets zeros

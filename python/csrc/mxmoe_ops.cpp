@@ -343,9 +343,11 @@ mxmoe::MxOperand operand(const Tensor& data, const Tensor& scales, const Tensor&
   return o;
 }
 
-// The two operands' images (exact mode; undefined in fast mode).
+// The two operands' images (exact mode; undefined in fast mode) and whether each is token-blocked
+// (dequantize.h: ImageLayout; only the k-grouped GEMM makes and reads blocked images).
 struct Images {
   Tensor a, b;
+  bool a_blocked = false, b_blocked = false;
 };
 
 struct MGroupedShape {
@@ -481,21 +483,53 @@ KGroupedShape check_k_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
   return {m, n, k, e};
 }
 
+// Exact mode's k-grouped operand image: `image` when given (row-major, as exact_image), else the
+// token-blocked image [M_total/128, R, 128] made here (dequantize.h:
+// dequantize_mxfp8_bf16_token_blocked; same values, a 128-token window of every row contiguous:
+// docs/notes/gemm.md, run 66). *blocked says which.
+Tensor k_grouped_image(Checker& c, const char* arg, const std::optional<Tensor>& image, const Tensor& data,
+                       const Tensor& scales, bool fast, bool* blocked) {
+  *blocked = false;
+  if (fast || image.has_value()) return exact_image(c, arg, image, data, scales, fast);
+  const int64_t rows = data.size(0), cols = data.size(1);
+  Tensor img = at::empty({cols / 128, rows, 128}, data.options().dtype(kBf16));
+  *blocked = true;
+  if (rows == 0 || cols == 0) return img;
+  const c10::cuda::CUDAGuard guard(data.device());
+  call_api([&] {
+    mxmoe::dequantize_mxfp8_bf16_token_blocked(ptr<const uint8_t>(data), ptr<const uint8_t>(scales), rows, cols,
+                                               reinterpret_cast<__nv_bfloat16*>(img.data_ptr()),
+                                               current_stream(data.device()));
+  });
+  return img;
+}
+
+Images k_grouped_images(Checker& c, const Tensor& a, const Tensor& a_scales, const std::optional<Tensor>& a_image,
+                        const Tensor& b, const Tensor& b_scales, const std::optional<Tensor>& b_image, bool fast) {
+  Images img;
+  img.a = k_grouped_image(c, "a_image", a_image, a, a_scales, fast, &img.a_blocked);
+  img.b = k_grouped_image(c, "b_image", b_image, b, b_scales, fast, &img.b_blocked);
+  return img;
+}
+
 void run_k_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
                    const Tensor& b_scales, const Images& img, const Tensor& offsets, const KGroupedShape& s,
                    const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
   const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
+  mxmoe::MxOperand oa = operand(a, a_scales, img.a, fast), ob = operand(b, b_scales, img.b, fast);
+  if (img.a_blocked) oa.image_layout = mxmoe::ImageLayout::kTokenBlocked;
+  if (img.b_blocked) ob.image_layout = mxmoe::ImageLayout::kTokenBlocked;
   call_api([&] {
-    mxmoe::k_grouped_mxfp8_gemm_nt(operand(a, a_scales, img.a, fast), operand(b, b_scales, img.b, fast), s.m,
-                                   int(s.e), s.n, s.k, ptr<const int32_t>(offsets), out.data_ptr(),
+    mxmoe::k_grouped_mxfp8_gemm_nt(oa, ob, s.m, int(s.e), s.n, s.k, ptr<const int32_t>(offsets), out.data_ptr(),
                                    opts);
   });
 }
 
 // dW [E, N, K] = per expert segment of tokens dYᵀ · X (gemm.h: k_grouped_mxfp8_gemm_nt). Every
 // expert is written (an empty expert gets zeros). Exact mode: images a_image [N, M_total] and
-// b_image [K, M_total] as for the m-grouped GEMM.
+// b_image [K, M_total] (row-major) as for the m-grouped GEMM when given; otherwise made here,
+// token-blocked (k_grouped_image).
 Tensor k_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                const Tensor& b_scales, const Tensor& offsets, bool fast,
                                std::optional<ScalarType> out_dtype, int64_t num_sms,
@@ -504,8 +538,7 @@ Tensor k_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Te
   Checker c{op};
   const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
   Tensor dw = new_gemm_out(c, a, out_dtype, {s.e, s.n, s.k}, num_sms);
-  const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
-                   exact_image(c, "b_image", b_image, b, b_scales, fast)};
+  const Images img = k_grouped_images(c, a, a_scales, a_image, b, b_scales, b_image, fast);
   run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, dw, fast, false, num_sms);
   return dw;
 }
@@ -519,8 +552,7 @@ void k_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const 
   Checker c{op};
   const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
   check_gemm_out(c, out, {s.e, s.n, s.k}, num_sms);
-  const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
-                   exact_image(c, "b_image", b_image, b, b_scales, fast)};
+  const Images img = k_grouped_images(c, a, a_scales, a_image, b, b_scales, b_image, fast);
   run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms);
 }
 

@@ -201,7 +201,9 @@ def grouped_gemm_wgrad(dy_t, x_t, offsets, fast=True, out_dtype=torch.bfloat16, 
     x_t: column-wise MxTensor of X [M_total, K] (data [K, M_total]); e.g. quantize(...).colwise or
     quantize_grouped(..., colwise=True).colwise.
     offsets: int32 [E+1], device, token segment bounds, multiples of 128 (pad tokens zero).
-    dy_t_image, x_t_image: exact mode's images of the two (bf16_image), made by the op when not given.
+    dy_t_image, x_t_image: exact mode's images of the two (bf16_image, row-major), made by the op when
+    not given — then token-blocked (dequantize.h: a 128-token window of every row contiguous; same
+    values and bits, faster when M_total is large: docs/notes/gemm.md, run 66).
     Every expert is written (an empty expert gets zeros, or keeps out with accumulate).
     """
     ad, as_ = _gemm_operand(dy_t, fast, "dy_t")

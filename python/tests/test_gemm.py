@@ -189,7 +189,8 @@ def test_bf16_image_is_the_reference_rounding():
 
 
 def test_exact_mode_with_given_images_is_bitwise_the_same():
-    """Images passed to the exact-mode GEMMs give the bits of the images the ops make themselves."""
+    """Images passed to the exact-mode GEMMs give the bits of the images the ops make themselves
+    (the k-grouped op makes token-blocked ones, the given ones are row-major)."""
     fresh_seed()
     P = MProblem(4, 256, 384)
     y = mxmoe.grouped_gemm(P.a, P.b, P.d_padded, fast=False, out_dtype=torch.float32)
@@ -201,3 +202,6 @@ def test_exact_mode_with_given_images_is_bitwise_the_same():
     dw2 = mxmoe.grouped_gemm_wgrad(K.a, K.b, K.d_padded, fast=False, dy_t_image=mxmoe.bf16_image(K.a),
                                    x_t_image=mxmoe.bf16_image(K.b))
     assert_bytes_equal(dw2, dw, "k_grouped exact with given images")
+    # The op makes its own wgrad images token-blocked; one given (row-major) and one made: same bits.
+    dw3 = mxmoe.grouped_gemm_wgrad(K.a, K.b, K.d_padded, fast=False, dy_t_image=mxmoe.bf16_image(K.a))
+    assert_bytes_equal(dw3, dw, "k_grouped exact with dy_t_image given, x_t_image made (token-blocked)")

@@ -85,3 +85,12 @@ extern "C" int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales,
                                  cols, static_cast<__nv_bfloat16*>(image), static_cast<cudaStream_t>(stream));
   });
 }
+
+extern "C" int mxmoe_dequantize_mxfp8_bf16_token_blocked(const void* data, const void* scales, int64_t rows,
+                                                         int64_t cols, void* image, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::dequantize_mxfp8_bf16_token_blocked(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(scales),
+                                               rows, cols, static_cast<__nv_bfloat16*>(image),
+                                               static_cast<cudaStream_t>(stream));
+  });
+}

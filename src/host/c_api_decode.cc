@@ -45,6 +45,11 @@
 //                         void* topk_ids, void* topk_weights, void* out, void* workspace,
 //                         int64_t workspace_bytes, int* path, void* stream);
 //   (path may be null; otherwise it receives the path taken.)
+//   int mxmoe_decode_step_fused_workspace_bytes(int hidden, int inter, int num_experts, int top_k,
+//                                               int shared, int batch, int64_t* bytes);
+//   int mxmoe_decode_step_fused_init_workspace(void* workspace, int64_t workspace_bytes, void* stream);
+//   int mxmoe_decode_step_fused(<mxmoe_decode_step's arguments without w1_prepared, w2_prepared
+//                               and path>);
 #include <cstdint>
 
 #include "host/c_api_guard.h"
@@ -223,6 +228,39 @@ int mxmoe_decode_step(const void* x, int batch, int hidden, int inter, int num_e
         static_cast<int32_t*>(topk_ids), static_cast<float*>(topk_weights), static_cast<__nv_bfloat16*>(out),
         workspace, to_size(workspace_bytes), static_cast<cudaStream_t>(stream));
     if (path) *path = int(p);
+  });
+}
+
+int mxmoe_decode_step_fused_workspace_bytes(int hidden, int inter, int num_experts, int top_k, int shared,
+                                            int batch, int64_t* bytes) {
+  return c_api_guarded([&] {
+    const size_t b = mxmoe::decode_step_fused_workspace_bytes(shape(hidden, inter, num_experts, top_k, shared), batch);
+    if (bytes) *bytes = int64_t(b);
+  });
+}
+
+int mxmoe_decode_step_fused_init_workspace(void* workspace, int64_t workspace_bytes, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::decode_step_fused_init_workspace(workspace, to_size(workspace_bytes), static_cast<cudaStream_t>(stream));
+  });
+}
+
+int mxmoe_decode_step_fused(const void* x, int batch, int hidden, int inter, int num_experts, int top_k, int shared,
+                            const void* router_w, int scoring, int renormalize, int n_groups, int topk_groups,
+                            float scaling_factor, const void* bias, int w_dtype, const void* w1_data,
+                            const void* w1_scales, const void* w1_shared_data, const void* w1_shared_scales,
+                            const void* w2_data, const void* w2_scales, const void* w2_shared_data,
+                            const void* w2_shared_scales, void* topk_ids, void* topk_weights, void* out,
+                            void* workspace, int64_t workspace_bytes, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::decode_step_fused(
+        static_cast<const __nv_bfloat16*>(x), batch, shape(hidden, inter, num_experts, top_k, shared),
+        static_cast<const __nv_bfloat16*>(router_w),
+        router_params(top_k, scoring, renormalize, n_groups, topk_groups, scaling_factor, bias),
+        weights(w_dtype, w1_data, w1_scales, w1_shared_data, w1_shared_scales),
+        weights(w_dtype, w2_data, w2_scales, w2_shared_data, w2_shared_scales), static_cast<int32_t*>(topk_ids),
+        static_cast<float*>(topk_weights), static_cast<__nv_bfloat16*>(out), workspace, to_size(workspace_bytes),
+        static_cast<cudaStream_t>(stream));
   });
 }
 

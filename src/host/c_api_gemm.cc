@@ -48,17 +48,20 @@ int mxmoe_m_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
 }
 
 // k-grouped (wgrad): a = dYᵀ [N, M_total], b = Xᵀ [K, M_total] (column-wise MX; exact mode: their
-// BF16 images), dw [E, N, K].
+// BF16 images), dw [E, N, K]. image_layout (both images): 0 = row-major [rows, M_total]
+// (mxmoe_dequantize_mxfp8_bf16), 1 = token-blocked [M_total/128][rows][128]
+// (mxmoe_dequantize_mxfp8_bf16_token_blocked; gemm.h, ImageLayout).
 int mxmoe_k_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
                                   const void* a_fast_data, const void* a_fast_scales,
                                   const void* a_image, const void* b_data, const void* b_scales,
                                   const void* b_fast_data, const void* b_fast_scales,
                                   const void* b_image, int64_t m_total, int num_experts, int64_t n,
                                   int64_t k, const void* offsets, void* dw, int mode, int out_dtype,
-                                  int accumulate, int num_sms, void* stream) {
+                                  int accumulate, int num_sms, int image_layout, void* stream) {
   return c_api_guarded([&] {
-    const mxmoe::MxOperand a = operand(a_data, a_scales, a_fast_data, a_fast_scales, a_image);
-    const mxmoe::MxOperand b = operand(b_data, b_scales, b_fast_data, b_fast_scales, b_image);
+    mxmoe::MxOperand a = operand(a_data, a_scales, a_fast_data, a_fast_scales, a_image);
+    mxmoe::MxOperand b = operand(b_data, b_scales, b_fast_data, b_fast_scales, b_image);
+    a.image_layout = b.image_layout = static_cast<mxmoe::ImageLayout>(image_layout);
     mxmoe::GemmOptions opts;
     opts.mode = static_cast<mxmoe::GemmMode>(mode);
     opts.out_dtype = static_cast<mxmoe::GemmOutDtype>(out_dtype);

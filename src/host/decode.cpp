@@ -22,6 +22,8 @@ using detail::check_not_null;
 using detail::check_ptr;
 using detail::check_top_k;
 using detail::check_weights;
+using detail::env_int;
+using detail::expert_weights;
 using detail::is_mx;
 using detail::throw_arg;
 using detail::to_str;
@@ -29,22 +31,6 @@ using detail::to_str;
 void check_h_dtype(const char* fn, DecodeHDtype d) {
   if (d != DecodeHDtype::kFP32 && d != DecodeHDtype::kBF16)
     throw_arg(fn, "h_dtype", to_str(int(d)), "must be kFP32 or kBF16");
-}
-
-detail::ExpertWeights expert_weights(const DecodeWeights& w) {
-  detail::ExpertWeights e;
-  e.mxfp8 = w.dtype == DecodeWeightDtype::kMXFP8 ? 1 : 0;
-  e.data = w.data;
-  e.scales = w.scales;
-  e.shared_data = w.shared_data;
-  e.shared_scales = w.shared_scales;
-  return e;
-}
-
-// An integer from the environment, read at every call (A/B timing in one process); dflt if unset.
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : dflt;
 }
 
 }  // namespace

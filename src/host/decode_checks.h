@@ -2,6 +2,7 @@
 // warp-decode launchers (src/host/decode.cpp) and the expert-centric step and dispatcher
 // (src/host/decode_expert_centric.cpp). They throw mxmoe::Error naming the argument.
 #pragma once
+#include <cstdlib>
 #include <string>
 
 #include "host/check.h"
@@ -10,6 +11,12 @@
 namespace mxmoe::detail {
 
 inline constexpr int kDecodeMaxDim = 1 << 16;
+
+// An integer from the environment, read at every call (A/B timing in one process); dflt if unset.
+inline int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : dflt;
+}
 
 inline void check_batch(const char* fn, int batch) {
   if (batch < 1 || batch > kDecodeMaxBatch)

@@ -113,10 +113,14 @@ void ExpertBlock::carve(Carver& c) {
 }
 
 MxOperand ExpertBlock::gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot,
-                                    cudaStream_t stream) const {
+                                    cudaStream_t stream, ImageLayout layout) const {
   if (mode != GemmMode::kExact || o.image != nullptr) return o;
-  dequantize_mxfp8_bf16(o.data, o.scales, rows, cols, slot, stream);
+  if (layout == ImageLayout::kTokenBlocked)
+    dequantize_mxfp8_bf16_token_blocked(o.data, o.scales, rows, cols, slot, stream);
+  else
+    dequantize_mxfp8_bf16(o.data, o.scales, rows, cols, slot, stream);
   o.image = slot;
+  o.image_layout = layout;
   return o;
 }
 
@@ -164,12 +168,15 @@ void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2
   go.stream = stream;
   GemmOptions go32 = go;
   go32.out_dtype = GemmOutDtype::kFP32;
+  // Exact mode's wgrad images are token-blocked (dequantize.h; gemm.h, k-grouped): same values and
+  // bits of dW as row-major ones, without a memory page per image row in every token window.
+  constexpr ImageLayout kWgradImage = ImageLayout::kTokenBlocked;
   // dH [cap, I] = dY · W2[e] (B = col(W2) [E, I, H]);  dW2[e] = Σ dYᵀ · Hact
   m_grouped_mxfp8_gemm_nt(gemm_operand(dy_row.operand(), cap, H, img_a, stream), cap,
                           gemm_operand(w2c_op, experts * I, H, img_b, stream), experts, I, H, padded_offsets, dh, go);
-  k_grouped_mxfp8_gemm_nt(gemm_operand(dy_col.operand(), H, cap, img_a, stream),
-                          gemm_operand(h_col.operand(), I, cap, img_b, stream), cap, experts, H, I, padded_offsets, dw2,
-                          go32);
+  k_grouped_mxfp8_gemm_nt(gemm_operand(dy_col.operand(), H, cap, img_a, stream, kWgradImage),
+                          gemm_operand(h_col.operand(), I, cap, img_b, stream, kWgradImage), cap, experts, H, I,
+                          padded_offsets, dw2, go32);
   mark("bwd: W2 dgrad + wgrad GEMMs");
   // SwiGLU backward, quantize dGU both ways
   moe_swiglu_backward(gu, dh, cap, I, rows_used, dgu, stream);
@@ -182,9 +189,9 @@ void ExpertBlock::backward(const int32_t* padded_offsets, float* dw1, float* dw2
   m_grouped_to(gemm_operand(dgu_row.operand(), cap, 2 * I, img_a, stream), cap,
                gemm_operand(w1c_op, experts * H, 2 * I, img_b, stream), experts, H, 2 * I, padded_offsets, dxp,
                dxp_rows, go);
-  k_grouped_mxfp8_gemm_nt(gemm_operand(dgu_col.operand(), 2 * I, cap, img_a, stream),
-                          gemm_operand(x_col.operand(), H, cap, img_b, stream), cap, experts, 2 * I, H, padded_offsets,
-                          dw1, go32);
+  k_grouped_mxfp8_gemm_nt(gemm_operand(dgu_col.operand(), 2 * I, cap, img_a, stream, kWgradImage),
+                          gemm_operand(x_col.operand(), H, cap, img_b, stream, kWgradImage), cap, experts, 2 * I, H,
+                          padded_offsets, dw1, go32);
   mark(dxp_rows ? "bwd: W1 dgrad (+ rows to owners) + wgrad GEMMs" : "bwd: W1 dgrad + wgrad GEMMs");
 }
 

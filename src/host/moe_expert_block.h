@@ -108,8 +108,10 @@ struct ExpertBlock {
 
   // The operand as the GEMM mode reads it: fast mode as it is; exact mode with its BF16 image,
   // made into `slot` from data/scales ([rows, cols]) unless the operand carries one (a
-  // pre-quantized weight may: MxWeights).
-  MxOperand gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot, cudaStream_t stream) const;
+  // pre-quantized weight may: MxWeights). `layout`: the image's layout (kTokenBlocked for the
+  // k-grouped wgrad operands, whose cols are the cap tokens, a multiple of 128).
+  MxOperand gemm_operand(MxOperand o, int64_t rows, int64_t cols, __nv_bfloat16* slot, cudaStream_t stream,
+                         ImageLayout layout = ImageLayout::kRowMajor) const;
 
   // mx_buf in this block's GEMM mode.
   MxBuf mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const;

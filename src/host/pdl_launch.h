@@ -24,21 +24,36 @@ inline bool pdl_enabled() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with cudaLaunchAttributeProgrammaticStreamSerialization
-// (compile-time cluster dimensions of the kernel apply as usual). The return code is checked.
+// (compile-time cluster dimensions of the kernel apply as usual), and with
+// cudaLaunchAttributeCooperative when `cooperative` (the driver then guarantees that every CTA is
+// co-resident, or fails the launch). The return code is checked.
 template <class... KernelArgs, class... Args>
-void launch_with_pdl(const char* fn, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                     size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_with_pdl_attrs(const char* fn, bool cooperative, void (*kernel)(KernelArgs...), dim3 grid,
+                           dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n++].val.cooperative = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <class... KernelArgs, class... Args>
+void launch_with_pdl(const char* fn, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                     size_t smem, cudaStream_t stream, Args&&... args) {
+  launch_with_pdl_attrs(fn, false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace mxmoe::detail

@@ -203,4 +203,13 @@ std::vector<uint16_t> dequantize_bf16(const MxMatrix& m) {
   return out;
 }
 
+std::vector<uint16_t> token_blocked(const std::vector<uint16_t>& image, int64_t rows, int64_t cols) {
+  std::vector<uint16_t> out;
+  out.reserve(image.size());
+  for (int64_t b = 0; b < cols / 128; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < 128; ++j) out.push_back(image[size_t(r * cols + b * 128 + j)]);
+  return out;
+}
+
 }  // namespace mxmoe::ref

@@ -44,5 +44,9 @@ std::vector<double> dequantize(const MxMatrix& m);
 std::vector<double> dequantize(const FastMatrix& m);
 // The BF16 image of an MX tensor (dequantize.h): bf16_from_double of each dequantized value.
 std::vector<uint16_t> dequantize_bf16(const MxMatrix& m);
+// An image [rows, cols] (row-major) rearranged into the token-blocked layout (dequantize.h,
+// ImageLayout::kTokenBlocked): for each block of 128 columns, for each row, its 128 elements.
+// Written as those three loops (not through token_blocked_offset). cols % 128 == 0.
+std::vector<uint16_t> token_blocked(const std::vector<uint16_t>& image, int64_t rows, int64_t cols);
 
 }  // namespace mxmoe::ref

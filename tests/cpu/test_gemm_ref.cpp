@@ -257,4 +257,44 @@ TEST(GemmArgs, KGroupedEachBadArgumentIsNamed) {
   }
 }
 
+// Image layouts (gemm.h, MxOperand::image_layout): the k-grouped GEMM takes row-major and
+// token-blocked images (either operand, in any mix), the m-grouped ones only row-major; a value
+// outside the enum is named. Fast mode does not read the image, so its layout is not checked.
+TEST(GemmArgs, ImageLayoutChecks) {
+  const ImageLayout blk = ImageLayout::kTokenBlocked, bad = static_cast<ImageLayout>(5);
+  // m-grouped (both entries), exact: a token-blocked image is refused, naming the operand's field.
+  { Args x; x.o.mode = GemmMode::kExact; x.a.image_layout = blk; expect_throw_naming(x, "a.image_layout"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.b.image_layout = blk; expect_throw_naming(x, "b.image_layout"); }
+  { Args x; x.o.mode = GemmMode::kExact; x.a.image_layout = bad; expect_throw_naming(x, "a.image_layout"); }
+  {
+    Args x;
+    x.o.mode = GemmMode::kExact;
+    x.a.image_layout = blk;
+    expect_rows_throw_naming(x, reinterpret_cast<void* const*>(g_buf), "a.image_layout");
+  }
+  try {
+    Args x;
+    x.o.mode = GemmMode::kExact;
+    x.b.image_layout = blk;
+    m_grouped_mxfp8_gemm_nt(x.a, x.m_total, x.b, x.E, x.n, x.k, x.offsets, x.y, x.o);
+    ADD_FAILURE() << "no exception for a token-blocked m-grouped operand";
+  } catch (const mxmoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token-blocked images are for the k-grouped GEMM only"), std::string::npos)
+        << e.what();
+  }
+  // m-grouped fast mode: the layout is not read; the call gets as far as y.
+  { Args x; x.a.image_layout = blk; x.b.image_layout = bad; x.y = nullptr; expect_throw_naming(x, "y"); }
+  // k-grouped, exact: a bad value is named; token-blocked (either or both) passes the operand
+  // checks and fails only on the m_total limit placed after them.
+  { Args x; x.o.mode = GemmMode::kExact; x.b.image_layout = bad; expect_k_throw_naming(x, "b.image_layout"); }
+  for (int mask = 1; mask <= 3; ++mask) {
+    Args x;
+    x.o.mode = GemmMode::kExact;
+    if (mask & 1) x.a.image_layout = blk;
+    if (mask & 2) x.b.image_layout = blk;
+    x.m_total = (int64_t(1) << 30) + 128;
+    expect_k_throw_naming(x, "m_total");
+  }
+}
+
 }  // namespace

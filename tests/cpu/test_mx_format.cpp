@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "mxmoe/dequantize.h"
 #include "ref/mx_ref.h"
 
 using namespace mxmoe;
@@ -336,4 +337,34 @@ TEST(BF16Image, ExactScaleRangeAndNan) {
       }
     }
   }
+}
+
+// The token-blocked index map (dequantize.h): token_blocked_offset against ref::token_blocked (three
+// plain loops), a bijection onto [0, rows·cols), and the property the layout exists for: the
+// elements of every row in one 128-column block form one contiguous range of rows·128 elements
+// (the k-grouped GEMM's 64-token chunks stay inside one block because segments are 128-aligned).
+TEST(TokenBlockedImage, IndexMapMatchesReferenceLayout) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {3, 256}, {7, 640}, {130, 384}}) {
+    std::vector<uint16_t> img(size_t(rows * cols));
+    for (size_t i = 0; i < img.size(); ++i) img[i] = uint16_t(i * 2654435761u >> 7);  // distinct-ish tags
+    const std::vector<uint16_t> blk = token_blocked(img, rows, cols);
+    ASSERT_EQ(blk.size(), img.size());
+    std::vector<int> hits(img.size(), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t o = token_blocked_offset(r, c, rows);
+        ASSERT_GE(o, 0);
+        ASSERT_LT(o, rows * cols);
+        ++hits[size_t(o)];
+        ASSERT_EQ(blk[size_t(o)], img[size_t(r * cols + c)]) << rows << " x " << cols << " at [" << r << ", " << c << "]";
+        // block c/128 occupies [b·rows·128, (b+1)·rows·128); row r's piece of it is 128 contiguous elements
+        const int64_t b = c / 128;
+        ASSERT_GE(o, b * rows * 128);
+        ASSERT_LT(o, (b + 1) * rows * 128);
+        ASSERT_EQ(o - token_blocked_offset(r, b * 128, rows), c % 128);
+      }
+    for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "offset " << i << " hit " << hits[i] << " times";
+  }
+  static_assert(token_blocked_offset(5, 300, 7) == (2 * 7 + 5) * 128 + 44, "constexpr, as documented");
+  EXPECT_EQ(kImageBlockCols, 128);
 }

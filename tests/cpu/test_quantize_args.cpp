@@ -128,6 +128,33 @@ TEST(QuantizeArgs, DequantizeRejectsBadArguments) {
   EXPECT_NO_THROW(dequantize_mxfp8_bf16(nullptr, nullptr, 0, 128, nullptr));
 }
 
+// The token-blocked image (ImageLayout::kTokenBlocked): the same checks, plus cols % 128 == 0 and
+// rows · cols / 128 < 2^31 (the kernel's 32-bit group index).
+TEST(QuantizeArgs, DequantizeTokenBlockedRejectsBadArguments) {
+  const uint8_t* d = fake<const uint8_t>(0x20000);
+  const uint8_t* s = fake<const uint8_t>(0x30001);
+  __nv_bfloat16* img = fake<__nv_bfloat16>(0x40000);
+  const auto f = [](auto... args) { dequantize_mxfp8_bf16_token_blocked(args...); };
+  expect_error_naming([&] { f(d, s, 128, 100, img, nullptr); }, "cols");
+  expect_error_naming([&] { f(d, s, 128, 96, img, nullptr); }, "cols");   // MX-valid, not a whole block
+  expect_error_naming([&] { f(d, s, 128, 2880, img, nullptr); }, "cols");  // 2880 = 22.5 blocks
+  expect_error_naming([&] { f(d, s, -1, 128, img, nullptr); }, "rows");
+  expect_error_naming([&] { f(d, s, int64_t(1) << 24, int64_t(1) << 14, img, nullptr); }, "rows");  // 2^31 groups
+  expect_error_naming([&] { f(nullptr, s, 128, 128, img, nullptr); }, "data");
+  expect_error_naming([&] { f(fake<const uint8_t>(0x20008), s, 128, 128, img, nullptr); }, "data");
+  expect_error_naming([&] { f(d, nullptr, 128, 128, img, nullptr); }, "scales");
+  expect_error_naming([&] { f(d, s, 128, 128, nullptr, nullptr); }, "image");
+  expect_error_naming([&] { f(d, s, 128, 128, fake<__nv_bfloat16>(0x40002), nullptr); }, "image");
+  try {
+    f(d, s, 4, 96, img, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "mxmoe::dequantize_mxfp8_bf16_token_blocked: argument 'cols' = 96: must be a multiple "
+                           "of 128 for the token-blocked layout (blocks of 128 columns)");
+  }
+  EXPECT_NO_THROW(f(nullptr, nullptr, 0, 128, nullptr, nullptr));
+}
+
 // The C ABI (ctypes callers: the benchmarks) asks for a copy when any of its four pointers is
 // given, so a fast-only copy reaches the C++ checks: here with a misaligned fast_data, which must
 // be named, not reported as a missing copy (before the fix, every fast-only call failed with

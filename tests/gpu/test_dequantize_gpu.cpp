@@ -49,6 +49,31 @@ void expect_image_matches(const ref::MxMatrix& m, const char* what, size_t scale
     ASSERT_EQ(got[i], 0xEEEE) << what << ": wrote past the image at element " << i;
 }
 
+// The token-blocked image (dequantize_mxfp8_bf16_token_blocked) against ref::token_blocked of the
+// reference image, bit for bit, with the same guard.
+void expect_blocked_image_matches(const ref::MxMatrix& m, const char* what) {
+  DevBuf<uint8_t> data(m.data.size()), scales(m.scales.size());
+  data.upload(m.data);
+  scales.upload(m.scales);
+  DevBuf<uint16_t> img(m.data.size() + kGuard, 0xEE);
+  dequantize_mxfp8_bf16_token_blocked(data.p, scales.p, m.rows, m.cols, reinterpret_cast<__nv_bfloat16*>(img.p));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  const std::vector<uint16_t> got = img.download();
+  const std::vector<uint16_t> want = ref::token_blocked(ref::dequantize_bf16(m), m.rows, m.cols);
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0) first = int64_t(i);
+  if (bad) {
+    const int64_t b = first / (m.rows * 128), r = (first / 128) % m.rows, c = b * 128 + first % 128;
+    ADD_FAILURE() << what << ": " << bad << " of " << want.size() << " blocked image elements differ; first at "
+                  << "offset " << first << " = element [" << r << ", " << c << "]: got 0x" << std::hex
+                  << got[size_t(first)] << ", want 0x" << want[size_t(first)] << std::dec << " (seed "
+                  << fresh_seed() << ")";
+  }
+  for (size_t i = want.size(); i < got.size(); ++i)
+    ASSERT_EQ(got[i], 0xEEEE) << what << ": wrote past the image at element " << i;
+}
+
 ref::MxMatrix random_mx(int64_t rows, int64_t cols, std::mt19937& rng, int scale_lo, int scale_hi) {
   ref::MxMatrix m;
   m.rows = rows;
@@ -120,6 +145,31 @@ TEST_F(DequantizeGpu, QuantizedDataIsExact) {
       ASSERT_EQ(double(ref::bf16_to_float(img[i])), deq[i]) << dist_name(d) << " element " << i;
     }
   }
+}
+
+// Token-blocked layout: every code at the edge scales (9 rows, 2 blocks of 128), random codes and
+// scales in shapes with one block per row, odd row counts, N = 2880 rows, and one large enough for
+// the grid-stride loop to wrap (4099 x 4096: 32 blocks per row); rows == 0 does nothing.
+TEST_F(DequantizeGpu, TokenBlockedMatchesReference) {
+  MXMOE_REQUIRE_GPU();
+  SCOPED_TRACE(::testing::Message() << "seed " << fresh_seed());
+  {
+    const uint8_t edges[] = {0x00, 0x01, 0x02, kBF16ExactScaleMin, 0x7F, kBF16ExactScaleMax, 0xF7, 0xFE, 0xFF};
+    ref::MxMatrix m;
+    m.rows = int64_t(sizeof(edges));
+    m.cols = 256;
+    for (uint8_t s : edges) {
+      for (int c = 0; c < 256; ++c) m.data.push_back(uint8_t(c));
+      for (int b = 0; b < 8; ++b) m.scales.push_back(s);
+    }
+    expect_blocked_image_matches(m, "all codes x edge scales, blocked");
+  }
+  expect_blocked_image_matches(random_mx(7, 128, rng_, 0, 255), "7 x 128 blocked");
+  expect_blocked_image_matches(random_mx(1, 384, rng_, 0, 255), "1 x 384 blocked");
+  expect_blocked_image_matches(random_mx(2880, 640, rng_, 100, 150), "2880 x 640 blocked");
+  expect_blocked_image_matches(random_mx(33, 2944, rng_, 0, 255), "33 x 2944 blocked");
+  expect_blocked_image_matches(random_mx(4099, 4096, rng_, 100, 150), "4099 x 4096 blocked");
+  EXPECT_NO_THROW(dequantize_mxfp8_bf16_token_blocked(nullptr, nullptr, 0, 128, nullptr));
 }
 
 }  // namespace

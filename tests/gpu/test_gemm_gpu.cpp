@@ -513,6 +513,8 @@ struct KProblem : DeviceOperands {
   std::vector<int32_t> offsets;
   ref::MxMatrix qa, qb;    // dYᵀ [N, M_total], Xᵀ [K, M_total]
   ref::FastMatrix fa, fb;  // scales [M_total/128, N|K]
+  // exact mode's images token-blocked (dequantize_mxfp8_bf16_token_blocked; M_total % 128 == 0)
+  std::unique_ptr<DevBuf<uint16_t>> a_image_blk, b_image_blk;
 };
 
 void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& counts, Dist dist,
@@ -535,6 +537,14 @@ void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& c
   P.fa = ref::rebase_fast(P.qa);
   P.fb = ref::rebase_fast(P.qb);
   P.upload(P.qa, P.fa, P.qb, P.fb, P.fb.scales, P.offsets);
+  const auto blocked = [](std::unique_ptr<DevBuf<uint16_t>>& img, const DevBuf<uint8_t>& data,
+                          const DevBuf<uint8_t>& scales, const ref::MxMatrix& q) {
+    img = std::make_unique<DevBuf<uint16_t>>(q.data.size());
+    dequantize_mxfp8_bf16_token_blocked(data.p, scales.p, q.rows, q.cols, bf16_ptr(img->p));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  };
+  blocked(P.a_image_blk, *P.a_data, *P.a_scales, P.qa);
+  blocked(P.b_image_blk, *P.b_data, *P.b_scales, P.qb);
 }
 
 void k_reference_with_bound(const std::vector<double>& da, const std::vector<double>& db,
@@ -555,10 +565,11 @@ void k_reference_with_bound(const std::vector<double>& da, const std::vector<dou
 }
 
 // Runs the k-grouped GEMM. With `init` the output starts from those values (accumulate test);
-// otherwise it is poisoned (every element must be written).
+// otherwise it is poisoned (every element must be written). blocked: bit 0 / bit 1 = A's / B's
+// exact-mode image token-blocked (ImageLayout::kTokenBlocked) instead of row-major.
 std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bool accumulate,
                           const std::vector<uint8_t>* init, std::vector<uint8_t>* raw,
-                          int num_sms = 0) {
+                          int num_sms = 0, int blocked = 0) {
   const size_t elems = size_t(P.E * P.n * P.k);
   const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
   DevBuf<uint8_t> y(elems * esz, 0xFF);
@@ -568,7 +579,16 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
   o.out_dtype = out;
   o.num_sms = num_sms;
   o.accumulate = accumulate;
-  k_grouped_mxfp8_gemm_nt(P.a_op(), P.b_op(), P.m_total, P.E, P.n, P.k, P.d_offsets->p, y.p, o);
+  MxOperand a = P.a_op(), b = P.b_op();
+  if (blocked & 1) {
+    a.image = bf16_ptr(P.a_image_blk->p);
+    a.image_layout = ImageLayout::kTokenBlocked;
+  }
+  if (blocked & 2) {
+    b.image = bf16_ptr(P.b_image_blk->p);
+    b.image_layout = ImageLayout::kTokenBlocked;
+  }
+  k_grouped_mxfp8_gemm_nt(a, b, P.m_total, P.E, P.n, P.k, P.d_offsets->p, y.p, o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   std::vector<uint8_t> h = y.download();
   std::vector<double> v = output_values(h, esz);
@@ -876,6 +896,59 @@ TEST_F(GemmGpu, ExactWideDirectStoresBitwiseMatchDefault) {
   direct.tma_store = false;
   expect_path_matches_default("exact 256-wide, direct stores", direct, c.m, c.k, {0, 7}, true, rng_,
                               GemmMode::kExact);
+}
+
+// ---- exact mode: token-blocked wgrad images ---------------------------------------------------------
+//
+// The k-grouped exact GEMM on token-blocked images (ImageLayout::kTokenBlocked: 3-D TMA map, loads at
+// (2·(t % 128) bytes, row, t / 128)) against row-major images: the same bytes, since the boxes land
+// in shared memory identically and everything after the loads is the same kernel. A only, B only
+// and both blocked; the k cases of tile_width_cases (N = 2880 and 160: partial n-tiles; K = 2880,
+// 992, 96: partial k-tiles whose B boxes read zero fill past row K in the 3-D map too; empty and
+// ragged experts), a skewed case, and a segment of 1100 tokens (odd 64-token chunk count: the last
+// chunk is the first half of a 128-token block); exact tiles 256 (TMA-store epilogue and direct
+// stores) and 128; BF16 and FP32 out, plain and accumulating; num_sms 0 and 7 (the ring across
+// many tiles).
+TEST_F(GemmGpu, WgradTokenBlockedImagesBitwiseEqual) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  PathCases c = tile_width_cases(rng_);
+  c.k.push_back({7, 256, 576, {0, 40, 1500, 0, 130, 3, 260}});
+  c.k.push_back({2, 2880, 128, {1100, 0}});
+  PathEnv wide, wide_direct, narrow;
+  wide_direct.tma_store = false;
+  narrow.exact_tile = 128;
+  for (const PathCase& pc : c.k) {
+    KProblem P;
+    build_k(P, pc.E, pc.n, pc.k, pc.counts, Dist::kHeavyTailed, rng_);
+    for (const PathEnv* env : {&wide, &wide_direct, &narrow}) {
+      ScopedKernelPath scope(*env);
+      for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+        for (int acc = 0; acc <= 1; ++acc) {
+          std::vector<uint8_t> base, want;
+          const std::vector<uint8_t>* init = nullptr;
+          if (acc) {
+            run_k(P, GemmMode::kExact, out, false, nullptr, &base);
+            init = &base;
+          }
+          run_k(P, GemmMode::kExact, out, acc != 0, init, &want);
+          for (int sms : {0, 7}) {
+            for (int blocked = 1; blocked <= 3; ++blocked) {
+              std::vector<uint8_t> got;
+              run_k(P, GemmMode::kExact, out, acc != 0, init, &got, sms, blocked);
+              size_t first = 0;
+              while (first < want.size() && first < got.size() && want[first] == got[first]) ++first;
+              EXPECT_TRUE(want == got) << "E=" << pc.E << " N=" << pc.n << " K=" << pc.k << " exact tile "
+                                       << env->exact_tile << (env->tma_store ? "" : " direct stores") << " "
+                                       << out_name(out) << (acc ? " accumulate" : "") << " num_sms=" << sms
+                                       << " blocked " << (blocked == 1 ? "A" : blocked == 2 ? "B" : "A+B")
+                                       << ": differs from row-major images, first at byte " << first;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---- the EP layer's row epilogue ---------------------------------------------------------------

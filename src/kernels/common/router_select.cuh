@@ -2,7 +2,9 @@
 // the routing rule of include/mxmoe/decode.h (softmax or sigmoid + bias scoring, group limit,
 // renormalisation, scaling; ties to the lower id; NaN counts as -Inf). Used by the decode router
 // (warp_decode_router_sm90.cu) and the training layer's top-k (moe_topk_sm90.cu), so both paths
-// route identically. 16 scores a lane (E <= 512); k rounds of a warp arg-max with the total order
+// route identically. kSlots scores a lane (E <= 32·kSlots; default 16: E <= 512; the fused step
+// uses 4 or 8 to fit its register budget — entries past E are never valid, so every kSlots with
+// 32·kSlots >= E gives the same bits); k rounds of a warp arg-max with the total order
 // (score desc, id asc); group scores (top-2 sums) by one lane per group.
 #pragma once
 #include <climits>
@@ -42,11 +44,12 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e, float& s) {
 
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
 // best selection scores; clear the availability bits of experts outside them.
-__device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kPerLane],
+template <int kSlots>
+__device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kSlots],
                                                  uint32_t avail, float* scratch, int lane) {
   const int E = p.num_experts, G = E / p.n_groups;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     if (e < E) scratch[e] = sel[i];
   }
@@ -80,22 +83,24 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
   }
   __syncwarp();
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     if (e < E && !((chosen >> (e / G)) & 1u)) avail &= ~(1u << i);
   }
   return avail;
 }
 
-// One warp: the top-k of token b from its FP32 logits (shared memory [E]).
-__device__ inline void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
-                             int lane) {
+// One warp: the top-k of token b from its FP32 logits (shared memory [E]); E <= 32·kSlots.
+template <int kSlots = kPerLane>
+__device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
+                                             int lane) {
+  static_assert(kSlots >= 1 && kSlots <= kPerLane, "availability is a 32-bit mask a lane");
   const int E = p.num_experts;
-  float sel[kPerLane];  // selection score
-  float src[kPerLane];  // softmax: the logit; sigmoid: s = sigmoid(logit)
+  float sel[kSlots];  // selection score
+  float src[kSlots];  // softmax: the logit; sigmoid: s = sigmoid(logit)
   uint32_t valid = 0u;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     sel[i] = -INFINITY;
     src[i] = 0.0f;
@@ -122,7 +127,7 @@ __device__ inline void select_top_k(const RouterLaunch& p, const float* logits, 
     float v = -INFINITY, s = 0.0f;
     int e = INT_MAX;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       if (((avail >> i) & 1u) && better(sel[i], lane + 32 * i, v, e)) {
         v = sel[i];
         e = lane + 32 * i;
@@ -142,7 +147,7 @@ __device__ inline void select_top_k(const RouterLaunch& p, const float* logits, 
   if (!p.sigmoid) {
     float m = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
+    for (int i = 0; i < kSlots; ++i)
       if ((valid >> i) & 1u) m = fmaxf(m, src[i]);
     m = dev::warp_max(m);
     const float num = mine ? expf(my_src - m) : 0.0f;
@@ -152,7 +157,7 @@ __device__ inline void select_top_k(const RouterLaunch& p, const float* logits, 
     } else {
       float part = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i)
+      for (int i = 0; i < kSlots; ++i)
         if ((valid >> i) & 1u) part += expf(src[i] - m);
       den = dev::warp_sum(part);
     }

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "mxmoe/decode.h"
+
 namespace mxmoe::detail {
 
 struct RouterLaunch {
@@ -25,6 +27,16 @@ struct ExpertWeights {
   const uint8_t* shared_scales = nullptr;
 };
 
+inline ExpertWeights expert_weights(const DecodeWeights& w) {
+  ExpertWeights e;
+  e.mxfp8 = w.dtype == DecodeWeightDtype::kMXFP8 ? 1 : 0;
+  e.data = w.data;
+  e.scales = w.scales;
+  e.shared_data = w.shared_data;
+  e.shared_scales = w.shared_scales;
+  return e;
+}
+
 struct GateUpLaunch {
   const uint16_t* x = nullptr;  // BF16 bits [B, H]
   ExpertWeights w1;             // N = 2I, K = H
@@ -45,7 +57,26 @@ struct DownLaunch {
   int batch = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, slots = 0;
 };
 
+// The fused step (warp_decode_fused_sm90.cu): router, gate/up and down in one persistent kernel.
+inline constexpr int kFusedMaxBatch = kDecodeFusedMaxBatch;
+inline constexpr int kFusedMaxExperts = kDecodeFusedMaxExperts;  // selection: <= 8 scores a lane
+struct FusedLaunch {
+  RouterLaunch router;           // x, w, bias, ids / weights (the step's outputs), sizes, scoring
+  ExpertWeights w1, w2;          // W1: N = 2I, K = H; W2: N = H, K = I (same dtype)
+  int inter = 0, slots = 0;      // I, S = k (+1 with a shared expert)
+  void* barrier = nullptr;       // device::GridBarrierState (workspace, initialised once)
+  float* logits = nullptr;       // [B, E] FP32 (workspace)
+  float* h = nullptr;            // [B, S, I] FP32 (workspace)
+  uint16_t* out = nullptr;       // BF16 bits [B, H]
+  int wr_prefetch = 1;           // L2 prefetch of Wr before griddepcontrol.wait
+  int w2_prefetch = 1;           // L2 prefetch of each CTA's first W2 rows before the second barrier
+  int cooperative = 0;           // launch with cudaLaunchAttributeCooperative
+};
+
 void launch_decode_router(const RouterLaunch& p, cudaStream_t stream);
+void launch_decode_fused(const FusedLaunch& p, cudaStream_t stream);
+// One thread writes the barrier's initial state (magic, arrive = 0) at `barrier`.
+void launch_decode_fused_init(void* barrier, cudaStream_t stream);
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream);
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream);
 

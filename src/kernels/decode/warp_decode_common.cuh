@@ -32,6 +32,18 @@ __device__ __forceinline__ uint4 ldg_v4(const void* p) { return __ldg(static_cas
 
 __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) { return uint32_t(__ldg(p)); }
 
+// Data written earlier in the same kernel by other CTAs (the fused step's h): an ordinary (weak,
+// coherent) load, never the non-coherent path; ordered after those writes by a grid barrier with
+// release/acquire semantics (kernels/decode/grid_barrier.cuh); asm volatile keeps it after that
+// barrier's asm volatile.
+__device__ __forceinline__ uint4 ld_global_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 // 2^(b-127) for an E8M0 byte: b in [1, 254] is a normal FP32, b = 0 is the subnormal 2^-127,
 // b = 255 is NaN (mx_format.h).
 __device__ __forceinline__ float e8m0_to_f32(uint32_t b) {

@@ -5,7 +5,7 @@
 // Its 128 warps split the experts (warp g of the cluster takes e = g, g+128, ...); a warp streams
 // Wr[e] with kUnroll = 8 independent 16-byte loads a lane in flight (4 KB a warp, 64 KB an SM)
 // and uses each loaded chunk for the cluster's 4 tokens (X from L1), FP32 accumulation per token,
-// xor-butterfly warp sum. Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
+// xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
 // 16 scores a lane (E <= 512), k rounds of a warp arg-max with the total order
 // (score desc, id asc), group scores (top-2 sums) by one lane per group. Ties → lower id.
@@ -29,6 +29,7 @@
 #include "kernels/decode/decode_launch.h"
 #include "kernels/common/router_select.cuh"
 #include "kernels/decode/warp_decode_common.cuh"
+#include "kernels/decode/warp_decode_router.cuh"
 #include "mxmoe/decode.h"
 
 namespace cg = cooperative_groups;
@@ -65,28 +66,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   for (int e = rank * kWarps + warp; e < E; e += kClusterSize * kWarps) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
     float acc[kTokens];
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) acc[t] = 0.0f;
-    for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
-      uint4 wv[kUnroll];  // [kUnroll] x 8 BF16 of Wr[e]
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + 32 * u;
-        wv[u] = make_uint4(0u, 0u, 0u, 0u);
-        if (c < nchunks) wv[u] = dev::ldg_stream_v4(w + int64_t(c) * 16);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + 32 * u;
-        if (c < nchunks) {
-#pragma unroll
-          for (int t = 0; t < kTokens; ++t)
-            acc[t] = dev::dot8_bf16_bf16(wv[u], dev::ldg_v4(x[t] + int64_t(c) * 16), acc[t]);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) acc[t] = dev::warp_sum(acc[t]);
+    router::logits_warp<kTokens, kUnroll>(w, x, nchunks, lane, acc);
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) logits0[t * kDecodeMaxExperts + e] = acc[t];

@@ -10,9 +10,10 @@
 namespace mxmoe::detail {
 
 // The pointers a mode reads: fast = fast_data (16-byte aligned, TMA) + fast_scales (16-byte
-// aligned, TMA); exact = image (BF16, 16-byte aligned, TMA).
+// aligned, TMA); exact = image (BF16, 16-byte aligned, TMA) in a layout the GEMM reads: row-major,
+// or token-blocked where `token_blocked_ok` (the k-grouped GEMM).
 inline void check_grouped_operand(const char* fn, const char* name, const MxOperand& x,
-                                  GemmMode mode) {
+                                  GemmMode mode, bool token_blocked_ok = false) {
   const std::string s(name);
   if (mode == GemmMode::kFast) {
     check_not_null(fn, (s + ".fast_data").c_str(), x.fast_data);
@@ -25,6 +26,13 @@ inline void check_grouped_operand(const char* fn, const char* name, const MxOper
                 "exact mode reads the operand's BF16 image: make it with dequantize_mxfp8_bf16 "
                 "(dequantize.h) from data and scales");
     check_aligned(fn, (s + ".image").c_str(), x.image, 16);
+    if (x.image_layout != ImageLayout::kRowMajor && x.image_layout != ImageLayout::kTokenBlocked)
+      throw_arg(fn, (s + ".image_layout").c_str(), to_str(int(x.image_layout)),
+                "must be ImageLayout::kRowMajor or kTokenBlocked");
+    if (x.image_layout == ImageLayout::kTokenBlocked && !token_blocked_ok)
+      throw_arg(fn, (s + ".image_layout").c_str(), "kTokenBlocked",
+                "the m-grouped GEMMs read row-major images [rows, K] (make them with dequantize_mxfp8_bf16); "
+                "token-blocked images are for the k-grouped GEMM only");
   }
 }
 

@@ -13,7 +13,11 @@
 //              A tile never crosses experts (segments are 128-aligned); the last N-tile's B box may
 //              reach into expert e+1's rows, which only feed output columns >= N (never stored).
 //   k-grouped: A = dYᵀ [N, M_total], B = Xᵀ [K, M_total], kdim = M_total (tokens); a tile sums the
-//              chunks (128 tokens fast, 64 exact) of its expert's segment.
+//              chunks (128 tokens fast, 64 exact) of its expert's segment. Exact mode may read
+//              either image token-blocked instead ([M_total/128][rows][128], ImageLayout::
+//              kTokenBlocked; Params::a_blocked/b_blocked): a 3-D map {256 B, rows, M_total/128},
+//              box [1, rows, 128 B], loads at (2·(t % 128) bytes, row, t / 128), landing in shared
+//              memory as the 2-D box would (token_blocked_image_map, load_operand_box).
 //   All boxes: 128 bytes along kdim, 128B swizzle; out-of-bounds elements are zero-filled.
 // Scales (E8M0):
 //   fast:  chunk-major [kdim/128 chunks, rows] — one byte per (row, 128-chunk); TMA boxes [1, 128].
@@ -136,6 +140,8 @@ struct Params {
   int m_tiles_cap;          // m-grouped: M_total / 128
   bool accumulate;          // k-grouped: y += result (read, add, write; no atomics)
   bool sort_experts;        // k-grouped: walk the experts by token count, largest first (k_grouped_expert_order)
+  bool a_blocked, b_blocked;  // k-grouped exact: A's / B's image is token-blocked (3-D map and loads;
+                              // in the struct's tail padding, so the other fields keep their offsets)
 };
 
 // Where a math warpgroup's finished tile goes (a template parameter of the kernel):
@@ -426,7 +432,27 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
 // cluster scope because the partner's consumers release the stage that this CTA's multicast
 // overwrites in the partner's shared memory.
 // kExact: A and B are BF16 images read through byte-typed maps (2 bytes per element), so the TMA
-// coordinate along kdim is in bytes; there are no scales to load.
+// coordinate along kdim is in bytes; there are no scales to load. k-grouped exact: an operand with
+// a token-blocked image (Params::a_blocked / b_blocked) is loaded by load_operand_box's 3-D form.
+//
+// One operand box at byte coordinate kc along kdim and row `row`. kMayBeBlocked (k-grouped exact
+// kernels only; every other kernel compiles the 2-D load alone) and `blocked`: the token-blocked
+// image's 3-D map, coordinates (kc % 256, row, kc / 256), i.e. (2·(t % 128) bytes, row, t / 128)
+// for token t = kc / 2. A chunk is 64 tokens = 128 bytes starting at a multiple of 64 tokens (the
+// segments start at multiples of 128), so kc % 256 is 0 or 128 and the box never leaves its
+// 128-token block.
+template <bool kMayBeBlocked>
+__device__ __forceinline__ void load_operand_box(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int kc,
+                                                 int row, bool blocked) {
+  if constexpr (kMayBeBlocked) {
+    if (blocked) {
+      device::cp_async_bulk_tensor_3d_global_to_shared(smem_dst, map, bar, kc & 255, row, kc >> 8);
+      return;
+    }
+  }
+  device::cp_async_bulk_tensor_2d_global_to_shared(smem_dst, map, bar, kc, row);
+}
+
 template <int kBlockN, int kNumStages, bool kExact, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensorMap* tm_b,
                                          const CUtensorMap* tm_sa, const CUtensorMap* tm_sb,
@@ -435,8 +461,16 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
   using L = SmemLayout<kBlockN, kNumStages, kExact>;
   constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a multicast pair loads
   constexpr int kChunkK = chunk_k<kExact>(), kElemBytes = kExact ? 2 : 1;
+  constexpr bool kMayBeBlocked = kExact && Scheduler::kIsKGrouped && !kMulticast;
+  static_assert(!kMayBeBlocked || (kChunkK * kElemBytes == kBlockK && 2 * kImageBlockCols % kBlockK == 0),
+                "token-blocked images: a chunk's 128 bytes lie inside one 256-byte token block");
   const bool lead = threadIdx.x == 0;
   if (!lead) return;  // one thread does everything
+  bool a_blocked = false, b_blocked = false;
+  if constexpr (kMayBeBlocked) {
+    a_blocked = sched.p->a_blocked;
+    b_blocked = sched.p->b_blocked;
+  }
   if (lead) {  // (always true here; this shape keeps fast mode's SASS as measured)
     device::prefetch_tensormap(tm_a);
     device::prefetch_tensormap(tm_b);
@@ -461,10 +495,8 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
               smem + L::kOffA + s * L::kTileA + int(rank) * kHalfA * kBlockK, tm_a, &full[s], kc,
               x.a_row + int(rank) * kHalfA, uint16_t(0x3));
         else
-          device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffA + s * L::kTileA, tm_a,
-                                                           &full[s], kc, x.a_row);
-        device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffB + s * L::kTileB, tm_b,
-                                                         &full[s], kc, x.b_row);
+          load_operand_box<kMayBeBlocked>(smem + L::kOffA + s * L::kTileA, tm_a, &full[s], kc, x.a_row, a_blocked);
+        load_operand_box<kMayBeBlocked>(smem + L::kOffB + s * L::kTileB, tm_b, &full[s], kc, x.b_row, b_blocked);
         if constexpr (!kExact) {
           device::cp_async_bulk_tensor_2d_global_to_shared(sa, tm_sa, &full[s], x.sa_x, x.sa_y0 + c);
           device::cp_async_bulk_tensor_2d_global_to_shared(sb, tm_sb, &full[s], x.sb_x, x.sb_y0 + c);
@@ -1414,6 +1446,20 @@ inline CUtensorMap operand_map(const char* fn, const MxOperand& x, bool exact, i
   const void* base = exact ? static_cast<const void*>(x.image) : static_cast<const void*>(x.fast_data);
   return detail::make_tensor_map_2d_u8(fn, base, uint64_t(rows), uint64_t(row_bytes), uint64_t(row_bytes),
                                        box_rows, kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// TMA map of a k-grouped operand's token-blocked BF16 image (ImageLayout::kTokenBlocked,
+// [kdim/128][rows][128] BF16, kdim = M_total a multiple of 128) as bytes: a 3-D map {256 B (one
+// block's 128 tokens of a row), rows, kdim/128}, strides 256 B and rows·256 B, box [1, box_rows,
+// 128 B] (64 tokens, one exact chunk), 128B swizzle and L2 promotion as operand_map's. Rows past
+// `rows` (a partial last tile) read zero fill as with operand_map. The producer loads it with
+// load_operand_box (blocked = true).
+inline CUtensorMap token_blocked_image_map(const char* fn, const __nv_bfloat16* image, int64_t rows, int64_t kdim,
+                                           uint32_t box_rows) {
+  constexpr uint64_t kRowBytes = 2 * kImageBlockCols;  // a row's piece of one token block
+  return detail::make_tensor_map_3d_u8_load(fn, image, uint64_t(kdim / kImageBlockCols), uint64_t(rows), kRowBytes,
+                                            kRowBytes, kRowBytes * uint64_t(rows), box_rows, kBlockK,
+                                            CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The TMA-store epilogue's output map (store_tile_tma) of y [batch, rows, cols] (m-grouped: batch

@@ -31,8 +31,8 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
     if (!opts.accumulate) MXMOE_CUDA_CHECK(kFn, cudaMemsetAsync(dw, 0, out_bytes, opts.stream));
     return;
   }
-  detail::check_grouped_operand(kFn, "a", a, opts.mode);
-  detail::check_grouped_operand(kFn, "b", b, opts.mode);
+  detail::check_grouped_operand(kFn, "a", a, opts.mode, /*token_blocked_ok=*/true);
+  detail::check_grouped_operand(kFn, "b", b, opts.mode, /*token_blocked_ok=*/true);
   const bool exact = opts.mode == GemmMode::kExact;
   if (exact && m_total > (int64_t(1) << 30))  // TMA coordinates are int32 bytes: 2 per token
     detail::throw_arg(kFn, "m_total", detail::to_str(m_total), "exact mode needs m_total <= 2^30");
@@ -46,9 +46,16 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   const bool multicast = path.multicast;  // 2-CTA clusters sharing dYᵀ
   const int block_n = path.block_n;      // k-tile width (rows of Xᵀ)
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
+  // Exact mode: an operand with a token-blocked image is read through a 3-D map (same boxes in
+  // shared memory; the kernel's producer switches its loads on p.a_blocked / p.b_blocked).
+  const bool a_blocked = exact && a.image_layout == ImageLayout::kTokenBlocked;
+  const bool b_blocked = exact && b.image_layout == ImageLayout::kTokenBlocked;
   const CUtensorMap tm_a =  // dYᵀ [128 (64 when multicast), 128 B]
-      gemm_sm90::operand_map(kFn, a, exact, n, m_total, gemm_sm90::a_box_rows(multicast));
-  const CUtensorMap tm_b = gemm_sm90::operand_map(kFn, b, exact, k, m_total, block_n);  // Xᵀ [block_n, 128 B]
+      a_blocked ? gemm_sm90::token_blocked_image_map(kFn, a.image, n, m_total, gemm_sm90::a_box_rows(multicast))
+                : gemm_sm90::operand_map(kFn, a, exact, n, m_total, gemm_sm90::a_box_rows(multicast));
+  const CUtensorMap tm_b =  // Xᵀ [block_n, 128 B]
+      b_blocked ? gemm_sm90::token_blocked_image_map(kFn, b.image, k, m_total, block_n)
+                : gemm_sm90::operand_map(kFn, b, exact, k, m_total, block_n);
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_tc, n, n, 1, kBlockM,
@@ -66,6 +73,8 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.m_tiles_cap = 0;  // unused by the k-grouped schedule
   p.accumulate = opts.accumulate;
   p.sort_experts = gemm_sm90::k_grouped_sort_experts();
+  p.a_blocked = a_blocked;
+  p.b_blocked = b_blocked;
   // the TMA-store epilogue's map of dW [E, N, K] (unused otherwise)
   const CUtensorMap tm_y = path.tma_store ? gemm_sm90::out_tma_map(kFn, dw, out_f32, num_experts, n, k) : tm_a;
   gemm_sm90::dispatch_grouped<true>(kFn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);

@@ -45,14 +45,15 @@ CUtensorMap make_tensor_map_2d_u8(const char* fn, const void* base, uint64_t row
 // 3-D map of `dtype` (elements of `elem_bytes`): dims and boxes in elements, strides in bytes.
 static CUtensorMap make_tensor_map_3d(const char* fn, CUtensorMapDataType dtype, const char* type_name, void* base,
                                       uint64_t d2, uint64_t d1, uint64_t d0, uint64_t stride1, uint64_t stride2,
-                                      uint32_t box1, uint32_t box0, CUtensorMapSwizzle swizzle) {
+                                      uint32_t box1, uint32_t box0, CUtensorMapSwizzle swizzle,
+                                      CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_NONE) {
   CUtensorMap map{};
   const cuuint64_t dims[3] = {d0, d1, d2};
   const cuuint64_t strides[2] = {stride1, stride2};
   const cuuint32_t box[3] = {box0, box1, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   CUresult r = get_encode_fn(fn)(&map, dtype, 3, base, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check_encoded(fn, r, "[" + std::to_string(d2) + ", " + std::to_string(d1) + ", " + std::to_string(d0) + "] " +
                           type_name + " tensor, box [1, " + std::to_string(box1) + ", " + std::to_string(box0) + "]");
   return map;
@@ -63,6 +64,13 @@ CUtensorMap make_tensor_map_3d_u8(const char* fn, void* base, uint64_t d2, uint6
                                   CUtensorMapSwizzle swizzle) {
   return make_tensor_map_3d(fn, CU_TENSOR_MAP_DATA_TYPE_UINT8, "u8", base, d2, d1, d0, stride1, stride2, box1, box0,
                             swizzle);
+}
+
+CUtensorMap make_tensor_map_3d_u8_load(const char* fn, const void* base, uint64_t d2, uint64_t d1, uint64_t d0,
+                                       uint64_t stride1, uint64_t stride2, uint32_t box1, uint32_t box0,
+                                       CUtensorMapSwizzle swizzle) {
+  return make_tensor_map_3d(fn, CU_TENSOR_MAP_DATA_TYPE_UINT8, "u8", const_cast<void*>(base), d2, d1, d0, stride1,
+                            stride2, box1, box0, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 CUtensorMap make_tensor_map_3d_f32(const char* fn, void* base, uint64_t d2, uint64_t d1, uint64_t d0,

@@ -24,6 +24,13 @@ CUtensorMap make_tensor_map_3d_u8(const char* fn, void* base, uint64_t d2, uint6
                                   uint64_t stride1, uint64_t stride2, uint32_t box1, uint32_t box0,
                                   CUtensorMapSwizzle swizzle);
 
+// A 3-D uint8 tensor as above, read (TMA loads) in boxes of [1, box1, box0], with the 2-D maps'
+// L2 promotion (256 B). Out-of-bounds elements read as zero. Used for the k-grouped GEMM's
+// token-blocked images (d0 = 256 bytes = 128 BF16 tokens, d1 = rows, d2 = M_total / 128).
+CUtensorMap make_tensor_map_3d_u8_load(const char* fn, const void* base, uint64_t d2, uint64_t d1, uint64_t d0,
+                                       uint64_t stride1, uint64_t stride2, uint32_t box1, uint32_t box0,
+                                       CUtensorMapSwizzle swizzle);
+
 // A 3-D float32 tensor [d2, d1, d0] (elements; d0 contiguous, strides in bytes of dimensions 1
 // and 2), in boxes of [1, box1, box0] elements: the typed map that TMA reduce-add needs (it adds in
 // the map's data type). Used by the GEMMs' TMA-store epilogue for FP32 outputs.

@@ -15,12 +15,20 @@
 // (the one IEEE rounding, gradual underflow, Inf on overflow). NaN codes and NaN scales are then
 // replaced by kBF16Nan with integer masks, so NaN bits do not depend on the hardware's NaN payload.
 // Registers: ~40, no shared memory. Roofline: memory-bound; 3 + 1/32 bytes per element.
-// Tests: tests/gpu/test_dequantize_gpu.cpp (bit-exact against ref::dequantize_bf16);
+// Token-blocked layout (dequantize_mxfp8_bf16_token_blocked, ImageLayout::kTokenBlocked): the same
+// kernel with kBlocked = true; only the store address changes. Vector v (codes [8v, 8v + 8) of the
+// flat row-major tensor) is the (v % 16)-th vector of 128-column group g = v / 16 = r·(cols/128) + b;
+// it goes to vector (b·rows + r)·16 + v % 16 of the image (token_blocked_offset / 8). r = g / (cols/128)
+// by FastDivmod (g < 2^31, checked on the host). Stores: 16 consecutive threads write one 256-byte
+// block, so a warp writes two full 256-byte runs (rows·256 bytes apart).
+// Tests: tests/gpu/test_dequantize_gpu.cpp (bit-exact against ref::dequantize_bf16; the blocked
+// layout against ref::token_blocked of it);
 // tests/cpu/test_mx_format.cpp (the reference and the exact scale range); argument checks in
 // tests/cpu/test_quantize_args.cpp. Bench: bench/bench_gemm.py ("dequant" lines).
 #include <algorithm>
 #include <cstdint>
 
+#include "device/fast_divmod.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "host/kernel_attr.h"
@@ -55,11 +63,32 @@ __device__ __forceinline__ uint2 image_x4(uint32_t codes, float scale, uint32_t 
   return make_uint2(w0, w1);
 }
 
+// kBlocked: where a vector goes in the token-blocked image (see the top of the file).
+struct BlockedMap {
+  int64_t rows = 0;        // rows of the tensor
+  FastDivmod groups_per_row;  // cols / 128
+};
+
+// Output vector of input vector v (8 codes = one 16-byte BF16 store).
+template <bool kBlocked>
+__device__ __forceinline__ int64_t image_vec(int64_t v, const BlockedMap& m) {
+  if constexpr (!kBlocked) {
+    return v;
+  } else {
+    constexpr int kVecsPerGroup = kImageBlockCols / 8;  // 16
+    const uint32_t g = uint32_t(v / kVecsPerGroup);     // < 2^31 (host check)
+    const uint32_t r = m.groups_per_row.div(g);
+    const uint32_t b = g - r * m.groups_per_row.d;
+    return (int64_t(b) * m.rows + r) * kVecsPerGroup + (v % kVecsPerGroup);
+  }
+}
+
 // Vector v = codes [8v, 8v + 8) (block v / 4): one 8-byte load in, one 16-byte store out, so that a
-// warp's loads cover 256 and its stores 512 contiguous bytes.
+// warp's loads cover 256 and its stores 512 contiguous bytes (blocked: two runs of 256).
+template <bool kBlocked>
 __global__ void __launch_bounds__(kThreads)
 dequantize_mxfp8_bf16_kernel(const uint2* __restrict__ data, const uint8_t* __restrict__ scales,
-                             uint4* __restrict__ image, int64_t num_vecs) {
+                             uint4* __restrict__ image, int64_t num_vecs, const BlockedMap m) {
   const int64_t stride = int64_t(gridDim.x) * kThreads * kVecsPerThread;
   for (int64_t v0 = int64_t(blockIdx.x) * kThreads * kVecsPerThread + threadIdx.x; v0 < num_vecs;
        v0 += stride) {
@@ -80,24 +109,39 @@ dequantize_mxfp8_bf16_kernel(const uint2* __restrict__ data, const uint8_t* __re
         const float scale = e8m0_pow2(sb[j]);
         const uint32_t nan_all = sb[j] == kE8M0Nan ? 0xFFFFFFFFu : 0u;
         const uint2 lo = image_x4(codes[j].x, scale, nan_all), hi = image_x4(codes[j].y, scale, nan_all);
-        image[v] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        image[image_vec<kBlocked>(v, m)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
       }
     }
   }
 }
 
-}  // namespace
+// CTAs of `kernel` that fit on the device at once (cached per device).
+template <auto kernel>
+int max_resident_ctas(const char* fn) {
+  return detail::once_per_device<kernel, detail::MaxResidentTag>(fn, [fn](int dev) {
+    int sms = 0, per_sm = 0;
+    MXMOE_CUDA_CHECK(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    return std::max(1, sms * per_sm);
+  });
+}
 
-void dequantize_mxfp8_bf16(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
-                           __nv_bfloat16* image, cudaStream_t stream) {
+// Both layouts: checks, then the kernel of the layout.
+template <bool kBlocked>
+void dequantize_impl(const char* fn, const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
+                     __nv_bfloat16* image, cudaStream_t stream) {
   using detail::throw_arg;
   using detail::to_str;
-  const char* fn = "dequantize_mxfp8_bf16";
   if (rows < 0) throw_arg(fn, "rows", to_str(rows), "must be >= 0");
   if (cols <= 0 || cols % kMxBlock != 0)
     throw_arg(fn, "cols", to_str(cols), "must be a positive multiple of 32 (MX blocks run along it)");
+  if (kBlocked && cols % kImageBlockCols != 0)
+    throw_arg(fn, "cols", to_str(cols),
+              "must be a multiple of 128 for the token-blocked layout (blocks of 128 columns)");
   if (rows > 0 && cols > ((int64_t(1) << 62) / rows))
     throw_arg(fn, "rows", to_str(rows), "rows · cols must be below 2^62");
+  if (kBlocked && rows * (cols / kImageBlockCols) >= (int64_t(1) << 31))
+    throw_arg(fn, "rows", to_str(rows), "rows · cols / 128 must be below 2^31 for the token-blocked layout");
   if (rows == 0) return;
   detail::check_not_null(fn, "data", data);
   detail::check_aligned(fn, "data", data, 16);
@@ -106,18 +150,30 @@ void dequantize_mxfp8_bf16(const uint8_t* data, const uint8_t* scales, int64_t r
   detail::check_aligned(fn, "image", image, 16);
 
   const int64_t num_vecs = rows * (cols / 8);
-  constexpr auto kernel = dequantize_mxfp8_bf16_kernel;
-  const int max_ctas = detail::once_per_device<kernel, detail::MaxResidentTag>(fn, [&](int dev) {
-    int sms = 0, per_sm = 0;
-    MXMOE_CUDA_CHECK(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-    return std::max(1, sms * per_sm);
-  });
+  BlockedMap m;
+  if (kBlocked) {
+    m.rows = rows;
+    m.groups_per_row = FastDivmod(uint32_t(cols / kImageBlockCols));
+  }
+  constexpr auto kernel = dequantize_mxfp8_bf16_kernel<kBlocked>;
+  const int max_ctas = max_resident_ctas<kernel>(fn);
   const int64_t per_cta = int64_t(kThreads) * kVecsPerThread;
   const int grid = int(std::min<int64_t>(max_ctas, (num_vecs + per_cta - 1) / per_cta));
   kernel<<<grid, kThreads, 0, stream>>>(reinterpret_cast<const uint2*>(data), scales,
-                                        reinterpret_cast<uint4*>(image), num_vecs);
+                                        reinterpret_cast<uint4*>(image), num_vecs, m);
   MXMOE_CHECK_LAUNCH(fn);
+}
+
+}  // namespace
+
+void dequantize_mxfp8_bf16(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
+                           __nv_bfloat16* image, cudaStream_t stream) {
+  dequantize_impl<false>("dequantize_mxfp8_bf16", data, scales, rows, cols, image, stream);
+}
+
+void dequantize_mxfp8_bf16_token_blocked(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
+                                         __nv_bfloat16* image, cudaStream_t stream) {
+  dequantize_impl<true>("dequantize_mxfp8_bf16_token_blocked", data, scales, rows, cols, image, stream);
 }
 
 }  // namespace mxmoe
