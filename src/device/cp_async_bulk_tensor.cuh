@@ -38,10 +38,9 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared(
 }
 
 // cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-// The 3-D form of the copy above: the box at element coordinates (c0 = innermost, c1, c2).
-// Out-of-bounds elements are zero-filled and still count toward the barrier's transaction bytes.
 // As the 2-D copy, for a 3-D map, at element coordinates (c0 = innermost, c1, c2). A box of
 // [1, rows, cols] lands in shared memory exactly as the 2-D box [rows, cols] would (same swizzle).
+// Out-of-bounds elements are zero-filled and still count toward the barrier's transaction bytes.
 __device__ __forceinline__ void cp_async_bulk_tensor_3d_global_to_shared(
     void* smem_dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1, int32_t c2) {
 #ifdef MXMOE_SM90A_ENABLED
