@@ -1106,10 +1106,15 @@ struct PipeTile {
 //    (column) from consecutive lanes (quantize_unit_walk.h): runs of 4 gc (4 gr) bytes instead of 4.
 //  - skel_scales (skeleton only): 1 = the skeleton also stores scale bytes (0x7F) to the real
 //    addresses, in the order late_scales says; 0 = no scale stores (runs 56-59's skeleton).
-//  - unit (MXMOE_QUANT_SCALE_UNIT, session 11): 1 = the unit walk (quantize_unit_walk.h: CTA c
-//    converts a contiguous range of tile positions, ordered by units of walk.gr x walk.gc tiles;
-//    `group` is then unused); 0 = the round-robin walk of runs 56-62 (tile ids c + k * grid in the
-//    raster of `group`).
+//  - unit (MXMOE_QUANT_SCALE_UNIT, session 11; off unless asked for since run 64 measured it slower):
+//    1 = the unit walk (quantize_unit_walk.h: CTA c converts a contiguous range of tile positions,
+//    ordered by units of walk.gr x walk.gc tiles; `group` is then unused); 0 = the round-robin walk
+//    of runs 56-62 (tile ids c + k * grid in the raster of `group`).
+//  - tmas (MXMOE_QUANT_SCALE_TMA, session 12; one direction only): 1 = the unit round robin (CTA c
+//    takes units c, c + P, c + 2P, ... of kTmasUnit tiles adjacent along the scales' contiguous
+//    dimension, and walks each unit's tiles in order; see "TMA-stored scale units" below), with
+//    late_scales 4 (the default where the shape qualifies: the unit's scale bytes leave by one TMA
+//    tensor store) or 1 (MXMOE_QUANT_SCALE_TMA=walk: per-tile scale stores on the same walk).
 struct PipeOpts {
   int32_t group = kGroupRowTiles, full_groups = 0;
   int32_t load_hint = -1, store_hint = 2;
@@ -1117,7 +1122,86 @@ struct PipeOpts {
   int32_t unit = 0;
   FastDivmod per_group, group_rows, last_group_rows;
   UnitWalk walk;
+  // The unit round robin (tmas = 1). Per batch entry the units form a grid [tmas_across lines,
+  // ceil(tmas_along / kTmasUnit) units a line] (row-wise: lines = 128-row bands, units along K;
+  // column-wise: lines = 128-column bands, units along the rows). Unit ids run along a line, then
+  // the next line (tmas_order 0), or across the lines first (tmas_order 1, MXMOE_QUANT_TMA_UNIT_ORDER).
+  // Units [0, tmas_whole) are taken whole; units [tmas_whole, tmas_units) are split into single tiles
+  // dealt round robin (the guided tail; their scale bytes are stored per tile).
+  int32_t tmas = 0, tmas_order = 0;
+  int32_t tmas_along = 0, tmas_across = 0, tmas_units = 0, tmas_whole = 0;
+  FastDivmod tmas_per_batch, tmas_minor;
 };
+
+// ---- TMA-stored scale units (MXMOE_QUANT_SCALE_TMA, session 12; one direction alone) ----
+// Run 62: the per-tile scale stores (4-byte runs, one L2 sector and request each) cost ~6 points
+// row-wise and ~5 column-wise (skeleton 92.5 -> 86.7, 89.4 -> 84.3); runs 64 and 68 made longer runs
+// by walking far-apart tiles or by moving bytes between CTAs, and lost more than they saved. Here:
+//  - walk: round robin over units of kTmasUnit = 8 tiles adjacent along the scales' contiguous
+//    dimension (row-wise: 8 tiles along K = 32 scale bytes of each of 128 rows; column-wise: 8 tiles
+//    along the rows = 32 bytes of each of 128 columns); CTA c converts units c, c + P, ... tile by
+//    tile, so the P units in flight are neighbours (consecutive unit ids are adjacent);
+//  - scale bytes: the consumer warps write each tile's 4 bytes a row (column) into a shared unit
+//    buffer [128][32 B] (two of them, alternate units); when every consumer warp has arrived on the
+//    buffer's `ufull` mbarrier for the unit, the scale writer warp's lane 0 stores it with one TMA
+//    tensor store (box [128 rows][32 B] of the scale array seen as uint8 [batch, rows, nblk]; the
+//    TMA unit clips what lies past the tensor), waits until the store has read it and arrives on
+//    `uempty`, which the consumers wait on before writing that buffer again. Needs nblk % 16 == 0
+//    (global strides in multiples of 16 bytes) and a 16-byte aligned scale pointer; otherwise (K =
+//    2880: nblk = 90) the round-robin walk with per-tile stores runs instead (pipe_options).
+//  - tail: U units on P CTAs leave a last wave of U mod P units; where that costs more than 3% of
+//    the tile round robin's waves, those units are split into single tiles dealt round robin, whose
+//    scale bytes are stored per tile (late, as late_scales 1).
+// The ufull / uempty mbarriers are the scale slots' sfull[0..1] / sempty[0..1] (unused otherwise in
+// this mode), with ufull counting one arrival per consumer warp (all 16, whether or not a warp had a
+// tile in the unit: a warp arrives for unit n only after its wait on uempty for n, so it can never
+// arrive on a phase still waiting for unit n - 2).
+constexpr int kTmasUnit = 8;                         // tiles a unit
+constexpr int kTmasBufBytes = kTileRows * 4 * kTmasUnit;  // [128 rows or columns][32 B]
+struct TmasUnit {
+  int32_t b, a, x, w;  // batch entry, unit index along its line, line, tiles in the unit
+};
+__device__ __forceinline__ TmasUnit tmas_unit_at(const PipeOpts& o, uint32_t u) {
+  TmasUnit un;
+  un.b = int32_t(o.tmas_per_batch.div(u));
+  const uint32_t rem = u - uint32_t(un.b) * o.tmas_per_batch.d;
+  const uint32_t hi = o.tmas_minor.div(rem), lo = rem - hi * o.tmas_minor.d;
+  un.x = int32_t(o.tmas_order == 0 ? hi : lo);
+  un.a = int32_t(o.tmas_order == 0 ? lo : hi);
+  un.w = min(kTmasUnit, o.tmas_along - kTmasUnit * un.a);
+  return un;
+}
+// Tile j of a unit: row-wise (kRow) tile (line, 8a + j), column-wise (8a + j, line).
+template <bool kRow>
+__device__ __forceinline__ PipeTile tmas_tile(const QuantizeParams& p, const TmasUnit& un, int32_t j) {
+  const int32_t along = kTmasUnit * un.a + j;
+  PipeTile t;
+  t.b = un.b;
+  t.r0 = (kRow ? un.x : along) * kTileRows;
+  t.c0 = (kRow ? along : un.x) * kTileCols;
+  t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+  return t;
+}
+// This CTA's walk: on_tile(k, unit, n, j) for its k-th tile (tile j of the unit; n = the CTA's n-th
+// whole unit, -1 for a tail tile), on_unit_end(unit, n) after each whole unit's tiles. Every role
+// (producer, consumers, scale writer) runs the same walk.
+template <class OnTile, class OnUnitEnd>
+__device__ __forceinline__ void tmas_walk(const PipeOpts& o, OnTile&& on_tile, OnUnitEnd&& on_unit_end) {
+  const uint32_t P = gridDim.x;
+  uint32_t k = 0;
+  int32_t n = 0;
+  for (uint32_t u = blockIdx.x; u < uint32_t(o.tmas_whole); u += P, ++n) {
+    const TmasUnit un = tmas_unit_at(o, u);
+    for (int32_t j = 0; j < un.w; ++j, ++k) on_tile(k, un, n, j);
+    on_unit_end(un, n);
+  }
+  const uint32_t tail = uint32_t(kTmasUnit) * uint32_t(o.tmas_units - o.tmas_whole);
+  for (uint32_t v = blockIdx.x; v < tail; v += P) {
+    const TmasUnit un = tmas_unit_at(o, uint32_t(o.tmas_whole) + v / kTmasUnit);
+    const int32_t j = int32_t(v % kTmasUnit);
+    if (j < un.w) on_tile(k++, un, -1, j);
+  }
+}
 
 // Tile id → tile of the walk with the raster of `o` (tile_at's order when o.group == kGroupRowTiles).
 __device__ __forceinline__ PipeTile pipe_tile_at(const QuantizeParams& p, const TileGrid& g, const PipeOpts& o,
@@ -1163,6 +1247,9 @@ static_assert(PipeLayout::kBytes == 223488, "the layout measured by ptxas in ses
 static_assert(unit_buffer_bytes(4, 4, 2) <= kUnitBufferBytes && unit_buffer_bytes(1, 8, 1) <= kUnitBufferBytes,
               "the default units fit the unit buffer");
 static_assert(PipeLayout::kUnit % 16 == 0, "unit buffer words");
+static_assert(PipeLayout::kUnit % 128 == 0 && 2 * kTmasBufBytes <= kUnitBufferBytes,
+              "two TMA scale unit buffers in the unit buffer, 128-byte aligned (TMA store source)");
+static_assert(kPipeScaleSlots >= 2, "ufull / uempty are sfull / sempty [0..1]");
 
 // Row-wise slice: the thread's row (tile row r) and half, 8 x 16 bytes from the box of its half:
 // vector j of the row at chunk j ^ (r % 8). `stage`: shared address of the stage (2048-aligned).
@@ -1294,14 +1381,18 @@ __device__ __forceinline__ void pipe_unit_scale_writer(const QuantizeParams& p, 
 // kSkel (diagnostic, MXMOE_QUANT_TMA=skel): the same TMA loads and data stores, mbarriers and bulk
 // groups, but no conversion and no scale stores: each warp stores its staging slice as it is
 // (stale bytes). What the memory system gives this access pattern with no arithmetic in the way.
+// scale_map (one direction, o.late_scales == 4): the scale array as uint8 [batch, rows (row-wise) or
+// cols (column-wise), nblk], boxes [1, 128, 32] (TMA-stored scale units).
 template <bool kRow, bool kCol, bool kSkel>
 __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kernel(
     const QuantizeParams p, const TileGrid g, const PipeOpts o, const __grid_constant__ CUtensorMap x_map,
-    const __grid_constant__ CUtensorMap row_map, const __grid_constant__ CUtensorMap col_map) {
+    const __grid_constant__ CUtensorMap row_map, const __grid_constant__ CUtensorMap col_map,
+    const __grid_constant__ CUtensorMap scale_map) {
   using L = PipeLayout;
   constexpr int S = kPipeStages;
   constexpr int kWarpsPerTile = 8 * (int(kRow) + int(kCol));
   constexpr int kTeams = kPipeConsumerWarps / kWarpsPerTile;  // 1 (both directions) or 2
+  constexpr bool kTmas = kRow != kCol;  // the unit round robin exists for one direction alone
   static_assert(kRow || kCol, "at least one direction");
   extern __shared__ __align__(1024) uint8_t pipe_smem[];
   // Align the base up to 2048 bytes (the XOR addressing of pipe_row_load / pipe_col_load).
@@ -1335,15 +1426,39 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       device::mbarrier_init(&full[s], 1);                 // the producer's arrive.expect_tx
       device::mbarrier_init(&empty[s], kWarpsPerTile);    // one arrival per consumer warp of the tile
     }
+    // Scale writer: one arrival per consumer warp of the tile; TMA scale units (ufull = sfull[0..1]):
+    // one per consumer warp of the CTA.
+    const uint32_t sfull_count = kTmas && o.late_scales == 4 ? kPipeConsumerWarps : kWarpsPerTile;
     for (int s = 0; s < kPipeScaleSlots; ++s) {
-      device::mbarrier_init(&sfull[s], kWarpsPerTile);    // scale writer: one arrival per consumer warp
+      device::mbarrier_init(&sfull[s], sfull_count);
       device::mbarrier_init(&sempty[s], 1);               // the scale writer's arrival
     }
     device::fence_mbarrier_init_release_cluster();
   }
   __syncthreads();  // the only CTA-wide barrier
 
-  if (warp == kPipeConsumerWarps + 1) {  // ---- scale writer (late_scales 2 and 3 only)
+  if (warp == kPipeConsumerWarps + 1) {  // ---- scale writer (late_scales 2, 3 and 4 only)
+    if constexpr (kTmas) {
+      if (o.late_scales == 4) {  // TMA-stored scale units: lane 0 stores each whole unit's buffer
+        if (lane != 0) return;
+        device::prefetch_tensormap(&scale_map);
+        const bool hint = o.store_hint >= 0;
+        const uint64_t policy = hint ? device::createpolicy_l2(o.store_hint) : 0;
+        tmas_walk(o, [](uint32_t, const TmasUnit&, int32_t, int32_t) {}, [&](const TmasUnit& un, int32_t n) {
+          const int bb = n & 1;
+          device::mbarrier_wait_parity(&sfull[bb], uint32_t(n >> 1) & 1);  // every consumer warp's bytes
+          const void* src = smem + L::kUnit + bb * kTmasBufBytes;  // [128][32 B]
+          const int32_t c0 = 4 * kTmasUnit * un.a, c1 = kTileRows * un.x;
+          if (hint) device::cp_async_bulk_tensor_3d_shared_to_global_hint(&scale_map, src, c0, c1, un.b, policy);
+          else device::cp_async_bulk_tensor_3d_shared_to_global(&scale_map, src, c0, c1, un.b);
+          device::cp_async_bulk_commit_group();
+          device::cp_async_bulk_wait_group_read<0>();  // the store has read the buffer
+          device::mbarrier_arrive(&sempty[bb]);
+        });
+        device::cp_async_bulk_wait_group<0>();
+        return;
+      }
+    }
     if (o.late_scales == 3) {
       pipe_unit_scale_writer<kRow, kCol>(p, o.walk, smem, sfull, sempty, first, count, lane);
       return;
@@ -1403,10 +1518,9 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     device::prefetch_tensormap(&x_map);
     const bool hint = o.load_hint >= 0;
     const uint64_t policy = hint ? device::createpolicy_l2(o.load_hint) : 0;
-    for (uint32_t k = 0; k < count; ++k) {
+    const auto produce = [&](uint32_t k, const PipeTile& t) {
       const int s = int(k % S);
       device::mbarrier_wait_parity(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
-      const PipeTile t = tile_of(k);
       ring[s] = t;
       const bool right = t.c0 + kPipeBoxCols < p.cols;  // the right box holds columns of the matrix
       device::mbarrier_arrive_expect_tx(&full[s], right ? 2 * kPipeBoxBytes : kPipeBoxBytes);
@@ -1417,7 +1531,15 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
         if (hint) device::cp_async_bulk_tensor_3d_global_to_shared_hint(dst, &x_map, &full[s], c, t.r0, t.b, policy);
         else device::cp_async_bulk_tensor_3d_global_to_shared(dst, &x_map, &full[s], c, t.r0, t.b);
       }
+    };
+    if constexpr (kTmas) {
+      if (o.tmas) {
+        tmas_walk(o, [&](uint32_t k, const TmasUnit& un, int32_t, int32_t j) { produce(k, tmas_tile<kRow>(p, un, j)); },
+                  [](const TmasUnit&, int32_t) {});
+        return;
+      }
     }
+    for (uint32_t k = 0; k < count; ++k) produce(k, tile_of(k));
     return;
   }
 
@@ -1436,7 +1558,9 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     else device::cp_async_bulk_tensor_3d_shared_to_global(map, src, c0, c1, c2);
   };
   uint32_t it = 0;  // this warp's tiles so far: staging slice it % 2
-  for (uint32_t k = uint32_t(team); k < count; k += kTeams, ++it) {
+  // Tile k of the CTA's walk; n >= 0 (TMA scale units only): tile j of the CTA's n-th whole unit,
+  // whose scale bytes go to unit buffer n % 2.
+  const auto consume = [&](uint32_t k, int32_t n, int32_t j) {
     const int s = int(k % S);
     const uint32_t stage = sbase + uint32_t(s * kStageBytes);
     device::mbarrier_wait_parity(&full[s], (k / S) & 1);
@@ -1494,9 +1618,22 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     }
     // Scale bytes before the fence (o.late_scales == 0, the measured order of runs 56-59), after
     // the slice's TMA store is issued (1; ScaleStores: the fence's MEMBAR waits for them otherwise),
-    // or through the scale writer warp (2, 3): into slot k % kPipeScaleSlots once the writer has read
-    // its tile k - kPipeScaleSlots.
-    if (o.late_scales >= 2) {
+    // through the scale writer warp (2, 3): into slot k % kPipeScaleSlots once the writer has read
+    // its tile k - kPipeScaleSlots, or (4, a tile of a whole unit) into the unit buffer n % 2 once its
+    // store of unit n - 2 has read it (byte 4 j + block of row / column y at y * 32; the fence below
+    // makes them visible to the writer's TMA store; a tail tile (n < 0) stores its bytes late).
+    if (kTmas && n >= 0) {
+      device::mbarrier_wait_parity(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);  // fresh buffers pass at once
+      uint8_t* ub = smem + L::kUnit + (n & 1) * kTmasBufBytes;  // [128][32 B]
+      if (kRow && (!kCol || row_warp)) {
+        const int r = 16 * w + lane % 16, half = lane / 16;  // blocks 2 half, 2 half + 1 of row r
+        *reinterpret_cast<uint16_t*>(ub + 32 * r + 4 * j + 2 * half) = uint16_t(scales.bytes);
+      } else if ((lane % 8) % 2 == 0) {  // h even: block h / 2 of columns 16 w + 4 q + c
+        const int q = lane / 8, h = lane % 8;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) ub[32 * (16 * w + 4 * q + c) + 4 * j + h / 2] = uint8_t(scales.bytes >> (8 * c));
+      }
+    } else if (o.late_scales == 2 || o.late_scales == 3) {
       const int ss = int(k % kPipeScaleSlots);
       device::mbarrier_wait_parity(&sempty[ss], ((k / kPipeScaleSlots) & 1) ^ 1);  // fresh slots pass at once
       uint8_t* slot = smem + L::kScales + ss * L::kScaleSlot;
@@ -1519,8 +1656,30 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       if (has_slice) store(map, slice, c0, c1, t.b);
       device::cp_async_bulk_commit_group();
     }
-    if (o.late_scales == 1) store_scales(scales);
+    if (o.late_scales == 1 || (o.late_scales == 4 && n < 0)) store_scales(scales);
+    ++it;
+  };
+  if constexpr (kTmas) {
+    if (o.tmas) {
+      const bool units = o.late_scales == 4;
+      tmas_walk(
+          o,
+          [&](uint32_t k, const TmasUnit&, int32_t n, int32_t j) {
+            if (int(k % kTeams) == team) consume(k, units ? n : -1, j);
+          },
+          [&](const TmasUnit&, int32_t n) {
+            if (!units) return;
+            // Every consumer warp arrives once per unit, after its own bytes of it (fenced above),
+            // and only once unit n - 2's store has read the buffer (see "TMA-stored scale units").
+            device::mbarrier_wait_parity(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);
+            __syncwarp();
+            if (lane == 0) device::mbarrier_arrive(&sfull[n & 1]);
+          });
+      if (lane == 0) device::cp_async_bulk_wait_group<0>();
+      return;
+    }
   }
+  for (uint32_t k = uint32_t(team); k < count; k += kTeams) consume(k, -1, 0);
   if (lane == 0) device::cp_async_bulk_wait_group<0>();
 }
 
@@ -1656,13 +1815,23 @@ bool pipelined_skeleton() {
 // MXMOE_QUANT_TMA_SCALES = late (default) | early | warp (scale bytes after / before the fence, or by
 // the scale writer warp; PipeOpts);
 // MXMOE_QUANT_TMA_SKEL_SCALES = 1: the skeleton (MXMOE_QUANT_TMA=skel) stores scale bytes too;
-// MXMOE_QUANT_SCALE_UNIT = 0 | 1 | auto | RxC (session 11): 0 = the round-robin walk of runs 56-62;
-// unset, 1 or auto = the unit walk with the default unit (both directions 4x4, row-wise alone 1x8,
-// column-wise alone 8x1: pipe_default_unit); RxC = units of R row tiles x C column tiles (powers of
-// 2, at most 32; R C = 16 at most with both directions: the 16 KB unit buffer). With the unit walk
-// the scale bytes default to the unit writer (MXMOE_QUANT_TMA_SCALES=unit); an explicit late,
-// early or warp keeps the unit walk but stores per tile as before; MXMOE_QUANT_TMA_GROUP applies to
-// the round-robin walk only.
+// MXMOE_QUANT_SCALE_UNIT = 0 | 1 | auto | RxC (session 11): unset or 0 = the round-robin walk of runs
+// 56-62 (since session 12: run 64 measured the unit walk slower); 1 or auto = the unit walk with the
+// default unit (both directions 4x4, row-wise alone 1x8, column-wise alone 8x1: pipe_default_unit);
+// RxC = units of R row tiles x C column tiles (powers of 2, at most 32; R C = 16 at most with both
+// directions: the 16 KB unit buffer). With the unit walk the scale bytes default to the unit writer
+// (MXMOE_QUANT_TMA_SCALES=unit); an explicit late, early or warp keeps the unit walk but stores per
+// tile as before; MXMOE_QUANT_TMA_GROUP applies to the round-robin walk only.
+// MXMOE_QUANT_SCALE_TMA = 1 | 0 | walk (session 12, one direction alone; see "TMA-stored scale
+// units"): unset or 1 = the unit round robin with TMA-stored scale units where the shape qualifies
+// (nblk % 16 == 0, 16-byte aligned scale pointer; else the round-robin walk with per-tile stores) and
+// neither MXMOE_QUANT_SCALE_UNIT nor MXMOE_QUANT_TMA_SCALES is set; 0 = the round-robin walk with
+// per-tile stores (runs 56-68's `tma`); walk = the unit round robin with per-tile late stores, any
+// shape (the walk's cost alone). MXMOE_QUANT_TMA_SPLIT = auto (default) | 0 | 1: split the last
+// partial wave of units into single tiles where that wave costs > 3% over the tile round robin /
+// never / whenever there is one. MXMOE_QUANT_TMA_UNIT_ORDER = along (default) | across: unit ids
+// along a line (row-wise: K within a 128-row band) or across the lines first.
+// MXMOE_QUANT_TMA_GRID = N > 0: at most N CTAs (tests and diagnostics; default one per SM).
 int pipe_hint_env(const char* name, int unset) {
   const char* e = std::getenv(name);
   if (e == nullptr || *e == 0) return unset;
@@ -1695,8 +1864,8 @@ void pipe_default_unit(bool row, bool col, int32_t* gr, int32_t* gc) {
 bool pipe_unit_env(bool row, bool col, int32_t* gr, int32_t* gc) {
   const char* e = std::getenv("MXMOE_QUANT_SCALE_UNIT");
   pipe_default_unit(row, col, gr, gc);
-  if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0 || std::strcmp(e, "auto") == 0) return true;
-  if (std::strcmp(e, "0") == 0) return false;
+  if (e == nullptr || *e == 0 || std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0 || std::strcmp(e, "auto") == 0) return true;
   int r = 0, c = 0;
   char tail = 0;
   const auto pow2 = [](int v) { return v >= 1 && v <= 32 && (v & (v - 1)) == 0; };
@@ -1708,7 +1877,57 @@ bool pipe_unit_env(bool row, bool col, int32_t* gr, int32_t* gc) {
   *gc = c;
   return true;
 }
-PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool col, bool skel) {
+// MXMOE_QUANT_SCALE_TMA → 0 (off), 1 (TMA scale units where the shape qualifies), 2 (the walk alone).
+int pipe_scale_tma_env() {
+  const char* e = std::getenv("MXMOE_QUANT_SCALE_TMA");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0) return 1;
+  if (std::strcmp(e, "0") == 0) return 0;
+  if (std::strcmp(e, "walk") == 0) return 2;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_TMA", e, "must be 1, 0 or walk");
+}
+// Whether the scale array of the one direction can take the TMA scale units' stores: uint8
+// [batch, lines, nblk] with nblk % 16 == 0 (TMA global strides are multiples of 16 bytes) at a
+// 16-byte aligned address.
+bool tmas_scales_qualify(const QuantizeParams& p, bool row) {
+  const int64_t nblk = (row ? p.cols : p.rows_out) / kMxBlock;
+  const uint8_t* scales = row ? p.row_scales : p.col_scales;
+  return nblk % 16 == 0 && (reinterpret_cast<uintptr_t>(scales) & 15u) == 0;
+}
+// The unit round robin's walk (PipeOpts::tmas*) for `grid` CTAs.
+void tmas_walk_options(PipeOpts& o, const TileGrid& g, const QuantizeParams& p, bool row, uint32_t grid) {
+  o.tmas = 1;
+  o.tmas_along = row ? g.tiles_c : g.tiles_r;
+  o.tmas_across = row ? g.tiles_r : g.tiles_c;
+  const int32_t per_line = (o.tmas_along + kTmasUnit - 1) / kTmasUnit;
+  const char* ord = std::getenv("MXMOE_QUANT_TMA_UNIT_ORDER");
+  if (ord == nullptr || *ord == 0 || std::strcmp(ord, "along") == 0) o.tmas_order = 0;
+  else if (std::strcmp(ord, "across") == 0) o.tmas_order = 1;
+  else throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_UNIT_ORDER", ord, "must be along or across");
+  o.tmas_per_batch = FastDivmod(uint32_t(per_line * o.tmas_across));
+  o.tmas_minor = FastDivmod(uint32_t(o.tmas_order == 0 ? per_line : o.tmas_across));
+  o.tmas_units = int32_t(p.batch * per_line * o.tmas_across);
+  // Tail: whole units take ceil(U / P) unit times of up to 8 tiles; the tile round robin ceil(N / P)
+  // tile times. Split the last partial wave into single tiles where it costs more than 3%.
+  const int64_t U = o.tmas_units, P = grid, N = g.num_tiles;
+  const int64_t unit_waves = (U + P - 1) / P * kTmasUnit, tile_waves = (N + P - 1) / P;
+  const char* sp = std::getenv("MXMOE_QUANT_TMA_SPLIT");
+  bool split = 100 * unit_waves > 103 * tile_waves;
+  if (sp != nullptr && *sp != 0 && std::strcmp(sp, "auto") != 0) {
+    if (std::strcmp(sp, "0") == 0) split = false;
+    else if (std::strcmp(sp, "1") == 0) split = true;
+    else throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SPLIT", sp, "must be auto, 0 or 1");
+  }
+  o.tmas_whole = int32_t(split ? U / P * P : U);
+}
+// MXMOE_QUANT_TMA_GRID → the most CTAs asked for (0: no limit).
+int64_t pipe_grid_env() {
+  const char* e = std::getenv("MXMOE_QUANT_TMA_GRID");
+  if (e == nullptr || *e == 0) return 0;
+  const long v = std::atol(e);
+  if (v <= 0) throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_GRID", e, "must be a positive CTA count");
+  return v;
+}
+PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool col, bool skel, uint32_t grid) {
   PipeOpts o;
   const char* e = std::getenv("MXMOE_QUANT_TMA_GROUP");
   int group = e != nullptr && *e != 0 ? std::atoi(e) : kGroupRowTiles;
@@ -1724,6 +1943,17 @@ PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool
   o.unit = pipe_unit_env(row, col, &gr, &gc) ? 1 : 0;
   if (o.unit) o.walk = make_unit_walk(p.batch, g.tiles_r, g.tiles_c, gr, gc);
   o.late_scales = pipe_late_scales(o.unit != 0);
+  // TMA scale units (one direction): unless the session-11 unit walk or a per-tile order is asked for.
+  const char* order = std::getenv("MXMOE_QUANT_TMA_SCALES");
+  const int tma = pipe_scale_tma_env();
+  if (row != col && !o.unit && (order == nullptr || *order == 0)) {
+    if (tma == 2) {
+      tmas_walk_options(o, g, p, row, grid);
+    } else if (tma == 1 && tmas_scales_qualify(p, row)) {
+      tmas_walk_options(o, g, p, row, grid);
+      o.late_scales = 4;
+    }
+  }
   const char* sk = std::getenv("MXMOE_QUANT_TMA_SKEL_SCALES");
   o.skel_scales = sk != nullptr && std::strcmp(sk, "1") == 0 ? 1 : 0;
   // The skeleton without scale stores stores none in every order (the writer warp would store its
@@ -1734,8 +1964,12 @@ PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool
 
 template <bool kRow, bool kCol, bool kSkel>
 void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol, kSkel>;
+  constexpr int kSmem = PipeLayout::kBytes;
   const TileGrid g = make_grid(p);
-  const PipeOpts o = pipe_options(g, p, kRow, kCol, kSkel);
+  unsigned grid = persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads);
+  if (const int64_t most = pipe_grid_env(); most > 0) grid = unsigned(std::min<int64_t>(grid, most));
+  const PipeOpts o = pipe_options(g, p, kRow, kCol, kSkel, grid);
   const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
   const uint64_t rows = uint64_t(p.rows_out), cols = uint64_t(p.cols), batch = uint64_t(p.batch);
   // x as bytes [batch, rows, 2 cols], loaded in [128 rows, 128 B] boxes; outputs stored in slices of
@@ -1747,10 +1981,15 @@ void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
     row_map = make_tensor_map_3d_u8("quantize_mxfp8", p.row_data, batch, rows, cols, cols, rows * cols, 16, kTileCols, sw);
   if (kCol)
     col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, batch, cols, rows, rows, rows * cols, 16, kTileRows, sw);
-  constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol, kSkel>;
-  constexpr int kSmem = PipeLayout::kBytes;
-  kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads), kPipeThreads, kSmem, stream>>>(p, g, o, x_map,
-                                                                                                    row_map, col_map);
+  // TMA scale units: the one direction's scale array as uint8 [batch, rows or cols, nblk] in boxes
+  // [1, 128, 32] (no swizzle; pipe_options checked nblk % 16 and the alignment).
+  CUtensorMap scale_map{};
+  if (o.late_scales == 4) {
+    const uint64_t lines = kRow ? rows : cols, nblk = (kRow ? cols : rows) / kMxBlock;
+    scale_map = make_tensor_map_3d_u8("quantize_mxfp8", kRow ? p.row_scales : p.col_scales, batch, lines, nblk, nblk,
+                                      lines * nblk, kTileRows, 4 * kTmasUnit, CU_TENSOR_MAP_SWIZZLE_NONE);
+  }
+  kernel<<<grid, kPipeThreads, kSmem, stream>>>(p, g, o, x_map, row_map, col_map, scale_map);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
