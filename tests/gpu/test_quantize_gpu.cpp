@@ -723,8 +723,9 @@ TEST(QuantizeGpu, FastFormSameBytesOnEveryKernel) {
 // one 64-column box only, 96 x 64 and 160 x 160), batched weights, NaN/Inf blocks, both scale
 // modes, and walks of many tiles per CTA (every ring slot and staging slice reused many times; one
 // direction alone: two teams of warps on alternate tiles). Reruns bitwise identical.
-// Runs on the default walk (the unit walk since session 11; PipelinedKernelScaleUnits below runs
-// the others, MXMOE_QUANT_SCALE_UNIT=0 among them).
+// Runs on the defaults (since session 12: both directions on the round-robin walk, one direction on
+// the TMA-stored scale units where the shape qualifies; PipelinedKernelScaleUnits and
+// PipelinedKernelScaleTmaUnits below run the others).
 TEST(QuantizeGpu, PipelinedKernelOnPlainCopies) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
@@ -815,6 +816,7 @@ TEST(QuantizeGpu, PipelinedKernelScaleUnits) {
   }
   // The per-tile scale orders on the unit walk.
   for (const char* order : {"late", "early", "warp"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", "1");  // (off by default since session 12)
     const ScopedEnv s("MXMOE_QUANT_TMA_SCALES", order);
     for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, true, false}, DenseCase{3, 160, 96, false, true, false}})
       run_dense_once(c, ScaleMode::kRceil, random_bf16(c.batch * c.rows, c.cols, Dist::kHeavyTailed, rng),
@@ -831,5 +833,160 @@ TEST(QuantizeGpu, PipelinedKernelScaleUnits) {
     CopyBufs rw(1, 256, 256, false), cw(1, 256, 256, false);
     const MxOut ro = rw.out(false), co = cw.out(false);
     EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 256, 256, &ro, &co));
+  }
+}
+
+namespace {
+
+// One direction of x [batch, rows, cols] on the current switches against the reference of each batch
+// entry (`want`, computed once per input), into buffers poisoned with `poison`; the scales start
+// `scale_off` bytes into their buffer (those bytes must keep the poison). Returns data then scales.
+std::vector<uint8_t> expect_one_direction(const std::string& what, const DevBuf<uint16_t>& dx, int64_t batch,
+                                          int64_t rows, int64_t cols, bool row, const std::vector<ref::MxMatrix>& want,
+                                          int scale_off = 0, uint8_t poison = 0xA5) {
+  SCOPED_TRACE(what + (row ? " rowwise" : " colwise") + " batch=" + std::to_string(batch) +
+               " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " scale offset " +
+               std::to_string(scale_off));
+  const int64_t R = row ? rows : cols, C = row ? cols : rows;  // the output's shape
+  DevBuf<uint8_t> data(size_t(batch * R * C), poison), scales(size_t(batch * R * C / 32 + scale_off), poison);
+  MxOut o;
+  o.data = data.p;
+  o.scales = scales.p + scale_off;
+  quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), batch, rows, cols, row ? &o : nullptr,
+                 row ? nullptr : &o);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto d = data.download();
+  const auto s = scales.download();
+  for (int i = 0; i < scale_off; ++i) EXPECT_EQ(s[size_t(i)], poison) << "byte " << i << " before the scales";
+  for (int64_t b = 0; b < batch; ++b) {
+    EXPECT_TRUE(bytes_equal("data", d.data() + b * R * C, C, want[size_t(b)].data.data(), C, R, C));
+    EXPECT_TRUE(bytes_equal("scales", s.data() + scale_off + b * R * (C / 32), C / 32, want[size_t(b)].scales.data(),
+                            C / 32, R, C / 32));
+  }
+  d.insert(d.end(), s.begin() + scale_off, s.end());
+  return d;
+}
+
+}  // namespace
+
+// The one-direction pipelined kernels with TMA-stored scale units (MXMOE_QUANT_SCALE_TMA, session 12:
+// the unit round robin over units of 8 tiles along the scales' contiguous dimension, one TMA store of
+// [128][32 B] per unit) against the reference, bit for bit. Shapes with partial units at every edge
+// (row-wise: K = 2560 / 1536 = 20 / 12 tiles, rows 1000 / 2560; column-wise: rows 2560 = 20 tiles,
+// columns 992 / 416 cut the last 128-column band), fewer tiles than a unit (512 x 96, 96 x 512),
+// batched inputs (units never cross a batch entry), the fallbacks (K = 2880: 90 scale bytes a row;
+// nblk % 16 != 0; scale pointers not 16-byte aligned, the bytes before them untouched), grids of 1, 3,
+// 7 CTAs and the default (every unit buffer reused many times; idle CTAs), the tail split forced on
+// and off, the other unit order, the walk with per-tile stores (=walk) and the switch off (=0), the
+// skeleton with unit scales (every scale byte 0x7F: it must not hang either) and reruns bitwise
+// identical. The CPU reference runs once per input.
+TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  struct Case {
+    int64_t batch, rows, cols;
+    bool row, col;
+  };
+  const Case cases[] = {
+      {1, 2560, 2560, true, true},   // both qualify: 20 tiles along K and along the rows (8 + 8 + 4)
+      {1, 1000, 2560, true, false},  // row-wise, partial row band
+      {1, 2560, 992, true, true},    // column-wise, partial column band; row-wise falls back (nblk 31)
+      {1, 96, 512, true, false},     // 4 tiles: less than one unit
+      {1, 512, 96, false, true},
+      {1, 1024, 2880, true, true},   // K = 2880: row-wise falls back (nblk 90), column-wise qualifies
+      {3, 640, 1536, true, true},    // batched: row-wise 12 tiles a band (8 + 4); column-wise falls back (nblk 20)
+      {2, 1536, 416, true, true},    // batched: column-wise 12 tiles a column band, 416 columns; row-wise nblk 13
+      {1, 4096, 7168, true, true},   // long walks: 224 units each way, a split tail on 132 SMs
+  };
+  struct Setting {
+    const char* grid;
+    const char* split;
+    const char* order;
+    const char* tma;
+  };
+  const Setting settings[] = {
+      {"", "", "", ""},           {"1", "", "", ""},         {"3", "0", "", ""},     {"7", "1", "", ""},
+      {"", "0", "", ""},          {"", "1", "across", ""},   {"5", "", "", "walk"},  {"", "", "", "0"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto x = random_bf16(c.batch * c.rows, c.cols, Dist(i % 4), rng);
+    if (i % 2 == 1) {  // NaN/Inf in some blocks
+      const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+      for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
+    }
+    ++i;
+    DevBuf<uint16_t> dx(x.size());
+    dx.upload(x);
+    std::vector<ref::MxMatrix> rref, cref;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const uint16_t* xb = x.data() + b * c.rows * c.cols;
+      if (c.row) rref.push_back(ref::quantize_rows(xb, c.rows, c.cols, ScaleMode::kRceil));
+      if (c.col) cref.push_back(ref::quantize_cols(xb, c.rows, c.cols, ScaleMode::kRceil));
+    }
+    const bool big = c.rows * c.cols > (int64_t(1) << 22);
+    for (const Setting& st : settings) {
+      if (big && *st.grid != 0 && std::string(st.grid) != "7") continue;  // long walks: 132 SMs and 7 CTAs
+      const ScopedEnv g("MXMOE_QUANT_TMA_GRID", st.grid), sp("MXMOE_QUANT_TMA_SPLIT", st.split),
+          o("MXMOE_QUANT_TMA_UNIT_ORDER", st.order), t("MXMOE_QUANT_SCALE_TMA", st.tma);
+      const std::string label = std::string("grid=") + st.grid + " split=" + st.split + " order=" + st.order +
+                                " MXMOE_QUANT_SCALE_TMA=" + st.tma;
+      if (c.row) expect_one_direction(label, dx, c.batch, c.rows, c.cols, true, rref);
+      if (c.col) expect_one_direction(label, dx, c.batch, c.rows, c.cols, false, cref);
+    }
+    if (c.batch == 1 && c.rows == 2560 && c.cols == 2560) {
+      // Scale pointers off 16-byte alignment fall back to the per-tile stores; 16 bytes off still qualify
+      // (3 CTAs: 50 units, whole; on 132 CTAs the tail split would store every tile's bytes itself).
+      const ScopedEnv g3("MXMOE_QUANT_TMA_GRID", "3");
+      for (int off : {2, 16}) {
+        expect_one_direction("offset", dx, 1, c.rows, c.cols, true, rref, off);
+        expect_one_direction("offset", dx, 1, c.rows, c.cols, false, cref, off == 2 ? 1 : off);
+      }
+      // Reruns bitwise identical (different poison: every byte is written), default grid and 3 CTAs.
+      for (const char* grid : {"", "3"}) {
+        const ScopedEnv g("MXMOE_QUANT_TMA_GRID", grid);
+        for (bool row : {true, false}) {
+          const auto& want = row ? rref : cref;
+          const auto a = expect_one_direction("rerun 1", dx, 1, c.rows, c.cols, row, want, 0, 0x11);
+          const auto b = expect_one_direction("rerun 2", dx, 1, c.rows, c.cols, row, want, 0, 0x22);
+          EXPECT_TRUE(a == b) << "reruns differ, grid=" << grid << (row ? " rowwise" : " colwise");
+        }
+      }
+      // The skeleton with TMA-stored unit scales writes 0x7F to every scale byte (and no more); without
+      // scale stores it must finish too.
+      const ScopedEnv sk("MXMOE_QUANT_TMA", "skel");
+      for (const char* grid : {"", "3"}) {
+        const ScopedEnv g("MXMOE_QUANT_TMA_GRID", grid);
+        for (bool row : {true, false}) {
+          SCOPED_TRACE(std::string("skeleton, grid=") + grid + (row ? " rowwise" : " colwise"));
+          const int64_t n = c.rows * c.cols;
+          DevBuf<uint8_t> data(size_t(n), 0xA5), scales(size_t(n / 32 + 16), 0xA5);
+          MxOut o;
+          o.data = data.p;
+          o.scales = scales.p;
+          {
+            const ScopedEnv ss("MXMOE_QUANT_TMA_SKEL_SCALES", "1");
+            quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, c.rows, c.cols, row ? &o : nullptr,
+                           row ? nullptr : &o);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto s = scales.download();
+            EXPECT_TRUE(std::all_of(s.begin(), s.begin() + n / 32, [](uint8_t v) { return v == 0x7F; }));
+            EXPECT_TRUE(std::all_of(s.begin() + n / 32, s.end(), [](uint8_t v) { return v == 0xA5; }));
+          }
+          quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, c.rows, c.cols, row ? &o : nullptr,
+                         row ? nullptr : &o);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
+      }
+    }
+  }
+  // The switches' errors.
+  {
+    const ScopedEnv t("MXMOE_QUANT_SCALE_TMA", "2");
+    DevBuf<uint16_t> dx(size_t(512) * 512);
+    CopyBufs rw(1, 512, 512, false);
+    const MxOut ro = rw.out(false);
+    EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 512, 512, &ro, nullptr));
   }
 }
