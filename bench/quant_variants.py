@@ -21,6 +21,16 @@ for the scale bytes' global stores is what the conversion costs. Session 11: the
 unit scale writer (MXMOE_QUANT_SCALE_UNIT; the pipelined kernel's default): "tma" is now the unit
 walk, "tma-rr" the round-robin walk of run 62 ("tma" there); the run-62 variants carry "-rr" or set
 MXMOE_QUANT_SCALE_UNIT=0 so that they time what run 62 timed.
+Session 12: the session-11 unit walk is opt-in (MXMOE_QUANT_SCALE_UNIT=1; run 64 measured it slower):
+"tma" is the pipelined kernel's defaults again, i.e. for one direction the TMA-stored scale units
+(MXMOE_QUANT_SCALE_TMA, the unit round robin) where the shape qualifies, and the round-robin walk
+with per-tile stores elsewhere (both directions, K = 2880 row-wise); "tma-rr" (and every "-rr"
+variant) sets MXMOE_QUANT_SCALE_TMA=0 too, so it still times run 62's / run 68's per-tile path.
+"tma-unit*" / "skel-unit*" are session 11's unit walk (now with MXMOE_QUANT_SCALE_UNIT=1).
+New: tmas (explicit), tmas-walk (the unit round robin with per-tile stores: the walk's cost alone),
+tmas-split (the last partial wave always split into single tiles), tmas-across (unit ids across the
+lines first), skel-tmas (skeleton + TMA-stored unit scales, 0x7F), skel-tmas-walk (skeleton on the
+unit round robin, no scales).
 
 Usage: python3 bench/quant_variants.py [--json F] [--cases REGEX] [--modes flush,clean,loop]
                                        [--variants REGEX] [--reps N]
@@ -41,9 +51,11 @@ from common import check, device_info, kernel_env, load_lib, ptr, require_gpu, w
 BASE = {"MXMOE_QUANT_STAGED": "1", "MXMOE_QUANT_TWO_GROUP": "1", "MXMOE_QUANT_TMA": "0",
         "MXMOE_QUANT_TMA_GROUP": "", "MXMOE_QUANT_TMA_LOAD_HINT": "", "MXMOE_QUANT_TMA_STORE_HINT": "",
         "MXMOE_QUANT_TMA_SCALES": "", "MXMOE_QUANT_TMA_SKEL_SCALES": "", "MXMOE_QUANT_LATE_SCALES": "",
-        "MXMOE_QUANT_SCALE_UNIT": ""}
+        "MXMOE_QUANT_SCALE_UNIT": "", "MXMOE_QUANT_SCALE_TMA": "", "MXMOE_QUANT_TMA_SPLIT": "",
+        "MXMOE_QUANT_TMA_UNIT_ORDER": "", "MXMOE_QUANT_TMA_GRID": ""}
 TMA = {"MXMOE_QUANT_TMA": "1"}
-RR = {"MXMOE_QUANT_SCALE_UNIT": "0"}  # the round-robin walk of runs 56-62
+RR = {"MXMOE_QUANT_SCALE_UNIT": "0", "MXMOE_QUANT_SCALE_TMA": "0"}  # the round-robin walk of runs 56-68, per-tile stores
+UNIT = {"MXMOE_QUANT_SCALE_UNIT": "1"}  # session 11's unit walk (opt-in since session 12)
 SKEL = {"MXMOE_QUANT_TMA": "skel", "MXMOE_QUANT_TMA_STORE_HINT": "none"}
 # (label, env over BASE, checked bit for bit). Since session 10 the pipelined kernel's defaults are
 # late scale stores + evict_last TMA stores; since session 11 the unit walk with the unit scale
@@ -57,8 +69,9 @@ VARIANTS = [
     ("tma-rr", {**TMA, **RR}, True),                                  # run 62's "tma": late scales + evict_last stores
     ("tma-warp", {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "warp"}, True),  # scale bytes by the writer warp, 4 B a run
     ("tma-g1", {**TMA, **RR, "MXMOE_QUANT_TMA_GROUP": "1"}, True),    # row-major raster
-    ("tma", TMA, True),                                               # session 11 default: unit walk + unit writer
-    ("tma-unit-late", {**TMA, "MXMOE_QUANT_TMA_SCALES": "late"}, True),  # unit walk, per-tile late scale stores
+    ("tma", TMA, True),                                               # the defaults (session 12: TMA scale units, one direction)
+    ("tma-unit", {**TMA, **UNIT}, True),                              # session 11's "tma": unit walk + unit writer
+    ("tma-unit-late", {**TMA, **UNIT, "MXMOE_QUANT_TMA_SCALES": "late"}, True),  # unit walk, per-tile late scale stores
     ("tma-u1x1", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x1"}, True),     # unit walk + writer, 4-byte runs (control)
     ("tma-u2x2", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "2x2"}, True),     # 8-byte runs
     ("tma-u1x16", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x16"}, True),   # row runs 64 B, column runs 4 B
@@ -66,8 +79,15 @@ VARIANTS = [
     ("skel-sc-early", {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}, False),
     ("skel-sc-late", {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),
     ("skel-last", {"MXMOE_QUANT_TMA": "skel", **RR}, False),          # skeleton with the evict_last stores
-    ("skel-unit", SKEL, False),                                       # the unit walk, no scale stores
-    ("skel-sc-unit", {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),  # the unit walk + unit writer
+    ("skel-unit", {**SKEL, **UNIT}, False),                           # the unit walk, no scale stores
+    ("skel-sc-unit", {**SKEL, **UNIT, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),  # the unit walk + unit writer
+    # session 12: TMA-stored scale units (one direction; both directions run tma-rr's path)
+    ("tmas", {**TMA, "MXMOE_QUANT_SCALE_TMA": "1"}, True),            # unit round robin + one TMA store a unit
+    ("tmas-walk", {**TMA, "MXMOE_QUANT_SCALE_TMA": "walk"}, True),    # the same walk, per-tile late stores
+    ("tmas-split", {**TMA, "MXMOE_QUANT_TMA_SPLIT": "1"}, True),      # the last partial wave as single tiles
+    ("tmas-across", {**TMA, "MXMOE_QUANT_TMA_UNIT_ORDER": "across"}, True),  # unit ids across the lines first
+    ("skel-tmas", {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),  # skeleton + TMA-stored unit scales
+    ("skel-tmas-walk", {**SKEL, "MXMOE_QUANT_SCALE_TMA": "walk"}, False),  # skeleton on the unit round robin, no scales
 ]
 # (name, batch, rows, cols, row, col)
 CASES = [(n, 1, r, c, row, col) for (r, c) in [(16384, 7168), (65536, 2048), (32768, 2880)]
@@ -177,11 +197,20 @@ PROFILE = [  # (label, kernel, env) on 16384x7168; kernel: "copy", "2:1", or (ro
     ("colwise tma-rr", (False, True), {**TMA, **RR}),
     ("rowwise tma-rr", (True, False), {**TMA, **RR}),
     # session 11: the unit walk (predicted scale write sectors: quantize.md "Session 11")
-    ("row+col tma", (True, True), TMA),
+    ("row+col tma-unit", (True, True), {**TMA, **UNIT}),
     ("row+col tma-u1x1", (True, True), {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x1"}),
-    ("row+col skel-sc-unit", (True, True), {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
-    ("colwise tma", (False, True), TMA),
-    ("rowwise tma", (True, False), TMA),
+    ("row+col skel-sc-unit", (True, True), {**SKEL, **UNIT, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
+    ("colwise tma-unit", (False, True), {**TMA, **UNIT}),
+    ("rowwise tma-unit", (True, False), {**TMA, **UNIT}),
+    # session 12: TMA-stored scale units (predicted write sectors: quantize.md "Session 12")
+    ("rowwise tmas", (True, False), {**TMA, "MXMOE_QUANT_SCALE_TMA": "1"}),
+    ("rowwise tmas-walk", (True, False), {**TMA, "MXMOE_QUANT_SCALE_TMA": "walk"}),
+    ("rowwise skel-sc-late", (True, False), {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
+    ("rowwise skel-tmas", (True, False), {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
+    ("colwise tmas", (False, True), {**TMA, "MXMOE_QUANT_SCALE_TMA": "1"}),
+    ("colwise tmas-walk", (False, True), {**TMA, "MXMOE_QUANT_SCALE_TMA": "walk"}),
+    ("colwise skel-sc-late", (False, True), {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
+    ("colwise skel-tmas", (False, True), {**SKEL, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}),
 ]
 
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Session 12: the unit walk is opt-in now, MXMOE_QUANT_SCALE_UNIT=1; its variant is "tma-unit".)
 # Session 11: A/B of the pipelined quantizer's unit walk + unit scale writer (MXMOE_QUANT_SCALE_UNIT,
 # the pipelined kernel's default) against the round-robin walk of run 62, today's default kernels
 # and the skeletons, on an existing build (nothing is built here): MXMOE_BUILD_DIR (default: build)
@@ -41,9 +42,9 @@ start() {  # name, env assignments..., -- gtest filter
   LOGS[$name]=$!
 }
 start units MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelScaleUnits
-start pipelined_default MXMOE_QUANT_TMA=1 -- "$P"
+start pipelined_default MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 -- "$P"
 start pipelined_rr MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=0 -- "$P"
-start pipelined_unit_warp MXMOE_QUANT_TMA=1 MXMOE_QUANT_TMA_SCALES=warp -- "$P"
+start pipelined_unit_warp MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 MXMOE_QUANT_TMA_SCALES=warp -- "$P"
 RES=""
 for name in "${!LOGS[@]}"; do
   wait "${LOGS[$name]}"; rc=$?
@@ -55,7 +56,7 @@ for f in "$OUT"/unit_ab_test_*.log; do
 done
 
 echo "== 1. quant_variants.py (t=${SECONDS}s)"
-V='^(default|tma-rr|tma-warp|tma|tma-unit-late|tma-u1x1|tma-u2x2|tma-u1x16|skel|skel-sc-late|skel-unit|skel-sc-unit)$'
+V='^(default|tma-rr|tma-warp|tma-unit|tma-unit-late|tma-u1x1|tma-u2x2|tma-u1x16|skel|skel-sc-late|skel-unit|skel-sc-unit)$'
 timeout "$(left 60)" python3 bench/quant_variants.py --modes flush,loop --variants "$V" \
   --json "$OUT/unit_variants.json" > "$OUT/unit_variants.log" 2>&1
 echo "rc=$?"
@@ -65,7 +66,7 @@ grep -q "^Traceback" "$OUT/unit_variants.log" && sed -n '/^Traceback/,$p' "$OUT/
 echo "== 2. ncu: L2 write sectors / requests, 16384x7168 row+col (t=${SECONDS}s)"
 if command -v ncu > /dev/null && [ $((BUDGET - SECONDS)) -gt 20 ]; then
   M=lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed
-  KEEP='^(?!row\+col (tma-rr|tma|tma-u1x1|skel-sc-early|skel-sc-unit)$)'
+  KEEP='^(?!row\+col (tma-rr|tma-unit|tma-u1x1|skel-sc-early|skel-sc-unit)$)'
   timeout "$(left 40)" ncu --clock-control none --kernel-name-base demangled -k "regex:quantize_mxfp8_[a-z_]+kernel" \
     --metrics "$M" --csv --page raw --print-units base \
     python3 bench/quant_variants.py --skip "$KEEP" --profile "$OUT/unit_ncu_labels.txt" > "$OUT/unit_ncu.csv" 2> "$OUT/unit_ncu_run.log"
