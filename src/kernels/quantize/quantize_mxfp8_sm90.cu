@@ -1070,10 +1070,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 // back in row order with one byte permutation (PRMT) per 4 output bytes. Lanes h and h ^ 1 hold
 // the two halves of a 32-row block (one shuffle for its amax). Staging row = tile column, chunk
 // h: the 8 lanes of a quarter-warp store 8 different chunks of one row.
-// Tile walk (session 11): by default the unit walk (quantize_unit_walk.h; CTA c converts a
-// contiguous range of tile positions ordered by units of gr x gc tiles) with the scale writer warp
-// storing each unit's scale bytes as runs of 4 gc / 4 gr bytes; MXMOE_QUANT_SCALE_UNIT=0 restores
-// the round-robin walk (tile ids c + k * grid) of runs 56-62.
+// Tile walk: the round robin (tile ids c + k * grid) of runs 56-68 for both directions; one direction
+// alone (session 12) by default the unit round robin with TMA-stored scale units where the shape
+// qualifies ("TMA-stored scale units" below; MXMOE_QUANT_SCALE_TMA=0 restores the round robin with
+// per-tile stores). MXMOE_QUANT_SCALE_UNIT=1 / RxC: session 11's unit walk (quantize_unit_walk.h; CTA
+// c converts a contiguous range of tile positions ordered by units of gr x gc tiles) with the scale
+// writer warp storing each unit's bytes as runs of 4 gc / 4 gr bytes (run 64: slower; opt-in).
 // Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 8 x 1 KB scale slots + 16 KB unit buffer +
 // 2 KB alignment slack (218.25 KB). The
 // stage and staging bases are 2048-byte aligned at run time, so that the swizzled addresses are
