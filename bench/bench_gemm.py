@@ -527,8 +527,8 @@ def main():
     ap.add_argument("--tpe", default=None, help="comma-separated tokens-per-expert values (default 512,2048,8192)")
     ap.add_argument("--experts", type=int, default=None,
                     help="diagnostic: every shape with this many experts instead of its own (E in the shape name)")
-    ap.add_argument("--wgrad-only", action="store_true", help="with --wgrad: skip the m-grouped cases")
-    ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or both")
+    ap.add_argument("--wgrad-only", action="store_true", help="only the wgrad cases (implies --wgrad)")
+    ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
     global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS, WGRAD_ROWIMG
     EXACT_TILE_BOTH = args.exact_tile_both
@@ -549,7 +549,12 @@ def main():
     tpes = [2048] if args.quick else TOKENS_PER_EXPERT
     if args.tpe:
         tpes = [int(t) for t in args.tpe.split(",")]
-    routings = [r == "skewed" for r in args.routing.split(",")]
+    routing_names = args.routing.split(",")
+    if not routing_names or any(r not in ("uniform", "skewed") for r in routing_names):
+        sys.exit(f"bench_gemm: argument '--routing' = {args.routing!r}: must be uniform, skewed or uniform,skewed")
+    routings = [r == "skewed" for r in routing_names]
+    if args.wgrad_only:
+        args.wgrad = True  # --wgrad-only asks for the wgrad cases
     for name, E, N, K in SHAPES:
         if args.shapes and not any(s.strip() in name for s in args.shapes.split(",")):
             continue

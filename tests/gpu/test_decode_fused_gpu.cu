@@ -151,9 +151,9 @@ struct Both {
                       w.p, reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, ws.n, stream);
   }
   void poison() {
-    for (auto* b : {&out_ref, &out}) cudaMemset(b->p, 0xFF, b->n * 2);
-    cudaMemset(ids.p, 0xFF, ids.n * 4);
-    cudaMemset(w.p, 0xFF, w.n * 4);
+    for (auto* b : {&out_ref, &out}) MXMOE_ASSERT_CUDA(cudaMemset(b->p, 0xFF, b->n * 2));
+    MXMOE_ASSERT_CUDA(cudaMemset(ids.p, 0xFF, ids.n * 4));
+    MXMOE_ASSERT_CUDA(cudaMemset(w.p, 0xFF, w.n * 4));
   }
   // Both paths' first B rows, bit for bit.
   void expect_equal(int B, const std::string& what) {
@@ -239,9 +239,9 @@ TEST(DecodeGpu, FusedStepMatchesThreeKernels) {
           MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
           t.expect_equal(B, "graph B=" + std::to_string(B) + " replay " + std::to_string(rep));
         }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        cudaStreamDestroy(stream);
+        MXMOE_ASSERT_CUDA(cudaGraphExecDestroy(exec));
+        MXMOE_ASSERT_CUDA(cudaGraphDestroy(graph));
+        MXMOE_ASSERT_CUDA(cudaStreamDestroy(stream));
       }
       std::printf("[fused] %s: B = 1..%d bitwise equal to the three kernels (eager, rerun, graph replays)\n",
                   tag.c_str(), kDecodeFusedMaxBatch);
@@ -274,4 +274,35 @@ TEST(DecodeGpu, FusedStepRejectsBadArguments) {
   EXPECT_THROW(run(4, ws.p, need), Error);        // out inside the workspace
   EXPECT_THROW(run(4, out.p, need - 1), Error);   // workspace too small
   EXPECT_THROW(run(9, out.p, need), Error);       // batch above kDecodeFusedMaxBatch
+  EXPECT_THROW(run(0, out.p, need), Error);       // batch 0
+  // x inside the workspace; ids or weights overlapping out, x or the workspace.
+  EXPECT_THROW(decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(ws.p), 4, s,
+                                 reinterpret_cast<const __nv_bfloat16*>(wr.p), p, w1.w, w2.w, ids.p, w.p,
+                                 reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, need),
+               Error);
+  EXPECT_THROW(decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(x.p), 4, s,
+                                 reinterpret_cast<const __nv_bfloat16*>(wr.p), p, w1.w, w2.w,
+                                 reinterpret_cast<int32_t*>(out.p), w.p, reinterpret_cast<__nv_bfloat16*>(out.p), ws.p,
+                                 need),
+               Error);
+  EXPECT_THROW(decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(x.p), 4, s,
+                                 reinterpret_cast<const __nv_bfloat16*>(wr.p), p, w1.w, w2.w, ids.p,
+                                 reinterpret_cast<float*>(ws.p), reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, need),
+               Error);
+  // params.top_k != shape.top_k; w1 and w2 of different dtypes; a shared expert in w1 only.
+  RouterParams p3 = p;
+  p3.top_k = 3;
+  EXPECT_THROW(decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(x.p), 4, s,
+                                 reinterpret_cast<const __nv_bfloat16*>(wr.p), p3, w1.w, w2.w, ids.p, w.p,
+                                 reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, need),
+               Error);
+  const Proj w2mx(DecodeWeightDtype::kMXFP8, 16, 512, 256, false, 3), w1sh(DecodeWeightDtype::kBF16, 16, 512, 512, true, 4);
+  EXPECT_THROW(decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(x.p), 4, s,
+                                 reinterpret_cast<const __nv_bfloat16*>(wr.p), p, w1.w, w2mx.w, ids.p, w.p,
+                                 reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, need),
+               Error);
+  EXPECT_THROW(decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(x.p), 4, s,
+                                 reinterpret_cast<const __nv_bfloat16*>(wr.p), p, w1sh.w, w2.w, ids.p, w.p,
+                                 reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, need),
+               Error);
 }

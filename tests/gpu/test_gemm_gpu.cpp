@@ -939,8 +939,8 @@ TEST_F(GemmGpu, ExactWideDirectStoresBitwiseMatchDefault) {
 // in shared memory identically and everything after the loads is the same kernel. A only, B only
 // and both blocked; the k cases of tile_width_cases (N = 2880 and 160: partial n-tiles; K = 2880,
 // 992, 96: partial k-tiles whose B boxes read zero fill past row K in the 3-D map too; empty and
-// ragged experts), a skewed case, and a segment of 1100 tokens (odd 64-token chunk count: the last
-// chunk is the first half of a 128-token block); exact tiles 256 (TMA-store epilogue and direct
+// ragged experts), a skewed case, and a segment of 1100 tokens (padded to 1152: pad tokens in its
+// last 128-token block); exact tiles 256 (TMA-store epilogue and direct
 // stores) and 128; BF16 and FP32 out, plain and accumulating; num_sms 0 and 7 (the ring across
 // many tiles).
 TEST_F(GemmGpu, WgradTokenBlockedImagesBitwiseEqual) {
