@@ -1422,20 +1422,26 @@ inline bool k_grouped_sort_experts() {
 // k-grouped: n-tiles per raster group within an expert (KGroupedScheduler), chosen so that the
 // `grid` tiles in flight span as few operand rows as they can: G ≈ sqrt(grid · block_n / 128)
 // minimises 128·G + block_n·grid/G (G = 16 for 132 SMs and 256-wide exact k-tiles, 14 for 192);
-// at most the n-tile count. MXMOE_GEMM_K_RASTER (read per call): unset or "group" = this,
-// "nmajor" = 0 (n-major, k-tile fastest: before session 9), a number = that G. Same results
-// whatever the order.
-inline int k_grouped_raster_group(int grid, int block_n, int64_t n) {
+// at most the n-tile count. Default by mode (run 70, docs/notes/gemm.md "Run 70"): exact mode walks
+// the groups (DeepSeek-V3 gate-up at 8192 tokens an expert, skewed: 0.89x -> 1.02x BF16; other cases
+// within -4%..+3%), fast mode the n-major order (the groups cost fast mode up to 7% there).
+// MXMOE_GEMM_K_RASTER (read per call) overrides both: "group" = G as above, "nmajor" = 0 (n-major,
+// k-tile fastest), a number = that G; unset or "auto" = the default by mode. Same results whatever
+// the order.
+inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) {
   const int n_tiles = int((n + kBlockM - 1) / kBlockM);
   const char* v = std::getenv("MXMOE_GEMM_K_RASTER");
   int g = int(std::lround(std::sqrt(double(grid) * block_n / kBlockM)));
-  if (v != nullptr && v[0] != '\0' && std::strcmp(v, "group") != 0) {
-    if (std::strcmp(v, "nmajor") == 0) return 0;
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) {
+    if (!exact) return 0;
+  } else if (std::strcmp(v, "nmajor") == 0) {
+    return 0;
+  } else if (std::strcmp(v, "group") != 0) {
     char* end = nullptr;
     const long x = std::strtol(v, &end, 10);
     if (end == v || *end != '\0' || x < 0 || x > 65535)
       throw Error(std::string("mxmoe: environment variable MXMOE_GEMM_K_RASTER = '") + v +
-                  "': must be 'group' (default), 'nmajor' or a number of n-tiles in 0..65535");
+                  "': must be 'auto' (default), 'group', 'nmajor' or a number of n-tiles in 0..65535");
     g = int(x);
   }
   return std::max(0, std::min(g, n_tiles));
