@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, check, copy_bandwidth, device_info, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
+from common import Timer, capture_graph, check, copy_bandwidth, device_info, load_lib, print_table, ptr, require_gpu, write_json  # noqa: E402
 
 BF16_W, MXFP8_W = 0, 1
 H_FP32 = 0
@@ -264,17 +264,6 @@ def torch_step(sh, x, wr, bias, w1, w2, s1, s2, ids=None, wts=None):
     return out.to(torch.bfloat16)
 
 
-def capture(fn, stream):
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        fn()  # warm-up outside the graph (allocations, lazy init)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=stream):
-            fn()
-    torch.cuda.synchronize()
-    return g
-
-
 def rel_err(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
@@ -303,7 +292,7 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_
                 W = Ws[s % copies]
                 bl_out[0] = torch_step(sh, x, wr, bias, W.w1, W.w2, W.s1, W.s2)
 
-        g_base = capture(baseline_steps, stream)
+        g_base = capture_graph(baseline_steps, stream)
         t_base = timer(lambda: g_base.replay()) / STEPS
         base_ids, _ = torch_route(sh, x, wr, bias)
         times = {}
@@ -314,7 +303,7 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_
                 for s in range(STEPS):
                     M.step(variant, x, wr, bias, Ws[s % copies], dtype, stream.cuda_stream)
 
-            g = capture(mx_steps, stream)
+            g = capture_graph(mx_steps, stream)
             t = timer(lambda: g.replay()) / STEPS
             # Verify the timed output (last step used copy (STEPS-1) % copies) on the same routing.
             W = Ws[(STEPS - 1) % copies]

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import BF16_W, H_FP32, MXFP8_W, SHAPES, STEPS, Shape, quantize_mx, setup_lib  # noqa: E402
-from common import Timer, check, copy_bandwidth, kernel_env, load_lib, ptr, require_gpu  # noqa: E402
+from common import Timer, capture_graph, check, copy_bandwidth, kernel_env, load_lib, ptr, require_gpu  # noqa: E402
 
 OLD = {"MXMOE_DECODE_MX_GATE_UP_CTAS": "2"}
 DEFAULT_SETTINGS = "new:;old:" + ",".join(f"{k}={v}" for k, v in OLD.items())
@@ -123,17 +123,6 @@ def same(a, b):  # tuples of tensors, bit for bit
                            y.view(torch.uint8) if y.dtype != torch.int32 else y) for x, y in zip(a, b))
 
 
-def graph(fn, stream):
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=stream):
-            fn()
-    torch.cuda.synchronize()
-    return g
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="Qwen3-30B-A3B,Qwen3-235B-A22B")
@@ -208,7 +197,7 @@ def main():
                         for kname, parts in kinds:
                             if kname == "fused":  # the step's outputs, then poison: the fused step rewrites them
                                 S.ids.fill_(-1), S.w.fill_(float("nan")), S.out.fill_(float("nan"))
-                            g = graph(chain(parts), stream)
+                            g = capture_graph(chain(parts), stream)
                             t[kname] = timer(lambda: g.replay()) / STEPS
                             if kname in ("step", "fused"):  # verify: bitwise against the first setting / the step
                                 g.replay()

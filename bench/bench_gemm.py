@@ -34,7 +34,9 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 "mxmoe-exact-128" with 128 and "mxmoe-exact-256d" with 256 and MXMOE_GEMM_TMA_STORE=0 (direct stores).
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
-largest token count first. Each alternative's output must be bitwise equal to its mode's default
+largest token count first. --k-raster-both adds the other tile order within an expert for each mode
+(the defaults: exact mode groups of n-tiles walked k-tile by k-tile, fast mode n-tile-major; run 70):
+"mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group) and "mxmoe-exact-nmajor" (=nmajor). Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
 Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
@@ -66,6 +68,7 @@ TILE_ENV = "MXMOE_GEMM_TILE"
 EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
+K_RASTER_BOTH = False  # --k-raster-both (set in main): wgrad also with each mode's other tile order
 WGRAD_ROWIMG = False  # --wgrad-rowimg (set in main): exact wgrad also on row-major images
 ROW_MAJOR, TOKEN_BLOCKED = 0, 1  # image layouts (gemm.h ImageLayout; the C ABI's image_layout)
 COPY_GBS = None  # device-to-device copy bandwidth measured in main (GB/s, read + write)
@@ -468,6 +471,9 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
+    if K_RASTER_BOTH:  # each mode's other tile order within an expert (defaults: fast nmajor, exact group)
+        variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
+                     (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact")]
     if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
         variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
     # Every path once, its output checked; then the baseline and the paths timed in alternation.
@@ -522,18 +528,21 @@ def main():
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     ap.add_argument("--k-order-both", action="store_true",
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
+    ap.add_argument("--k-raster-both", action="store_true",
+                    help="wgrad also with each mode's other tile order within an expert (fast: MXMOE_GEMM_K_RASTER=group, exact: nmajor)")
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
     ap.add_argument("--tpe", default=None, help="comma-separated tokens-per-expert values (default 512,2048,8192)")
     ap.add_argument("--experts", type=int, default=None,
                     help="diagnostic: every shape with this many experts instead of its own (E in the shape name)")
-    ap.add_argument("--wgrad-only", action="store_true", help="with --wgrad: skip the m-grouped cases")
-    ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or both")
+    ap.add_argument("--wgrad-only", action="store_true", help="only the wgrad cases (implies --wgrad)")
+    ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS, WGRAD_ROWIMG
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, COPY_GBS, WGRAD_ROWIMG
     EXACT_TILE_BOTH = args.exact_tile_both
     WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both
+    K_RASTER_BOTH = args.k_raster_both
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)
@@ -549,7 +558,12 @@ def main():
     tpes = [2048] if args.quick else TOKENS_PER_EXPERT
     if args.tpe:
         tpes = [int(t) for t in args.tpe.split(",")]
-    routings = [r == "skewed" for r in args.routing.split(",")]
+    routing_names = args.routing.split(",")
+    if not routing_names or any(r not in ("uniform", "skewed") for r in routing_names):
+        sys.exit(f"bench_gemm: argument '--routing' = {args.routing!r}: must be uniform, skewed or uniform,skewed")
+    routings = [r == "skewed" for r in routing_names]
+    if args.wgrad_only:
+        args.wgrad = True  # --wgrad-only asks for the wgrad cases
     for name, E, N, K in SHAPES:
         if args.shapes and not any(s.strip() in name for s in args.shapes.split(",")):
             continue

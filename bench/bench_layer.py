@@ -205,6 +205,9 @@ def main():
                     im["e_out"], im["e_dx"] = rel(out, base_out), rel(dx, base_dx)
                 return im
 
+            # Every row's layer (workspace, outputs, FP32 weight gradients) stays alive while the rows are
+            # timed in alternation: peak memory is the sum over rows (DSV3-EP8, T = 16384: ~25-29 GB a
+            # row, about 5.6 GB of it the FP32 dW1/dW2), so keep --modes / --variant few on big shapes.
             impls = [make_impl(mode_ids[m], f"mxmoe {m}", v) for m in modes for v in variants]
             fwd_times = timer.many([(None, base_fwd)] + [(im["env"], im["fwd"]) for im in impls])
             step_times = timer.many([(None, base_step)] + [(im["env"], im["step"]) for im in impls])

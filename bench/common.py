@@ -93,6 +93,19 @@ def copy_bandwidth(timer, nbytes=1 << 30):
     return 2 * nbytes / (us * 1e-6) / 1e9  # GB/s
 
 
+def capture_graph(fn, stream):
+    """A CUDA graph of fn() captured on `stream`, after one warm-up call outside the graph
+    (allocations, lazy initialisation); replay with .replay()."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
 def device_info():
     p = torch.cuda.get_device_properties(0)
     return {"name": p.name, "sms": p.multi_processor_count, "torch": torch.__version__}

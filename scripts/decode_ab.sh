@@ -21,7 +21,7 @@ export MXMOE_BUILD_DIR=${MXMOE_BUILD_DIR:-build}
 export PYTHONUNBUFFERED=1
 B=$MXMOE_BUILD_DIR
 T0=$SECONDS
-timeout 60 ./$B/mxmoe_gpu_tests --gtest_filter='DecodeGpu.*' > "$OUT/decode_tests.log" 2>&1
+timeout 60 "$B/mxmoe_gpu_tests" --gtest_filter='DecodeGpu.*' > "$OUT/decode_tests.log" 2>&1
 echo "decode tests rc=$? ($((SECONDS - T0)) s)"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|SKIPPED \]|^\[fused\]|first difference" "$OUT/decode_tests.log" | head -24
 split() {  # log settings extra-args...: bench_decode_split.py on the three shapes at B = 1, 2, 8

@@ -18,7 +18,7 @@ export MXMOE_BUILD_DIR=${MXMOE_BUILD_DIR:-build}
 export PYTHONUNBUFFERED=1
 B=$MXMOE_BUILD_DIR
 T0=$SECONDS
-timeout 30 ./$B/mxmoe_gpu_tests \
+timeout 30 "$B/mxmoe_gpu_tests" \
   --gtest_filter='GemmGpu.WgradTokenBlockedImagesBitwiseEqual:DequantizeGpu.TokenBlockedMatchesReference:MoeLayerGpu.ForwardBackwardMatchMxReferenceBothModes' \
   > "$OUT/tests_new.log" 2>&1
 echo "new tests rc=$? ($((SECONDS - T0)) s)"
@@ -35,7 +35,7 @@ bench 2048 50
 LEFT=$((${WGRAD_AB_BUDGET:-230} - SECONDS))
 if [ "$LEFT" -gt 5 ]; then
   T0=$SECONDS
-  timeout "$LEFT" ./$B/mxmoe_gpu_tests --gtest_filter='GemmGpu.*:-GemmGpu.WgradTokenBlockedImagesBitwiseEqual' \
+  timeout "$LEFT" "$B/mxmoe_gpu_tests" --gtest_filter='GemmGpu.*:-GemmGpu.WgradTokenBlockedImagesBitwiseEqual' \
     > "$OUT/tests_gemm.log" 2>&1
   echo "GemmGpu.* rc=$? ($((SECONDS - T0)) s of $LEFT)"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|SKIPPED \]" "$OUT/tests_gemm.log" | head -20

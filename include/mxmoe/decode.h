@@ -224,8 +224,8 @@ DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& sha
 // and with MXFP8 weights 1.09-1.20x on DeepSeek-V3 but 0.87-0.98x on the Qwen3 shapes.
 // Requirements beyond the warp path's: num_experts <= kDecodeFusedMaxExperts; w1 and w2 of the
 // same dtype, a shared expert in both or neither (shape.shared_expert says which);
-// params.top_k == shape.top_k; out must not overlap x or the workspace. MXFP8 weights need no
-// prepared form.
+// params.top_k == shape.top_k; x, out, topk_ids, topk_weights and the workspace pairwise disjoint
+// (checked). MXFP8 weights need no prepared form.
 // workspace: decode_step_fused_workspace_bytes(shape, batch) bytes (sized for a batch, it serves
 // every smaller one), 256-byte aligned, holding the grid barrier's state, the logits and h. It must
 // be initialised ONCE with decode_step_fused_init_workspace before its first fused step (and again

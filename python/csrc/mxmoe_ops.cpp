@@ -268,15 +268,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_plan(const Tensor& ids, i
 // ---- BF16 images (exact mode's GEMM operands) ---------------------------------------------------
 
 // The BF16 image of an MX tensor (dequantize.h): data fp8 [..., R, C], scales uint8 [..., R, C/32]
-// (shapes already checked) -> bfloat16 of data's shape, on the current stream.
-Tensor make_image(const Tensor& data, const Tensor& scales) {
-  Tensor img = at::empty(data.sizes(), data.options().dtype(kBf16));
+// (shapes already checked) -> bfloat16 of data's shape, on the current stream; token_blocked (2-D
+// data [R, C], C % 128 == 0: a k-grouped operand) -> bfloat16 [C/128, R, 128]
+// (dequantize_mxfp8_bf16_token_blocked).
+Tensor make_image(const Tensor& data, const Tensor& scales, bool token_blocked = false) {
   const int64_t cols = data.size(-1), rows = cols ? data.numel() / cols : 0;
+  Tensor img = token_blocked ? at::empty({cols / 128, rows, 128}, data.options().dtype(kBf16))
+                             : at::empty(data.sizes(), data.options().dtype(kBf16));
   if (rows == 0) return img;
   const c10::cuda::CUDAGuard guard(data.device());
+  const auto dequantize = token_blocked ? mxmoe::dequantize_mxfp8_bf16_token_blocked : mxmoe::dequantize_mxfp8_bf16;
   call_api([&] {
-    mxmoe::dequantize_mxfp8_bf16(ptr<const uint8_t>(data), ptr<const uint8_t>(scales), rows, cols,
-                                 reinterpret_cast<__nv_bfloat16*>(img.data_ptr()), current_stream(data.device()));
+    dequantize(ptr<const uint8_t>(data), ptr<const uint8_t>(scales), rows, cols,
+               reinterpret_cast<__nv_bfloat16*>(img.data_ptr()), current_stream(data.device()));
   });
   return img;
 }
@@ -489,19 +493,8 @@ KGroupedShape check_k_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
 // docs/notes/gemm.md, run 66). *blocked says which.
 Tensor k_grouped_image(Checker& c, const char* arg, const std::optional<Tensor>& image, const Tensor& data,
                        const Tensor& scales, bool fast, bool* blocked) {
-  *blocked = false;
-  if (fast || image.has_value()) return exact_image(c, arg, image, data, scales, fast);
-  const int64_t rows = data.size(0), cols = data.size(1);
-  Tensor img = at::empty({cols / 128, rows, 128}, data.options().dtype(kBf16));
-  *blocked = true;
-  if (rows == 0 || cols == 0) return img;
-  const c10::cuda::CUDAGuard guard(data.device());
-  call_api([&] {
-    mxmoe::dequantize_mxfp8_bf16_token_blocked(ptr<const uint8_t>(data), ptr<const uint8_t>(scales), rows, cols,
-                                               reinterpret_cast<__nv_bfloat16*>(img.data_ptr()),
-                                               current_stream(data.device()));
-  });
-  return img;
+  *blocked = !fast && !image.has_value();
+  return *blocked ? make_image(data, scales, true) : exact_image(c, arg, image, data, scales, fast);
 }
 
 Images k_grouped_images(Checker& c, const Tensor& a, const Tensor& a_scales, const std::optional<Tensor>& a_image,

@@ -61,12 +61,6 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-// Thread 0 of each CTA, before the first barrier of the launch: traps unless the state was
-// initialised (grid_barrier_init).
-__device__ __forceinline__ void grid_barrier_check_magic(const GridBarrierState* s) {
-  if (ld_relaxed_gpu_u64(&s->magic) != kGridBarrierMagic) __trap();
-}
-
 // Every thread of every CTA of the grid; all CTAs co-resident.
 __device__ __forceinline__ void grid_barrier_sync(GridBarrierState* s) {
   __syncthreads();

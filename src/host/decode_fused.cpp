@@ -90,6 +90,18 @@ void decode_step_fused(const __nv_bfloat16* x, int batch, const DecodeShape& sha
     throw_arg(fn, "out", to_str(static_cast<const void*>(out)), "must not overlap x (x is read until the last phase)");
   if (overlap(out, act, workspace, lay.bytes))
     throw_arg(fn, "out", to_str(static_cast<const void*>(out)), "must not overlap the workspace");
+  if (overlap(x, act, workspace, lay.bytes))  // x is read through the non-coherent path while h is written
+    throw_arg(fn, "x", to_str(static_cast<const void*>(x)), "must not overlap the workspace");
+  // CTA 0 writes the ids and routing weights while other CTAs still read x and the logits.
+  const size_t sel = size_t(batch) * size_t(shape.top_k);
+  const struct { const char* name; const void* p; size_t n; } outs[] = {
+      {"topk_ids", topk_ids, sel * sizeof(int32_t)}, {"topk_weights", topk_weights, sel * sizeof(float)}};
+  for (const auto& o : outs) {
+    if (overlap(o.p, o.n, x, act) || overlap(o.p, o.n, out, act) || overlap(o.p, o.n, workspace, lay.bytes))
+      throw_arg(fn, o.name, to_str(o.p), "must not overlap x, out or the workspace");
+  }
+  if (overlap(topk_ids, sel * sizeof(int32_t), topk_weights, sel * sizeof(float)))
+    throw_arg(fn, "topk_weights", to_str(static_cast<const void*>(topk_weights)), "must not overlap topk_ids");
 
   detail::FusedLaunch p;
   p.router = detail::routing_launch(shape.num_experts, params, topk_ids, topk_weights);

@@ -45,12 +45,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "common/scoped_env.h"
 #include "ep/ep_test_util.h"
 #include "mxmoe/ep.h"
 #include "mxmoe/ep_moe_layer.h"
 #include "mxmoe/moe_layer.h"
 
 namespace {
+
+using mxmoe::test::ScopedEnv;
 
 using ep_test::bf16_bits;
 using ep_test::Dev;
@@ -75,28 +78,6 @@ bool fused_combine_env() {
   const char* v = std::getenv("MXMOE_EP_FUSED_COMBINE");
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
-
-// Sets an environment variable for one scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* v = std::getenv(name);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 int64_t tokens_of(const LayerCase& c, int rank, int world) {
   if (c.last_rank_empty && world > 1 && rank == world - 1) return 0;

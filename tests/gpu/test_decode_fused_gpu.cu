@@ -151,9 +151,9 @@ struct Both {
                       w.p, reinterpret_cast<__nv_bfloat16*>(out.p), ws.p, ws.n, stream);
   }
   void poison() {
-    for (auto* b : {&out_ref, &out}) cudaMemset(b->p, 0xFF, b->n * 2);
-    cudaMemset(ids.p, 0xFF, ids.n * 4);
-    cudaMemset(w.p, 0xFF, w.n * 4);
+    for (auto* b : {&out_ref, &out}) MXMOE_ASSERT_CUDA(cudaMemset(b->p, 0xFF, b->n * 2));
+    MXMOE_ASSERT_CUDA(cudaMemset(ids.p, 0xFF, ids.n * 4));
+    MXMOE_ASSERT_CUDA(cudaMemset(w.p, 0xFF, w.n * 4));
   }
   // Both paths' first B rows, bit for bit.
   void expect_equal(int B, const std::string& what) {
@@ -239,9 +239,9 @@ TEST(DecodeGpu, FusedStepMatchesThreeKernels) {
           MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
           t.expect_equal(B, "graph B=" + std::to_string(B) + " replay " + std::to_string(rep));
         }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        cudaStreamDestroy(stream);
+        MXMOE_ASSERT_CUDA(cudaGraphExecDestroy(exec));
+        MXMOE_ASSERT_CUDA(cudaGraphDestroy(graph));
+        MXMOE_ASSERT_CUDA(cudaStreamDestroy(stream));
       }
       std::printf("[fused] %s: B = 1..%d bitwise equal to the three kernels (eager, rerun, graph replays)\n",
                   tag.c_str(), kDecodeFusedMaxBatch);
@@ -266,12 +266,40 @@ TEST(DecodeGpu, FusedStepRejectsBadArguments) {
   DevBuf<uint8_t> ws(need);
   RouterParams p;
   p.top_k = 4;
-  auto run = [&](int B, void* out, size_t ws_bytes) {
-    decode_step_fused(reinterpret_cast<const __nv_bfloat16*>(x.p), B, s, reinterpret_cast<const __nv_bfloat16*>(wr.p),
-                      p, w1.w, w2.w, ids.p, w.p, static_cast<__nv_bfloat16*>(out), ws.p, ws_bytes);
+  // One call's arguments, valid by default; each case below changes one or two of them.
+  struct Args {
+    const void* x;
+    int batch;
+    RouterParams params;
+    DecodeWeights w1, w2;
+    void* ids;
+    void* weights;
+    void* out;
+    size_t ws_bytes;
   };
-  EXPECT_THROW(run(4, x.p, need), Error);         // out == x
-  EXPECT_THROW(run(4, ws.p, need), Error);        // out inside the workspace
-  EXPECT_THROW(run(4, out.p, need - 1), Error);   // workspace too small
-  EXPECT_THROW(run(9, out.p, need), Error);       // batch above kDecodeFusedMaxBatch
+  const Args ok{x.p, 4, p, w1.w, w2.w, ids.p, w.p, out.p, need};
+  auto call = [&](const Args& a) {
+    decode_step_fused(static_cast<const __nv_bfloat16*>(a.x), a.batch, s, reinterpret_cast<const __nv_bfloat16*>(wr.p),
+                      a.params, a.w1, a.w2, static_cast<int32_t*>(a.ids), static_cast<float*>(a.weights),
+                      static_cast<__nv_bfloat16*>(a.out), ws.p, a.ws_bytes);
+  };
+  auto with = [&](auto change) {
+    Args a = ok;
+    change(a);
+    return a;
+  };
+  EXPECT_THROW(call(with([&](Args& a) { a.out = x.p; })), Error);                        // out == x
+  EXPECT_THROW(call(with([&](Args& a) { a.out = ws.p; })), Error);                       // out inside the workspace
+  EXPECT_THROW(call(with([&](Args& a) { a.ws_bytes = need - 1; })), Error);              // workspace too small
+  EXPECT_THROW(call(with([&](Args& a) { a.batch = 9; })), Error);  // batch above kDecodeFusedMaxBatch
+  EXPECT_THROW(call(with([&](Args& a) { a.batch = 0; })), Error);                        // batch 0
+  // x inside the workspace; ids or weights overlapping out, x or the workspace.
+  EXPECT_THROW(call(with([&](Args& a) { a.x = ws.p; })), Error);
+  EXPECT_THROW(call(with([&](Args& a) { a.ids = out.p; })), Error);
+  EXPECT_THROW(call(with([&](Args& a) { a.weights = ws.p; })), Error);
+  // params.top_k != shape.top_k; w1 and w2 of different dtypes; a shared expert in w1 only.
+  EXPECT_THROW(call(with([&](Args& a) { a.params.top_k = 3; })), Error);
+  const Proj w2mx(DecodeWeightDtype::kMXFP8, 16, 512, 256, false, 3), w1sh(DecodeWeightDtype::kBF16, 16, 512, 512, true, 4);
+  EXPECT_THROW(call(with([&](Args& a) { a.w2 = w2mx.w; })), Error);
+  EXPECT_THROW(call(with([&](Args& a) { a.w1 = w1sh.w; })), Error);
 }

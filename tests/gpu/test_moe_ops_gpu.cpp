@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/gpu_test_util.h"
+#include "common/scoped_env.h"
 #include "kernels/layer/moe_ops_launch.h"
 #include "mxmoe/moe_ops.h"
 #include "mxmoe/moe_plan.h"
@@ -266,21 +267,6 @@ TEST(MoeOpsGpu, BatchInvariantRouterLogitsAreOneFmaChainPerOutput) {
 
 namespace {
 
-// Sets an environment variable for the scope and puts back what was there.
-struct ScopedEnvVar {
-  const char* name;
-  bool had;
-  std::string old;
-  ScopedEnvVar(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
-    if (had) old = std::getenv(n);
-    setenv(n, v, 1);
-  }
-  ~ScopedEnvVar() {
-    if (had) setenv(name, old.c_str(), 1);
-    else unsetenv(name);
-  }
-};
-
 // Host replay of moe_combine_backward's contract, writing only where the GPU writes: every
 // dw[t, j] (t < tokens), and rows r < used. dw[t, j] for the slot j that claims row r (the last
 // slot of t = row_index[r] with row_of[t, j] == r) is the warp's sum: lane l sums vectors v = l,
@@ -426,12 +412,12 @@ TEST(MoeOpsGpu, CombineBackwardTokenMajorEqualsRowMajorBitwise) {
         const Out row = fetch();
         Out env_rows, env_default;
         {
-          ScopedEnvVar e("MXMOE_COMBINE_BWD", "rows");
+          ScopedEnv e("MXMOE_COMBINE_BWD", "rows");
           run(api);
           env_rows = fetch();
         }
         {
-          ScopedEnvVar e("MXMOE_COMBINE_BWD", "tokens");
+          ScopedEnv e("MXMOE_COMBINE_BWD", "tokens");
           run(api);
           env_default = fetch();
         }

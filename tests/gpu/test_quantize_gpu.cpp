@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/gpu_test_util.h"
+#include "common/scoped_env.h"
 #include "mxmoe/quantize.h"
 #include "ref/mx_ref.h"
 
@@ -96,14 +97,6 @@ void run_dense_once(const DenseCase& c, ScaleMode mode, const std::vector<uint16
     if (c.col) expect_copy("colwise", cw, c.fast, b, ref::quantize_cols(xb, c.rows, c.cols, mode), c.plain);
   }
 }
-
-// Sets a quantizer switch (MXMOE_QUANT_STAGED) for the scope; the quantizer reads it on every
-// call.
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-};
 
 // Runs `f` on the default kernels, then on the register-store kernel (MXMOE_QUANT_STAGED=0), then,
 // when both directions are asked for, on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0).

@@ -34,7 +34,7 @@ __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) { return uint32_t(_
 
 // Data written earlier in the same kernel by other CTAs (the fused step's h): an ordinary (weak,
 // coherent) load, never the non-coherent path; ordered after those writes by a grid barrier with
-// release/acquire semantics (kernels/decode/grid_barrier.cuh); asm volatile keeps it after that
+// release/acquire semantics (src/device/grid_barrier.cuh); asm volatile keeps it after that
 // barrier's asm volatile.
 __device__ __forceinline__ uint4 ld_global_v4(const void* p) {
   uint4 r;

@@ -5,7 +5,8 @@
 // for B <= kFusedMaxBatch (8) tokens; inputs and outputs as decode_step's warp path: X BF16 [B, H],
 // Wr BF16 [E, H], W1 / W2 BF16 or MXFP8 [E, N, K] (+ shared expert), ids int32 [B, k], weights
 // FP32 [B, k], out BF16 [B, H]. Workspace (decode_step_fused_workspace_bytes): the grid barrier's
-// state (src/device/grid_barrier.cuh), logits [B, E] FP32 and h [B, S, I] FP32.
+// state (src/device/grid_barrier.cuh), logits [kDecodeFusedMaxBatch, E] FP32 (a fixed size, so h's
+// offset does not depend on B) and h [B, S, I] FP32.
 //
 // Why (docs/notes/decode.md, runs 56 and 59): at Qwen3-30B B = 1 the three-kernel step spends
 // ~15 us of 35.5 on fixed costs — the router on 8 CTAs (8.1 us), two kernel hand-offs and each
@@ -32,7 +33,7 @@
 //      a tile's S slots over kWarps / tpr warps (down::slot_dots, h through coherent loads: it was
 //      written in this kernel), then down::combine in slot order — decode_down's arithmetic.
 // Every reduction order is the three kernels', so ids, weights and out are bitwise those of
-// decode_router + decode_gate_up (FP32 h) + decode_down (tests/gpu/test_decode_gpu.cpp,
+// decode_router + decode_gate_up (FP32 h) + decode_down (tests/gpu/test_decode_fused_gpu.cu,
 // DecodeGpu.FusedStepMatchesThreeKernels); deterministic and batch-invariant like them.
 // kUnroll values (loads in flight) differ from the separate kernels where the register budget
 // asks; they never change the order of the arithmetic.
