@@ -4,14 +4,16 @@ device-to-device copy bandwidth, all measured in this process and run.
 Each line: kernel, shape, time (us, median), GB/s (bytes read + written, scales included),
 % of the measured copy bandwidth, the plain-PyTorch time for the same outputs and the speed-up,
 and whether mxmoe's timed output matched the PyTorch output bit for bit.
-For the plain MX copies alone and for the fast form alone ("fast-only": what the training
-layer's fast mode asks for) the default kernel is the staged one (outputs leave through shared
-memory by TMA stores); the "reg-store" columns time the register-store kernel
+For the plain MX copy of one direction of a dense input the default kernel is the pipelined one
+(TMA loads into an mbarrier ring, since run 72); for the other plain copies alone and for the fast
+form alone ("fast-only": what the training layer's fast mode asks for) the staged one (outputs
+leave through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
 (MXMOE_QUANT_STAGED=0, the only one that writes plain + fast together, "+fast" lines) on the same
 data, in the same run; for both directions of dense and gather inputs the default is the
 two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
 staged kernel (MXMOE_QUANT_TWO_GROUP=0). With --tma, the plain copies of dense inputs are also
-timed on the pipelined kernel (MXMOE_QUANT_TMA=1; the "tma % copy" column), in the same run;
+timed with MXMOE_QUANT_TMA=1 (the "tma % copy" column: both directions on the pipelined kernel too;
+one direction is the default's kernel), in the same run;
 --scale-unit V sets its walk (MXMOE_QUANT_SCALE_UNIT: unset = the unit walk with the default units,
 0 = the round-robin walk of runs 56-62, RxC = units of R x C tiles).
 Every variant's output is checked against the PyTorch baseline (the grouped and gather rows: every
@@ -123,7 +125,8 @@ def compare(mx, ref, crop=lambda row_copy, i, t: t):
 
 STAGED_ENV = "MXMOE_QUANT_STAGED"  # "0": the register-store kernel for the plain copies too
 TWO_GROUP_ENV = "MXMOE_QUANT_TWO_GROUP"  # "0": both plain copies on the 256-thread staged kernel
-TMA_ENV = "MXMOE_QUANT_TMA"  # "1": the plain copies of dense inputs on the pipelined kernel
+TMA_ENV = "MXMOE_QUANT_TMA"  # "1": every plain copy of a dense input on the pipelined kernel; "" = the
+                             # library's choice (one direction alone on it)
 UNIT_ENV = "MXMOE_QUANT_SCALE_UNIT"  # the pipelined kernel's walk ("" = its default, the unit walk)
 SCALE_UNIT = ""  # --scale-unit
 
@@ -136,7 +139,7 @@ def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_c
     for t in mx.tensors():
         t.fill_(0xA5)
     with kernel_env({STAGED_ENV: "1" if staged else "0", TWO_GROUP_ENV: "1" if two_group else "0",
-                     TMA_ENV: "1" if tma else "0", UNIT_ENV: SCALE_UNIT if tma else ""}):
+                     TMA_ENV: "1" if tma else "", UNIT_ENV: SCALE_UNIT if tma else ""}):
         us = timer(run)
     return us, compare(mx, ref, crop)
 

@@ -7,8 +7,9 @@
 // alone or the fast form alone; the register-store one writes plain + fast together (and
 // everything with MXMOE_QUANT_STAGED=0). Every case that asks for the fast form also runs with the
 // fast form alone on the default kernels and on the register-store one, and without its fast form,
-// so that every kernel sees every input. The pipelined kernel (plain copies of dense inputs, behind
-// MXMOE_QUANT_TMA=1 until measured) has its own test, PipelinedKernelOnPlainCopies.
+// so that every kernel sees every input. The pipelined kernel takes the plain copy of one direction
+// of a dense input by default (both with MXMOE_QUANT_TMA=1; the staged kernel with =0): such cases
+// run on both; PipelinedKernelOnPlainCopies and PipelinedKernelScaleTmaUnits test it further.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,7 +100,9 @@ void run_dense_once(const DenseCase& c, ScaleMode mode, const std::vector<uint16
 }
 
 // Runs `f` on the default kernels, then on the register-store kernel (MXMOE_QUANT_STAGED=0), then,
-// when both directions are asked for, on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0).
+// when both directions are asked for, on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0),
+// else on the staged kernel instead of the pipelined one (MXMOE_QUANT_TMA=0; the pipelined kernel
+// takes one direction's plain copy of a dense input by default).
 template <class F>
 void on_every_kernel(bool both_directions, const std::string& label, F&& f) {
   f(label);
@@ -110,14 +113,30 @@ void on_every_kernel(bool both_directions, const std::string& label, F&& f) {
   if (both_directions) {
     const ScopedEnv env("MXMOE_QUANT_TWO_GROUP", "0");
     f(label + " [MXMOE_QUANT_TWO_GROUP=0]");
+  } else {
+    const ScopedEnv env("MXMOE_QUANT_TMA", "0");
+    f(label + " [MXMOE_QUANT_TMA=0]");
+  }
+}
+
+// The plain copies of a case (no fast form) on the default kernels, and for one direction also on
+// the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one).
+void run_plain(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
+  run_dense_once(c, mode, x, label);
+  if (c.row != c.col) {
+    const ScopedEnv staged("MXMOE_QUANT_TMA", "0");
+    run_dense_once(c, mode, x, label + " [MXMOE_QUANT_TMA=0]");
   }
 }
 
 // The case as given; with a fast form also the fast form alone on every kernel (the training
 // layer's fast mode) and the plain copies alone.
 void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
-  if (!c.fast || c.plain) run_dense_once(c, mode, x, label);
-  if (!c.fast) return;
+  if (!c.fast) {
+    run_plain(c, mode, x, label);
+    return;
+  }
+  if (c.plain) run_dense_once(c, mode, x, label);
   DenseCase fast_only = c;
   fast_only.plain = false;
   on_every_kernel(c.row && c.col, label + " fast only",
@@ -125,7 +144,7 @@ void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& 
   if (c.plain) {
     DenseCase plain_only = c;
     plain_only.fast = false;
-    run_dense_once(plain_only, mode, x, label);
+    run_plain(plain_only, mode, x, label);
   }
 }
 

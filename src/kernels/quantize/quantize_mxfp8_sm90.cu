@@ -22,8 +22,8 @@
 //  - two-group (both plain copies of dense and gather inputs): the staged kernel's helpers in one
 //    512-thread CTA per SM, one warp group per direction. (The fast form alone is faster on the
 //    staged kernel, run 42.)
-//  - pipelined (MXMOE_QUANT_TMA=1, off by default until measured; plain copies of dense inputs):
-//    TMA loads into an mbarrier ring fed by one producer lane, 16 consumer warps that each own a
+//  - pipelined (the default for the plain copy of ONE direction of a dense input since run 72; both
+//    directions with MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring fed by one producer lane, 16 consumer warps that each own a
 //    16-row or 16-column slice of a tile and store it by their own TMA store; no CTA-wide barrier
 //    in the tile loop. See "Pipelined kernel" below.
 //  - register-store (plain + fast together, or everything with MXMOE_QUANT_STAGED=0): the
@@ -1042,7 +1042,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
   if (row_group) dev::cp_async_wait_group<0>();
 }
 
-// ==== Pipelined kernel (MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring; no CTA-wide barrier ====
+// ==== Pipelined kernel (one direction by default; both with MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring; no CTA-wide barrier ====
 // The plain MX copies of dense inputs (a matrix or a batch of them; rows, columns or both). One CTA
 // of 18 warps per SM (persistent; warp 17 is the scale writer, idle unless MXMOE_QUANT_TMA_SCALES=warp):
 //  - warp 16 (one lane) is the producer: for each tile of the walk it waits until the ring slot is
@@ -1797,13 +1797,19 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
-// MXMOE_QUANT_TMA=1 (read on every call, so that one process can time both; off by default until
-// measured) sends the plain copies of dense inputs to the pipelined kernel.
-// MXMOE_QUANT_TMA=skel (diagnostic, wrong outputs): the kernel's memory traffic without the
-// conversion (kSkel).
-bool use_pipelined() {
+// Which plain copies of dense inputs the pipelined kernel takes (MXMOE_QUANT_TMA, read on every
+// call, so that one process can time every path): unset or "auto" = one direction alone (run 72,
+// 16384x7168 and 65536x2048 with flush: row-wise 85.7-87.7% of copy, column-wise 85.5-85.9%,
+// against the staged kernel's 80.6-85.3 / 81.0-81.6 in the same run; docs/notes/quantize.md
+// "Run 72"), both directions stay on the two-group kernel; "1" = both directions too; "0" = never
+// (the staged kernel, the default before run 72); "skel" (diagnostic, wrong outputs) = the kernel's
+// memory traffic without the conversion (kSkel), every dense plain copy.
+bool use_pipelined(bool both_directions) {
   const char* e = std::getenv("MXMOE_QUANT_TMA");
-  return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "skel") == 0);
+  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return !both_directions;
+  if (std::strcmp(e, "1") == 0 || std::strcmp(e, "skel") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA", e, "must be auto (default), 1, 0 or skel");
 }
 bool pipelined_skeleton() {
   const char* e = std::getenv("MXMOE_QUANT_TMA");
@@ -2040,7 +2046,7 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
     const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
-    if (kMap == RowMap::kDense && use_pipelined()) {  // (the pipelined kernel's row-wise pass is the staged one's)
+    if (kMap == RowMap::kDense && use_pipelined(row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
       if (pipelined_skeleton()) {
         if (row && col) launch_pipelined<true, true, true>(p, stream);
         else if (row) launch_pipelined<true, false, true>(p, stream);
