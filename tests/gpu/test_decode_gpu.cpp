@@ -38,6 +38,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -394,7 +395,8 @@ TEST(DecodeGpu, Qwen3_30B_SingleToken) {
   }
 }
 
-// Token b alone (B = 1) and inside a batch of 37 give identical bits for ids, weights, h and out.
+// Tokens alone (B = 1) or in small batches (B = 2, 3) and inside a batch of 37 give identical bits
+// for ids, weights, h and out.
 TEST(DecodeGpu, BatchInvariance) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed() + 3);
@@ -418,9 +420,13 @@ TEST(DecodeGpu, BatchInvariance) {
       const auto h = big.h.download();
       const auto out = big.out.download();
       const size_t S = size_t(L.slots()), I = size_t(cfg.I), H = size_t(cfg.H), k = size_t(cfg.k);
-      for (int b : {0, 1, 3, 4, 5, 17, 36}) {
-        const std::vector<uint16_t> xb(xs.begin() + size_t(b) * H, xs.begin() + size_t(b + 1) * H);
-        Step one(L, xb, 1, DecodeHDtype::kFP32);
+      // Tokens b .. b+n-1 as a batch of n (n = 1, 2, 3: the router's clusters hold 1, 2 and 4 tokens
+      // then) against the same tokens inside the batch of 37 (4 tokens a cluster).
+      for (const auto& [b, n] : std::vector<std::pair<int, int>>{
+               {0, 1}, {1, 1}, {3, 1}, {4, 1}, {5, 1}, {17, 1}, {36, 1}, {6, 2}, {35, 2}, {9, 3}}) {
+        SCOPED_TRACE("tokens " + std::to_string(b) + " .. " + std::to_string(b + n - 1));
+        const std::vector<uint16_t> xb(xs.begin() + size_t(b) * H, xs.begin() + size_t(b + n) * H);
+        Step one(L, xb, n, DecodeHDtype::kFP32);
         one.router();
         one.gate_up();
         one.down();
@@ -429,10 +435,11 @@ TEST(DecodeGpu, BatchInvariance) {
         const auto w1 = one.w.download();
         const auto h1 = one.h.download();
         const auto out1 = one.out.download();
-        EXPECT_TRUE(std::equal(ids1.begin(), ids1.end(), ids.begin() + b * k)) << "ids, token " << b;
-        EXPECT_EQ(std::memcmp(w1.data(), w.data() + b * k, k * 4), 0) << "weights, token " << b;
-        EXPECT_EQ(std::memcmp(h1.data(), h.data() + b * S * I * 4, S * I * 4), 0) << "h, token " << b;
-        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, H * 2), 0) << "out, token " << b;
+        const size_t nn = size_t(n);
+        EXPECT_TRUE(std::equal(ids1.begin(), ids1.end(), ids.begin() + b * k)) << "ids";
+        EXPECT_EQ(std::memcmp(w1.data(), w.data() + b * k, nn * k * 4), 0) << "weights";
+        EXPECT_EQ(std::memcmp(h1.data(), h.data() + b * S * I * 4, nn * S * I * 4), 0) << "h";
+        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, nn * H * 2), 0) << "out";
       }
     }
   }
