@@ -6,8 +6,7 @@
 // of 4 computed every logit four times, the copies' products and X loads included; run 74's ncu put
 // the DeepSeek-V3 router at ~40 us for 3.7 MB). Its 128 warps split the experts (warp g of the
 // cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 independent 16-byte loads
-// a lane in flight (4 KB a warp, 64 KB an SM; 16 and 128 KB with 1 or 2 tokens a cluster) and uses
-// each loaded chunk for the cluster's tokens
+// a lane in flight (4 KB a warp, 64 KB an SM) and uses each loaded chunk for the cluster's tokens
 // (X from L1), FP32 accumulation per token,
 // xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
@@ -46,10 +45,7 @@ constexpr int kClusterSize = 8;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTokens = 4;  // tokens per cluster (fewer when B is smaller: tokens_per_cluster)
-// 16-byte chunks of Wr in flight per lane: 16 with 1 or 2 tokens a cluster (the registers the other
-// tokens' accumulators and X chunks would take), 8 with 4. Only when loads are issued changes.
-template <int kTokens>
-constexpr int kUnroll = kTokens <= 2 ? 16 : 8;
+constexpr int kUnroll = 8;     // 16-byte chunks of Wr in flight per lane
 static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
 
 // Tokens per cluster for a batch of B: B rounded up to 1, 2 or 4, at most 4.
@@ -78,7 +74,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   for (int e = rank * kWarps + warp; e < E; e += kClusterSize * kWarps) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
     float acc[kTokens];
-    router::logits_warp<kTokens, kUnroll<kTokens>>(w, x, nchunks, lane, acc);
+    router::logits_warp<kTokens, kUnroll>(w, x, nchunks, lane, acc);
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) logits0[t * kDecodeMaxExperts + e] = acc[t];
