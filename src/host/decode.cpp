@@ -46,10 +46,15 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
 
 // The down kernel's design-space switches (docs/notes/decode.md, session 11): each selects a variant
 // of warp_decode_down_sweep_sm90.cuh that gives the default's bits; read at every call.
+// Defaults by weight dtype (runs 75, 77, docs/notes/decode.md "Run 77"): MXFP8 8 rows a warp with one
+// chunk of each in flight (D alone 1.04-1.39x the 4 x 2 kernel on all six MXFP8 cases measured, B = 1
+// and 8 on Qwen3-30B, Qwen3-235B, DeepSeek-V3), BF16 the 4 x 2 kernel (8 x 1 lost 5% on DeepSeek-V3).
 void read_down_switches(const char* fn, detail::DownLaunch& p) {
-  p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", 4, {4, 8, 16});
-  // Unset, UNROLL follows ROWS: 2 for 4 or 8 rows, 1 for 16 (at most 16 loads in flight a lane).
-  p.down_unroll = env_choice(fn, "MXMOE_DECODE_DOWN_UNROLL", p.down_rows == 16 ? 1 : 2, {1, 2, 4});
+  p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
+  // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
+  // lane; BF16 with 8 rows keeps 2).
+  const bool one = p.down_rows == 16 || (p.down_rows == 8 && p.w2.mxfp8);
+  p.down_unroll = env_choice(fn, "MXMOE_DECODE_DOWN_UNROLL", one ? 1 : 2, {1, 2, 4});
   if (p.down_rows * p.down_unroll > 16)
     throw_arg(fn, "MXMOE_DECODE_DOWN_UNROLL", to_str(p.down_unroll),
               "MXMOE_DECODE_DOWN_ROWS x MXMOE_DECODE_DOWN_UNROLL must be <= 16 (16-byte loads in flight a lane; "

@@ -55,8 +55,9 @@ struct DownLaunch {
   const float* weights = nullptr;  // [B, k]
   uint16_t* out = nullptr;      // BF16 bits [B, H]
   int batch = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, slots = 0;
-  // Design-space switches (A/B timing; MXMOE_DECODE_DOWN_*, src/host/decode.cpp): anything but these
-  // defaults runs warp_decode_down_sweep_*_sm90.cu (same bits).
+  // Design-space switches (MXMOE_DECODE_DOWN_*, src/host/decode.cpp read_down_switches, which also
+  // sets the defaults by dtype: MXFP8 8 rows x 1): anything but the values below runs
+  // warp_decode_down_sweep_*_sm90.cu (same bits); these select the base kernel (down_default).
   int down_rows = 4;            // outputs per tile: 4, 8, 16
   int down_unroll = 2;          // chunks of each row in flight per lane: 1, 2, 4 (rows·unroll <= 16)
   int down_persist = 0;         // 0: one CTA a tile; N: N·SMs CTAs walking the tiles
