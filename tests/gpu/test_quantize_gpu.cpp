@@ -119,6 +119,12 @@ void on_every_kernel(bool both_directions, const std::string& label, F&& f) {
   }
 }
 
+// Twenty NaN / Inf values (quiet and signalling NaN, ±Inf) at random positions of x.
+void poison_some(std::vector<uint16_t>& x, std::mt19937& rng) {
+  const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+  for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
+}
+
 // The plain copies of a case (no fast form) on the default kernels, and for one direction also on
 // the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one).
 void run_plain(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
@@ -764,10 +770,7 @@ TEST(QuantizeGpu, PipelinedKernelOnPlainCopies) {
     const Dist dist = Dist(i % 4);
     const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
     auto x = random_bf16(c.batch * c.rows, c.cols, dist, rng);
-    if (i % 2 == 1) {  // NaN/Inf in some blocks
-      const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
-      for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
-    }
+    if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
     run_dense_once(c, mode, x, std::string("pipelined: ") + dist_name(dist));
     ++i;
   }
@@ -801,10 +804,7 @@ TEST(QuantizeGpu, PipelinedKernelScaleUnits) {
       const Dist dist = Dist(i % 4);
       const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
       auto x = random_bf16(c.batch * c.rows, c.cols, dist, rng);
-      if (i % 2 == 1) {  // NaN/Inf in some blocks
-        const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
-        for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
-      }
+      if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
       run_dense_once(c, mode, x, std::string("pipelined, MXMOE_QUANT_SCALE_UNIT=") + unit + ", " + dist_name(dist));
       ++i;
     }
@@ -924,10 +924,7 @@ TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
   int i = 0;
   for (const Case& c : cases) {
     auto x = random_bf16(c.batch * c.rows, c.cols, Dist(i % 4), rng);
-    if (i % 2 == 1) {  // NaN/Inf in some blocks
-      const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
-      for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
-    }
+    if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
     ++i;
     DevBuf<uint16_t> dx(x.size());
     dx.upload(x);
