@@ -15,8 +15,13 @@ at 2 CTAs a SM, as before session 8).
   kernel, docs/notes/decode.md "fused step"), timed the same way, its ids, routing weights and
   output compared bit for bit with the three-kernel step of the same setting ("fused ... bitwise").
   The fused step's switches (MXMOE_DECODE_FUSED_W2_PREFETCH, _WR_PREFETCH, _COOP) go in --settings.
+--settings down / down-short: the down kernel's design-space switches (DOWN_SETTINGS, docs/notes/decode.md
+  session 11); with --split-kinds D the down kernel alone is timed too ("D ... x" = the first setting's
+  D time / this setting's).
+Timing: per (shape, weights, B) every setting's graphs are captured first (each under its switches),
+then all are timed in alternation (common.Timer.many), so clock drift does not favour one setting.
 Usage: python3 bench/bench_decode_split.py [--shapes ...] [--batches 1,2,8] [--split-batches 1]
-       [--settings ...] [--reps 15] [--ncu] [--fused]
+       [--split-kinds R,R+G,G,D] [--settings ...] [--reps 15] [--ncu] [--fused]
 """
 import argparse
 import ctypes
@@ -33,6 +38,26 @@ from common import Timer, capture_graph, check, copy_bandwidth, kernel_env, load
 OLD = {"MXMOE_DECODE_MX_GATE_UP_CTAS": "2"}
 DEFAULT_SETTINGS = "new:;old:" + ",".join(f"{k}={v}" for k, v in OLD.items())
 
+
+# The down kernel's design-space switches (MXMOE_DECODE_DOWN_*, docs/notes/decode.md session 11): every
+# setting must give the default's bits (checked below on ids, routing weights and out). Register counts
+# (MXFP8 / BF16, FP32 h): default kernel 106 / 89; the sweep kernel at 4 rows x unroll 2 115 / 91.
+_D = "MXMOE_DECODE_DOWN_"
+DOWN_SETTINGS = ";".join([
+    "default:",
+    f"u1:{_D}UNROLL=1",                                   # 72 / 56 regs: 3 / 4 CTAs of 8 warps a SM
+    f"r8u1:{_D}ROWS=8,{_D}UNROLL=1",                       # h read once for 8 rows; 95 / 72 regs
+    f"r8u1-reg80:{_D}ROWS=8,{_D}UNROLL=1,{_D}REGS=80",     # 80 / 72 regs, no spills: 24 warps a SM
+    f"r16:{_D}ROWS=16",                                    # 16 loads in flight; MXFP8 spills 80 B
+    f"r8u1-reg64:{_D}ROWS=8,{_D}UNROLL=1,{_D}REGS=64",     # 64 / 64 regs, no spills: 32 warps a SM (27 at S = 9)
+    f"p2:{_D}PERSIST=2",
+    f"p2-pf:{_D}PERSIST=2,{_D}PREFETCH=1",
+    f"srow:{_D}SCALES=row",
+    f"best-guess:{_D}ROWS=8,{_D}UNROLL=1,{_D}REGS=80,{_D}PERSIST=3,{_D}PREFETCH=1,{_D}SCALES=row",
+])
+DOWN_SETTINGS_SHORT = ";".join(DOWN_SETTINGS.split(";")[i] for i in (0, 1, 3, 5, 4, 7, 9))  # 7 of the 10
+PRESETS = {"down": DOWN_SETTINGS, "down-short": DOWN_SETTINGS_SHORT}
+SPLIT_KINDS = {"R": ("router",), "R+G": ("router", "gate_up"), "G": ("gate_up",), "D": ("down",)}
 
 FUSED_MAX_BATCH = 8
 
@@ -128,7 +153,10 @@ def main():
     ap.add_argument("--shapes", default="Qwen3-30B-A3B,Qwen3-235B-A22B")
     ap.add_argument("--batches", default="1,2,8")
     ap.add_argument("--split-batches", default="1", help="batches that also get the per-kernel split")
-    ap.add_argument("--settings", default=DEFAULT_SETTINGS)
+    ap.add_argument("--split-kinds", default="R,R+G,G,D",
+                    help="kernels timed alone at --split-batches (subset of R,R+G,G,D; e.g. D for the down sweep)")
+    ap.add_argument("--settings", default=DEFAULT_SETTINGS,
+                    help="NAME:VAR=VAL,...;... or a preset: " + ", ".join(PRESETS))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--fused", action="store_true", help="also time the fused step (B <= 8), bitwise vs step")
@@ -140,7 +168,10 @@ def main():
     shapes = [Shape(*s) for s in SHAPES if s[0] in args.shapes.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     split_b = {int(b) for b in args.split_batches.split(",") if b}
-    settings = parse_settings(args.settings)
+    settings = parse_settings(PRESETS.get(args.settings, args.settings))
+    split_kinds = [k for k in args.split_kinds.split(",") if k]
+    if any(k not in SPLIT_KINDS for k in split_kinds):
+        sys.exit(f"--split-kinds: each of {','.join(SPLIT_KINDS)}")
     timer = Timer(reps=args.reps)
     if args.ncu:  # one eager step per dtype and setting: 3 kernels each for ncu
         for sh in shapes[:1]:
@@ -173,13 +204,13 @@ def main():
             elem = 2.0 if dtype == BF16_W else 1 + 1 / 32
             for B in batches:
                 x = torch.randn(B, sh.H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator(device="cuda").manual_seed(B))
-                ref_out, base = None, None
+                runs = []  # per setting: (name, Step, {kind: graph}, step outputs, fused bitwise or None)
                 for sname, env in settings:
-                    with kernel_env(env):
+                    with kernel_env(env):  # the graphs keep the kernels (and switches) chosen at capture
                         S = Step(lib, sh, B, dtype, x, wr, bias)
                         st = stream.cuda_stream
 
-                        def chain(parts):
+                        def chain(parts, S=S, st=st):
                             def f():
                                 for s in range(STEPS):
                                     Wc = Ws[s % copies]
@@ -187,18 +218,16 @@ def main():
                                         getattr(S, p)(Wc, st)
                             return f
 
-                        t = {}
                         kinds = [("step", ("router", "gate_up", "down"))]
                         if B in split_b:
-                            kinds += [("R", ("router",)), ("R+G", ("router", "gate_up")), ("G", ("gate_up",)),
-                                      ("D", ("down",))]
+                            kinds += [(k, SPLIT_KINDS[k]) for k in split_kinds]
                         if args.fused and B <= FUSED_MAX_BATCH:
                             kinds += [("fused", ("fused",))]
+                        graphs, out, fused_eq = {}, None, None
                         for kname, parts in kinds:
                             if kname == "fused":  # the step's outputs, then poison: the fused step rewrites them
                                 S.ids.fill_(-1), S.w.fill_(float("nan")), S.out.fill_(float("nan"))
                             g = capture_graph(chain(parts), stream)
-                            t[kname] = timer(lambda: g.replay()) / STEPS
                             if kname in ("step", "fused"):  # verify: bitwise against the first setting / the step
                                 g.replay()
                                 torch.cuda.synchronize()
@@ -207,7 +236,16 @@ def main():
                                     out = res
                                 else:
                                     fused_eq = same(res, out)
-                            del g
+                            graphs[kname] = g
+                        runs.append((sname, S, graphs, out, fused_eq))
+                # Every setting's graphs timed in alternation (Timer.many: clock drift hits all alike;
+                # a replay reads no switch, so no environment is needed here).
+                items = [(sname, kname, g) for sname, _, graphs, _, _ in runs for kname, g in graphs.items()]
+                times = timer.many([(None, g.replay) for _, _, g in items])
+                ts = {(sname, kname): us / STEPS for (sname, kname, _), us in zip(items, times)}
+                ref_out, base, kbase = None, None, {}
+                for sname, S, graphs, out, fused_eq in runs:
+                    t = {kname: ts[(sname, kname)] for kname in graphs}
                     distinct = torch.unique(S.ids).numel() + (1 if sh.shared else 0)  # + the shared expert
                     wb = distinct * 3 * sh.I * sh.H * elem
                     eq = ref_out is None or same(out, ref_out)
@@ -218,19 +256,28 @@ def main():
                         ref_out, base = out, t["step"]
                     line = (f"{sh.name} B={B} {name_d} {sname}: step {t['step']:.1f} us = {100 * wb / (t['step'] * 1e-6) / 1e9 / copy_bw:.1f}% copy"
                             f" ({base / t['step']:.3f}x {settings[0][0]}){bit_note}")
-                    if "R" in t:
-                        g1 = distinct * 2 * sh.I * sh.H * elem
-                        g2 = distinct * sh.I * sh.H * elem
+                    g1 = distinct * 2 * sh.I * sh.H * elem
+                    g2 = distinct * sh.I * sh.H * elem
+                    if all(k in t for k in ("R", "R+G", "G", "D")):
                         line += (f" | R {t['R']:.1f} +G {t['R+G'] - t['R']:.1f} +D {t['step'] - t['R+G']:.1f}"
                                  f" | alone: G {t['G']:.1f} ({100 * g1 / (t['G'] * 1e-6) / 1e9 / copy_bw:.0f}% copy)"
                                  f" D {t['D']:.1f} ({100 * g2 / (t['D'] * 1e-6) / 1e9 / copy_bw:.0f}% copy)"
                                  f" R+G+D-step {t['R'] + t['G'] + t['D'] - t['step']:.1f}")
+                    elif any(k in t for k in SPLIT_KINDS):  # a --split-kinds subset: kernels alone, x the first setting
+                        bits = []
+                        for k in split_kinds:
+                            nb = {"G": g1, "D": g2}.get(k)
+                            kbase.setdefault(k, t[k])
+                            bits.append(f"{k} {t[k]:.1f}" + (f" ({100 * nb / (t[k] * 1e-6) / 1e9 / copy_bw:.0f}% copy)" if nb else "")
+                                        + f" {kbase[k] / t[k]:.3f}x")
+                        line += " | alone: " + " ".join(bits)
                     if "fused" in t:
                         line += (f" | fused {t['fused']:.1f} us = {100 * wb / (t['fused'] * 1e-6) / 1e9 / copy_bw:.1f}%"
                                  f" copy ({t['step'] / t['fused']:.3f}x step) fused-bitwise={'yes' if fused_eq else 'NO'}")
                         if not fused_eq:
                             fails += 1
                     print(line, flush=True)
+                del runs, items
             del Ws
             torch.cuda.empty_cache()
     if fails:

@@ -34,7 +34,9 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 "mxmoe-exact-128" with 128 and "mxmoe-exact-256d" with 256 and MXMOE_GEMM_TMA_STORE=0 (direct stores).
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
-largest token count first. Each alternative's output must be bitwise equal to its mode's default
+largest token count first. --k-raster-both adds the other tile order within an expert for each mode
+(the defaults: exact mode groups of n-tiles walked k-tile by k-tile, fast mode n-tile-major; run 70):
+"mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group) and "mxmoe-exact-nmajor" (=nmajor). Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
 Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
@@ -74,6 +76,7 @@ TILE_ENV = "MXMOE_GEMM_TILE"
 EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
+K_RASTER_BOTH = False  # --k-raster-both (set in main): wgrad also with each mode's other tile order
 WGRAD_ROWIMG = False  # --wgrad-rowimg (set in main): exact wgrad also on row-major images
 FAST_BLOCK = False  # --fast-block (set in main): m-grouped fast mode also with B in 128x128 blocks
 ROW128, BLOCK128 = 0, 1  # B's fast scale layouts (gemm.h FastScaleLayout; the C ABI's b_fast_scale_layout)
@@ -562,6 +565,9 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
+    if K_RASTER_BOTH:  # each mode's other tile order within an expert (defaults: fast nmajor, exact group)
+        variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
+                     (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact")]
     if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
         variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
     # Every path once, its output checked; then the baseline and the paths timed in alternation.
@@ -616,6 +622,8 @@ def main():
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     ap.add_argument("--k-order-both", action="store_true",
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
+    ap.add_argument("--k-raster-both", action="store_true",
+                    help="wgrad also with each mode's other tile order within an expert (fast: MXMOE_GEMM_K_RASTER=group, exact: nmajor)")
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
     ap.add_argument("--fast-block", action="store_true",
@@ -626,11 +634,12 @@ def main():
     ap.add_argument("--wgrad-only", action="store_true", help="only the wgrad cases (implies --wgrad)")
     ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, K_ORDER_BOTH, COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
     EXACT_TILE_BOTH = args.exact_tile_both
     FAST_BLOCK = args.fast_block
     WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both
+    K_RASTER_BOTH = args.k_raster_both
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)

@@ -551,6 +551,27 @@ void k_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const 
 
 // ---- warp decode -----------------------------------------------------------------------------
 
+// The router's parameters (decode.h: RouterParams) after checking top_k and bias FP32 [E].
+mxmoe::RouterParams router_params(Checker& c, int64_t experts, int64_t top_k, bool sigmoid, bool renormalize,
+                                  int64_t n_groups, int64_t topk_groups, double scaling_factor,
+                                  const std::optional<Tensor>& bias) {
+  if (bias.has_value()) {
+    c.tensor("bias", *bias, kF32, 4);
+    c.shape("bias", *bias, {experts});
+  }
+  c.value(top_k >= 1 && top_k <= mxmoe::kDecodeMaxTopK, "top_k", top_k,
+          "must be in [1, " + std::to_string(mxmoe::kDecodeMaxTopK) + "]");
+  mxmoe::RouterParams p;
+  p.scoring = sigmoid ? mxmoe::RouterScoring::kSigmoid : mxmoe::RouterScoring::kSoftmax;
+  p.top_k = int(top_k);
+  p.renormalize = renormalize;
+  p.n_groups = int(n_groups);
+  p.topk_groups = int(topk_groups);
+  p.scaling_factor = float(scaling_factor);
+  p.bias = bias.has_value() ? ptr<const float>(*bias) : nullptr;
+  return p;
+}
+
 // x BF16 [B, H]; router_w BF16 [E, H]; bias FP32 [E] (sigmoid only). Returns topk_ids int32
 // [B, k] and topk_weights FP32 [B, k] (decode.h: decode_router).
 std::tuple<Tensor, Tensor> decode_router(const Tensor& x, const Tensor& router_w, int64_t top_k,
@@ -565,22 +586,10 @@ std::tuple<Tensor, Tensor> decode_router(const Tensor& x, const Tensor& router_w
   const int64_t batch = x.size(0), hidden = x.size(1), experts = router_w.size(0);
   TORCH_CHECK_VALUE(router_w.size(1) == hidden, "mxmoe.decode_router: argument 'router_w' must be "
                     "[E, H] with H = ", hidden, " (x.shape[1]), got shape ", router_w.sizes());
-  if (bias.has_value()) {
-    c.tensor("bias", *bias, kF32, 4);
-    c.shape("bias", *bias, {experts});
-  }
-  c.value(top_k >= 1 && top_k <= mxmoe::kDecodeMaxTopK, "top_k", top_k,
-          "must be in [1, " + std::to_string(mxmoe::kDecodeMaxTopK) + "]");
+  const mxmoe::RouterParams p = router_params(c, experts, top_k, sigmoid, renormalize, n_groups, topk_groups,
+                                              scaling_factor, bias);
   Tensor ids = at::empty({batch, top_k}, x.options().dtype(kI32));
   Tensor weights = at::empty({batch, top_k}, x.options().dtype(kF32));
-  mxmoe::RouterParams p;
-  p.scoring = sigmoid ? mxmoe::RouterScoring::kSigmoid : mxmoe::RouterScoring::kSoftmax;
-  p.top_k = int(top_k);
-  p.renormalize = renormalize;
-  p.n_groups = int(n_groups);
-  p.topk_groups = int(topk_groups);
-  p.scaling_factor = float(scaling_factor);
-  p.bias = bias.has_value() ? ptr<const float>(*bias) : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   call_api([&] {
     mxmoe::decode_router(bf16_ptr(x), int(batch), int(hidden), bf16_ptr(router_w), int(experts), p,
@@ -716,6 +725,82 @@ Tensor decode_down(const Tensor& h, const Tensor& w2, const std::optional<Tensor
   return out;
 }
 
+// The fused step's workspace (decode.h: decode_step_fused_workspace_bytes, _init_workspace) for a
+// batch of x.shape[0] tokens (it serves every smaller batch) of the layer whose w1 is [E, 2I, H]:
+// uint8 on x's device, initialised. One per stream (decode.h).
+Tensor decode_fused_workspace(const Tensor& x, const Tensor& w1, int64_t top_k, bool shared_expert) {
+  Checker c{"decode_fused_workspace"};
+  c.tensor("x", x, kBf16, 16);
+  c.dim("x", x, 2);
+  c.device_of("w1", w1);
+  c.dim("w1", w1, 3);
+  c.value(top_k >= 1 && top_k <= mxmoe::kDecodeMaxTopK, "top_k", top_k,
+          "must be in [1, " + std::to_string(mxmoe::kDecodeMaxTopK) + "]");
+  c.value(w1.size(1) % 2 == 0, "w1.shape[1]", w1.size(1), "must be 2·I (gate rows, then up rows)");
+  c.value(w1.size(2) == x.size(1), "w1.shape[2]", w1.size(2), "must equal H = x.shape[1]");
+  mxmoe::DecodeShape shape;
+  shape.hidden = int(x.size(1));
+  shape.inter = int(w1.size(1) / 2);
+  shape.num_experts = int(w1.size(0));
+  shape.top_k = int(top_k);
+  shape.shared_expert = shared_expert;
+  const c10::cuda::CUDAGuard guard(x.device());
+  size_t bytes = 0;
+  call_api([&] { bytes = mxmoe::decode_step_fused_workspace_bytes(shape, int(x.size(0))); });
+  Tensor ws = at::empty({int64_t(bytes)}, x.options().dtype(kU8));  // the caching allocator: 512-byte aligned
+  call_api([&] { mxmoe::decode_step_fused_init_workspace(ws.data_ptr(), bytes, current_stream(x.device())); });
+  return ws;
+}
+
+// One decode step in one persistent kernel (decode.h: decode_step_fused; 1 <= B <= 8): the router
+// (as decode_router), gate/up with FP32 h and down. Returns (topk_ids, topk_weights, out), bitwise
+// those of decode_router -> decode_gate_up -> decode_down. workspace: from decode_fused_workspace
+// for at least this batch and this layer, used by one stream at a time.
+std::tuple<Tensor, Tensor, Tensor> decode_step_fused(
+    const Tensor& x, const Tensor& router_w, int64_t top_k, bool sigmoid, bool renormalize, int64_t n_groups,
+    int64_t topk_groups, double scaling_factor, const std::optional<Tensor>& bias, const Tensor& w1,
+    const std::optional<Tensor>& w1_scales, const Tensor& w2, const std::optional<Tensor>& w2_scales,
+    const std::optional<Tensor>& shared_w1, const std::optional<Tensor>& shared_w1_scales,
+    const std::optional<Tensor>& shared_w2, const std::optional<Tensor>& shared_w2_scales,
+    const Tensor& workspace) {
+  Checker c{"decode_step_fused"};
+  c.tensor("x", x, kBf16, 16);
+  c.dim("x", x, 2);
+  c.tensor("router_w", router_w, kBf16, 16);
+  c.dim("router_w", router_w, 2);
+  c.dim("w1", w1, 3);
+  c.dim("w2", w2, 3);
+  const int64_t batch = x.size(0), hidden = x.size(1), experts = w1.size(0), two_i = w1.size(1);
+  c.value(two_i % 2 == 0, "w1.shape[1]", two_i, "must be 2·I (gate rows, then up rows)");
+  const int64_t inter = two_i / 2;
+  c.shape("router_w", router_w, {experts, hidden});
+  const mxmoe::RouterParams p = router_params(c, experts, top_k, sigmoid, renormalize, n_groups, topk_groups,
+                                              scaling_factor, bias);
+  const mxmoe::DecodeWeights dw1 = decode_weights(c, "w1", w1, "w1_scales", w1_scales, "shared_w1", shared_w1,
+                                                  "shared_w1_scales", shared_w1_scales, two_i, hidden);
+  const mxmoe::DecodeWeights dw2 = decode_weights(c, "w2", w2, "w2_scales", w2_scales, "shared_w2", shared_w2,
+                                                  "shared_w2_scales", shared_w2_scales, hidden, inter);
+  c.value(w2.size(0) == experts, "w2.shape[0]", w2.size(0), "must equal E = w1.shape[0]");
+  c.tensor("workspace", workspace, kU8, 256);
+  c.dim("workspace", workspace, 1);
+  mxmoe::DecodeShape shape;
+  shape.hidden = int(hidden);
+  shape.inter = int(inter);
+  shape.num_experts = int(experts);
+  shape.top_k = int(top_k);
+  shape.shared_expert = shared_w1.has_value();
+  Tensor ids = at::empty({batch, top_k}, x.options().dtype(kI32));
+  Tensor weights = at::empty({batch, top_k}, x.options().dtype(kF32));
+  Tensor out = at::empty({batch, hidden}, x.options().dtype(kBf16));
+  const c10::cuda::CUDAGuard guard(x.device());
+  call_api([&] {  // the library checks the batch, the dtypes' and shared experts' agreement, the workspace size
+    mxmoe::decode_step_fused(bf16_ptr(x), int(batch), shape, bf16_ptr(router_w), p, dw1, dw2, ptr<int32_t>(ids),
+                             ptr<float>(weights), reinterpret_cast<__nv_bfloat16*>(out.data_ptr()),
+                             workspace.data_ptr(), size_t(workspace.numel()), current_stream(x.device()));
+  });
+  return {ids, weights, out};
+}
+
 }  // namespace
 }  // namespace mxmoe_torch
 
@@ -751,6 +836,11 @@ TORCH_LIBRARY(mxmoe, m) {
         "Tensor? shared_w1=None, Tensor? shared_w1_scales=None, ScalarType? h_dtype=None) -> Tensor");
   m.def("decode_down(Tensor h, Tensor w2, Tensor? w2_scales, Tensor topk_ids, Tensor topk_weights, "
         "Tensor? shared_w2=None, Tensor? shared_w2_scales=None) -> Tensor");
+  m.def("decode_fused_workspace(Tensor x, Tensor w1, int top_k, bool shared_expert=False) -> Tensor");
+  m.def("decode_step_fused(Tensor x, Tensor router_w, int top_k, bool sigmoid, bool renormalize, "
+        "int n_groups, int topk_groups, float scaling_factor, Tensor? bias, Tensor w1, Tensor? w1_scales, "
+        "Tensor w2, Tensor? w2_scales, Tensor? shared_w1, Tensor? shared_w1_scales, Tensor? shared_w2, "
+        "Tensor? shared_w2_scales, Tensor(a!) workspace) -> (Tensor topk_ids, Tensor topk_weights, Tensor out)");
 }
 
 #define MXMOE_IMPL_ALL(m)                                                        \
@@ -766,7 +856,9 @@ TORCH_LIBRARY(mxmoe, m) {
   m.impl("k_grouped_mxfp8_gemm_nt_out", &mxmoe_torch::k_grouped_mxfp8_gemm_nt_out); \
   m.impl("decode_router", &mxmoe_torch::decode_router);                          \
   m.impl("decode_gate_up", &mxmoe_torch::decode_gate_up);                        \
-  m.impl("decode_down", &mxmoe_torch::decode_down)
+  m.impl("decode_down", &mxmoe_torch::decode_down);                              \
+  m.impl("decode_fused_workspace", &mxmoe_torch::decode_fused_workspace);        \
+  m.impl("decode_step_fused", &mxmoe_torch::decode_step_fused)
 
 TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) { MXMOE_IMPL_ALL(m); }
 // CPU tensors reach the same functions, whose first check rejects them naming the argument.

@@ -120,6 +120,15 @@ def _decode_down(h, w2, w2_scales, topk_ids, topk_weights, shared_w2=None, share
     return h.new_empty((h.shape[0], w2.shape[1]), dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("mxmoe::decode_step_fused")
+def _decode_step_fused(x, router_w, top_k, sigmoid, renormalize, n_groups, topk_groups, scaling_factor, bias,
+                       w1, w1_scales, w2, w2_scales, shared_w1, shared_w1_scales, shared_w2, shared_w2_scales,
+                       workspace):
+    b = x.shape[0]
+    return (x.new_empty((b, top_k), dtype=I32), x.new_empty((b, top_k), dtype=torch.float32),
+            x.new_empty((b, x.shape[1]), dtype=torch.bfloat16))
+
+
 # ---- MoE training layer (python/csrc/moe_layer_ops.cpp) ------------------------------------------
 
 @torch.library.register_fake("mxmoe::moe_layer_forward")

@@ -266,3 +266,27 @@ def decode_down(h, w2, topk_ids, topk_weights, w2_scales=None, shared_w2=None, s
     with w2_scales [E, H, I/32]; topk_ids int32 [B, k]; topk_weights float32 [B, k].
     Returns out bfloat16 [B, H]."""
     return torch.ops.mxmoe.decode_down(h, w2, w2_scales, topk_ids, topk_weights, shared_w2, shared_w2_scales)
+
+
+def decode_fused_workspace(x, w1, top_k, shared_expert=False):
+    """Workspace of decode_step_fused for batches up to x.shape[0] of the layer whose w1 is
+    [E, 2I, H]: an initialised uint8 tensor on x's device. Keep one per stream and reuse it for
+    every step (and CUDA graph replay); never share it between steps running at the same time."""
+    return torch.ops.mxmoe.decode_fused_workspace(x, w1, top_k, shared_expert)
+
+
+def decode_step_fused(x, router_w, w1, w2, top_k, workspace, scoring="softmax", renormalize=True, n_groups=1,
+                      topk_groups=1, scaling_factor=1.0, bias=None, w1_scales=None, w2_scales=None,
+                      shared_w1=None, shared_w1_scales=None, shared_w2=None, shared_w2_scales=None):
+    """One decode step (router, gate/up with float32 h, down) in ONE persistent kernel, for
+    1 <= B <= 8 (include/mxmoe/decode.h: decode_step_fused). Arguments as decode_router,
+    decode_gate_up and decode_down; w1 and w2 of the same dtype (bfloat16, or float8_e4m3fn with
+    scales), a shared expert in both or neither. Returns (topk_ids, topk_weights, out), bit for bit
+    those of decode_router -> decode_gate_up -> decode_down. The kernel needs every SM of the device
+    at once (one fused step per device at a time; decode.h explains)."""
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"mxmoe.decode_step_fused: argument 'scoring' must be 'softmax' or 'sigmoid', got {scoring!r}")
+    return torch.ops.mxmoe.decode_step_fused(x, router_w, top_k, scoring == "sigmoid", renormalize, n_groups,
+                                             topk_groups, float(scaling_factor), bias, w1, w1_scales, w2,
+                                             w2_scales, shared_w1, shared_w1_scales, shared_w2, shared_w2_scales,
+                                             workspace)

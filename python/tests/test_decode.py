@@ -95,6 +95,15 @@ def make_weights(E, N, K, mx):
     return q.data, q.scales, mxmoe.dequantize(q.data, q.scales, torch.float64)
 
 
+def make_shared_expert(I, H, mx):
+    """A shared expert's w1 [2I, H] and w2 [H, I], each as (weights, scales or None, float64 values)."""
+    out = []
+    for n, k in ((2 * I, H), (H, I)):
+        w, s, v = make_weights(1, n, k, mx)
+        out.append((w[0], s[0] if mx else None, v[0]))
+    return out
+
+
 def silu(g):
     return g / (1 + torch.exp(-g))
 
@@ -113,12 +122,9 @@ def test_decode_gate_up_down(mx, shared, h_dtype, B):
     w2, s2, w2v = make_weights(E, H, I, mx)
     sw1 = ss1 = sw2 = ss2 = None
     if shared:
-        a, sa, av = make_weights(1, 2 * I, H, mx)
-        c, sc, cv = make_weights(1, H, I, mx)
-        sw1, sw2 = a[0], c[0]
-        ss1, ss2 = (sa[0], sc[0]) if mx else (None, None)
-        w1v = torch.cat([w1v, av])  # the shared expert as id E
-        w2v = torch.cat([w2v, cv])
+        (sw1, ss1, av), (sw2, ss2, cv) = make_shared_expert(I, H, mx)
+        w1v = torch.cat([w1v, av.unsqueeze(0)])  # the shared expert as id E
+        w2v = torch.cat([w2v, cv.unsqueeze(0)])
     slot_ids = torch.cat([ids, torch.full((B, 1), E, dtype=torch.int32, device=DEV)], 1) if shared else ids
 
     # gate/up
@@ -176,3 +182,60 @@ def test_decode_batch_invariance():
     out1 = mxmoe.decode_down(mxmoe.decode_gate_up(x[3:4].clone(), w1, ids1), w2, ids1, tw1)
     assert_bytes_equal(ids1, ids[3:4], "ids of token 3 alone")
     assert_bytes_equal(out1, out[3:4], "out of token 3 alone")
+
+
+@pytest.mark.parametrize("mx", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_decode_step_fused_matches_three_ops(mx, shared, B):
+    """decode_step_fused (one persistent kernel) gives the bits of decode_router -> decode_gate_up
+    (float32 h) -> decode_down, DeepSeek-V3-like sigmoid routing with groups and bias when there is a
+    shared expert, softmax otherwise; the workspace is made for 8 tokens and reused (and rerun)."""
+    seed = fresh_seed()
+    H, I, E, k = 256, 128, 32, 4
+    what = f"fused B={B} mx={mx} shared={shared} seed={seed}"
+    x8 = int_grid((8, H), 8)
+    x = x8[:B].clone()
+    wr = int_grid((E, H), 256)
+    w1, s1, _ = make_weights(E, 2 * I, H, mx)
+    w2, s2, _ = make_weights(E, H, I, mx)
+    sw1 = ss1 = sw2 = ss2 = None
+    if shared:
+        (sw1, ss1, _), (sw2, ss2, _) = make_shared_expert(I, H, mx)
+    route = dict(scoring="sigmoid", n_groups=8, topk_groups=4, scaling_factor=2.5,
+                 bias=torch.rand(E, device=DEV) * 0.1) if shared else dict(scoring="softmax")
+    ids, tw = mxmoe.decode_router(x, wr, k, **route)
+    h = mxmoe.decode_gate_up(x, w1, ids, w1_scales=s1, shared_w1=sw1, shared_w1_scales=ss1)
+    out = mxmoe.decode_down(h, w2, ids, tw, w2_scales=s2, shared_w2=sw2, shared_w2_scales=ss2)
+    ws = mxmoe.decode_fused_workspace(x8, w1, k, shared_expert=shared)
+    for rep in range(2):
+        fids, ftw, fout = mxmoe.decode_step_fused(x, wr, w1, w2, k, ws, w1_scales=s1, w2_scales=s2,
+                                                  shared_w1=sw1, shared_w1_scales=ss1, shared_w2=sw2,
+                                                  shared_w2_scales=ss2, **route)
+        assert_bytes_equal(fids, ids, f"{what}: ids (rep {rep})")
+        assert_bytes_equal(ftw, tw, f"{what}: weights (rep {rep})")
+        assert_bytes_equal(fout, out, f"{what}: out (rep {rep})")
+
+
+def test_decode_step_fused_rejects_bad_arguments():
+    fresh_seed()
+    H, I, E, k = 256, 64, 8, 2
+    x = int_grid((2, H), 8)
+    wr = int_grid((E, H), 256)
+    w1, _, _ = make_weights(E, 2 * I, H, False)
+    w2, _, _ = make_weights(E, H, I, False)
+    ws = mxmoe.decode_fused_workspace(x, w1, k)
+    with pytest.raises(ValueError, match="top_k"):
+        mxmoe.decode_fused_workspace(x, w1, 0)
+    with pytest.raises(ValueError, match="scoring"):
+        mxmoe.decode_step_fused(x, wr, w1, w2, k, ws, scoring="relu")
+    with pytest.raises((ValueError, RuntimeError), match="router_w"):  # run 75: shape checks raise RuntimeError
+        mxmoe.decode_step_fused(x, wr[:, :128].contiguous(), w1, w2, k, ws)
+    with pytest.raises(ValueError, match="w2"):
+        mxmoe.decode_step_fused(x, wr, w1, w2[:4].contiguous(), k, ws)
+    with pytest.raises((ValueError, RuntimeError), match="workspace"):
+        mxmoe.decode_step_fused(x, wr, w1, w2, k, ws[:64])  # too small for this layer
+    with pytest.raises((ValueError, RuntimeError), match="workspace"):  # sized for 2 tokens, asked for 8
+        mxmoe.decode_step_fused(int_grid((8, H), 8), wr, w1, w2, k, ws)
+    with pytest.raises((ValueError, RuntimeError), match="batch"):
+        mxmoe.decode_step_fused(int_grid((9, H), 8), wr, w1, w2, k, mxmoe.decode_fused_workspace(int_grid((9, H), 8), w1, k))

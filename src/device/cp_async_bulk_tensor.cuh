@@ -40,6 +40,7 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared(
 // cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 // As the 2-D copy, for a 3-D map, at element coordinates (c0 = innermost, c1, c2). A box of
 // [1, rows, cols] lands in shared memory exactly as the 2-D box [rows, cols] would (same swizzle).
+// Out-of-bounds elements are zero-filled and still count toward the barrier's transaction bytes.
 __device__ __forceinline__ void cp_async_bulk_tensor_3d_global_to_shared(
     void* smem_dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1, int32_t c2) {
 #ifdef MXMOE_SM90A_ENABLED
@@ -51,6 +52,38 @@ __device__ __forceinline__ void cp_async_bulk_tensor_3d_global_to_shared(
 #else
   MXMOE_DEVICE_UNSUPPORTED();
 #endif
+}
+
+// The 3-D load above with an L2 cache policy (.L2::cache_hint; `policy` from createpolicy_l2).
+__device__ __forceinline__ void cp_async_bulk_tensor_3d_global_to_shared_hint(
+    void* smem_dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1, int32_t c2, uint64_t policy) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+      : "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// createpolicy.fractional.L2::<priority>.b64 with fraction 1.0: a cache policy for the
+// .L2::cache_hint forms. priority: 0 evict_normal, 1 evict_first, 2 evict_last.
+__device__ __forceinline__ uint64_t createpolicy_l2(int priority) {
+  uint64_t pol = 0;
+#ifdef MXMOE_SM90A_ENABLED
+  if (priority == 1) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  } else if (priority == 2) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  }
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+  return pol;
 }
 
 // cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster
@@ -80,6 +113,20 @@ __device__ __forceinline__ void cp_async_bulk_tensor_3d_shared_to_global(const C
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// The 3-D store above with an L2 cache policy (.L2::cache_hint; `policy` from createpolicy_l2).
+__device__ __forceinline__ void cp_async_bulk_tensor_3d_shared_to_global_hint(const CUtensorMap* map,
+                                                                              const void* smem_src, int32_t c0,
+                                                                              int32_t c1, int32_t c2, uint64_t policy) {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
                : "memory");
 #else
   MXMOE_DEVICE_UNSUPPORTED();

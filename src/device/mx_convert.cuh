@@ -26,6 +26,15 @@ __device__ __forceinline__ uint32_t abs_max_bf16x2(uint32_t acc, uint32_t w) {
 }
 __device__ __forceinline__ uint32_t halves_max(uint32_t m) { return max(m & 0xFFFFu, m >> 16); }
 
+// The result of abs_max_bf16x2 over many words without the mask per word: accumulate u = the
+// unsigned max (vmax.u16x2, from 0) and s = the signed max (vmax.s16x2, from 0) of the raw pairs,
+// then combine them here. Per half, u & 0x7FFF is the largest negative magnitude when there are
+// negatives (else the largest non-negative value) and s the largest non-negative value (or 0), so
+// their max is max |x| as bits, Inf/NaN included. ptxas folds both chains into 3-input VIMNMX3.
+__device__ __forceinline__ uint32_t abs_max_bf16x2_from_maxes(uint32_t u, uint32_t s) {
+  return __vmaxu2(u & 0x7FFF7FFFu, s);
+}
+
 // E8M0 scale byte (e + 127) for a block whose amax has BF16 bits `amax_bits` (sign cleared),
 // in integer operations only. Inf/NaN → 0xFF. With amax = 1.m · 2^E (BF16 exponent field f,
 // E = f - 127, 7 mantissa bits m7):

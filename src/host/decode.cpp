@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "host/check.h"
@@ -27,6 +29,46 @@ using detail::expert_weights;
 using detail::is_mx;
 using detail::throw_arg;
 using detail::to_str;
+
+// A switch from the environment: unset or empty gives dflt; otherwise it must be one of `allowed`,
+// written as a decimal integer, or the call throws naming the variable.
+int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<int> allowed) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return dflt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  for (int a : allowed)
+    if (*end == '\0' && x == a) return a;
+  std::string list;
+  for (int a : allowed) list += (list.empty() ? "" : " | ") + to_str(a);
+  throw_arg(fn, var, v, "must be " + list);
+}
+
+// The down kernel's design-space switches (docs/notes/decode.md, session 11): each selects a variant
+// of warp_decode_down_sweep_sm90.cuh that gives the default's bits; read at every call.
+// Defaults by weight dtype (runs 75, 77, docs/notes/decode.md "Run 77"): MXFP8 8 rows a warp with one
+// chunk of each in flight (D alone 1.04-1.39x the 4 x 2 kernel on all six MXFP8 cases measured, B = 1
+// and 8 on Qwen3-30B, Qwen3-235B, DeepSeek-V3), BF16 the 4 x 2 kernel (8 x 1 lost 5% on DeepSeek-V3).
+void read_down_switches(const char* fn, detail::DownLaunch& p) {
+  p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
+  // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
+  // lane; BF16 with 8 rows keeps 2).
+  const bool one = p.down_rows == 16 || (p.down_rows == 8 && p.w2.mxfp8);
+  p.down_unroll = env_choice(fn, "MXMOE_DECODE_DOWN_UNROLL", one ? 1 : 2, {1, 2, 4});
+  if (p.down_rows * p.down_unroll > 16)
+    throw_arg(fn, "MXMOE_DECODE_DOWN_UNROLL", to_str(p.down_unroll),
+              "MXMOE_DECODE_DOWN_ROWS x MXMOE_DECODE_DOWN_UNROLL must be <= 16 (16-byte loads in flight a lane; "
+              "ROWS " + to_str(p.down_rows) + " allows UNROLL <= " + to_str(16 / p.down_rows) + ")");
+  p.down_persist = env_choice(fn, "MXMOE_DECODE_DOWN_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
+  p.down_prefetch = env_choice(fn, "MXMOE_DECODE_DOWN_PREFETCH", 0, {0, 1});
+  if (p.down_prefetch && p.down_persist == 0)
+    throw_arg(fn, "MXMOE_DECODE_DOWN_PREFETCH", "1", "needs MXMOE_DECODE_DOWN_PERSIST > 0 (it prefetches the next tile)");
+  const char* sc = std::getenv("MXMOE_DECODE_DOWN_SCALES");
+  if (sc != nullptr && *sc != '\0' && std::strcmp(sc, "chunk") != 0 && std::strcmp(sc, "row") != 0)
+    throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
+  p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
+  p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 80, 64});
+}
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {
   if (d != DecodeHDtype::kFP32 && d != DecodeHDtype::kBF16)
@@ -116,6 +158,7 @@ void decode_down(const void* h, DecodeHDtype h_dtype, int batch, int inter, int 
   p.num_experts = num_experts;
   p.top_k = top_k;
   p.slots = top_k + (w2.shared_data ? 1 : 0);
+  read_down_switches(fn, p);
   detail::launch_decode_down(p, stream);
 }
 

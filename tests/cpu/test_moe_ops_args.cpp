@@ -4,11 +4,13 @@
 #include <cstdlib>
 
 #include "common/arg_test_util.h"
+#include "common/scoped_env.h"
 #include "mxmoe/moe_ops.h"
 
 using namespace mxmoe;
 using mxmoe::test::expect_error_naming;
 using mxmoe::test::fake;
+using mxmoe::test::ScopedEnv;
 
 TEST(MoeOpsArgs, SwigluRejectsBadArguments) {
   auto* gu = fake<const __nv_bfloat16>(0x10000);
@@ -84,10 +86,9 @@ TEST(MoeOpsArgs, CombineBackwardRejectsBadArguments) {
                                                         2, row_w, dw); }, "rows_used");
   // The kernel switch (read on every call): only unset, "tokens" or "rows"; a typo throws instead
   // of silently running the default.
-  setenv("MXMOE_COMBINE_BWD", "row", 1);
+  const ScopedEnv typo("MXMOE_COMBINE_BWD", "row");
   expect_error_naming([&] { moe_combine_backward(dout, y, 64, 128, nullptr, ri, ro, w, 10, 2, dy, dw); },
                       "MXMOE_COMBINE_BWD");
   expect_error_naming([&] { moe_combine_backward_scales(dout, y, 64, 128, nullptr, ri, ro, w, 10, 2, row_w, dw); },
                       "MXMOE_COMBINE_BWD");
-  unsetenv("MXMOE_COMBINE_BWD");
 }

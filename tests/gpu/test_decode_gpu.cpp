@@ -34,16 +34,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "common/gpu_test_util.h"
+#include "common/scoped_env.h"
 #include "mxmoe/decode.h"
 #include "ref/decode_ref.h"
 #include "ref/mx_ref.h"
@@ -394,7 +398,8 @@ TEST(DecodeGpu, Qwen3_30B_SingleToken) {
   }
 }
 
-// Token b alone (B = 1) and inside a batch of 37 give identical bits for ids, weights, h and out.
+// Tokens alone (B = 1) or in small batches (B = 2, 3) and inside a batch of 37 give identical bits
+// for ids, weights, h and out.
 TEST(DecodeGpu, BatchInvariance) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed() + 3);
@@ -418,9 +423,13 @@ TEST(DecodeGpu, BatchInvariance) {
       const auto h = big.h.download();
       const auto out = big.out.download();
       const size_t S = size_t(L.slots()), I = size_t(cfg.I), H = size_t(cfg.H), k = size_t(cfg.k);
-      for (int b : {0, 1, 3, 4, 5, 17, 36}) {
-        const std::vector<uint16_t> xb(xs.begin() + size_t(b) * H, xs.begin() + size_t(b + 1) * H);
-        Step one(L, xb, 1, DecodeHDtype::kFP32);
+      // Tokens b .. b+n-1 as a batch of n (n = 1, 2, 3: the router's clusters hold 1, 2 and 4 tokens
+      // then) against the same tokens inside the batch of 37 (4 tokens a cluster).
+      for (const auto& [b, n] : std::vector<std::pair<int, int>>{
+               {0, 1}, {1, 1}, {3, 1}, {4, 1}, {5, 1}, {17, 1}, {36, 1}, {6, 2}, {35, 2}, {9, 3}}) {
+        SCOPED_TRACE("tokens " + std::to_string(b) + " .. " + std::to_string(b + n - 1));
+        const std::vector<uint16_t> xb(xs.begin() + size_t(b) * H, xs.begin() + size_t(b + n) * H);
+        Step one(L, xb, n, DecodeHDtype::kFP32);
         one.router();
         one.gate_up();
         one.down();
@@ -429,10 +438,11 @@ TEST(DecodeGpu, BatchInvariance) {
         const auto w1 = one.w.download();
         const auto h1 = one.h.download();
         const auto out1 = one.out.download();
-        EXPECT_TRUE(std::equal(ids1.begin(), ids1.end(), ids.begin() + b * k)) << "ids, token " << b;
-        EXPECT_EQ(std::memcmp(w1.data(), w.data() + b * k, k * 4), 0) << "weights, token " << b;
-        EXPECT_EQ(std::memcmp(h1.data(), h.data() + b * S * I * 4, S * I * 4), 0) << "h, token " << b;
-        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, H * 2), 0) << "out, token " << b;
+        const size_t nn = size_t(n);
+        EXPECT_TRUE(std::equal(ids1.begin(), ids1.end(), ids.begin() + b * k)) << "ids";
+        EXPECT_EQ(std::memcmp(w1.data(), w.data() + b * k, nn * k * 4), 0) << "weights";
+        EXPECT_EQ(std::memcmp(h1.data(), h.data() + b * S * I * 4, nn * S * I * 4), 0) << "h";
+        EXPECT_EQ(std::memcmp(out1.data(), out.data() + b * H, nn * H * 2), 0) << "out";
       }
     }
   }
@@ -989,4 +999,154 @@ TEST(DecodeGpu, PdlChainedStepsMatchSerializedLaunches) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
   });
+}
+
+// ---- down design-space switches (MXMOE_DECODE_DOWN_*, docs/notes/decode.md session 11) ---------
+// Every switch changes which rows a warp streams together, how many loads are in flight, how the MX
+// scale bytes reach a lane, the register cap or how CTAs walk the tiles; none changes the order of
+// any FP operation, so decode_down under each setting must give the default's out bit for bit, on
+// the same h, ids and routing weights (from one router + gate/up run). Shapes: the two small ones
+// (k = 4; the second with a shared expert), "odd" ones — I = 800 (50 MX chunks a row: a partial
+// round; 25 scale bytes a row: rows not 4-byte aligned), BF16 H = 520 (the last 16-row tile reaches
+// past H) — and 17 slots (k = 16 + shared: more slots than the 16 warps, a warp takes two); B = 1,
+// 3, 8 (B = 8 at 4 rows: more tiles than a persistent grid's CTAs, so CTAs walk several tiles);
+// FP32 and BF16 h. The default is 4 rows x 2 for BF16 weights and 8 rows x 1 for MXFP8 (run 77);
+// "defaults written out" selects the 4 x 2 base kernel for both, so MXFP8 compares it too.
+namespace {
+
+struct DownSetting {
+  const char* name;
+  std::vector<std::pair<const char*, const char*>> env;  // MXMOE_DECODE_DOWN_<first> = second
+};
+
+const std::vector<DownSetting>& down_settings() {
+  static const std::vector<DownSetting> s = {
+      {"rows8", {{"ROWS", "8"}}},
+      {"rows16", {{"ROWS", "16"}}},
+      {"unroll1", {{"UNROLL", "1"}}},
+      {"unroll4", {{"ROWS", "4"}, {"UNROLL", "4"}}},  // ROWS pinned: MXFP8's default is 8 (8 x 4 > 16)
+      {"rows8 unroll1", {{"ROWS", "8"}, {"UNROLL", "1"}}},
+      {"persist1", {{"PERSIST", "1"}}},
+      {"persist2 prefetch", {{"PERSIST", "2"}, {"PREFETCH", "1"}}},
+      {"persist8", {{"PERSIST", "8"}}},
+      {"scales row", {{"SCALES", "row"}}},
+      {"scales row unroll1", {{"SCALES", "row"}, {"UNROLL", "1"}}},
+      {"scales row unroll4", {{"SCALES", "row"}, {"ROWS", "4"}, {"UNROLL", "4"}}},
+      {"scales row rows16", {{"SCALES", "row"}, {"ROWS", "16"}}},
+      {"regs80", {{"REGS", "80"}}},
+      {"rows8 unroll1 regs64", {{"ROWS", "8"}, {"UNROLL", "1"}, {"REGS", "64"}}},
+      {"regs64 unroll4", {{"REGS", "64"}, {"ROWS", "4"}, {"UNROLL", "4"}}},  // spills: still the same bits
+      {"rows8 unroll1 regs80 persist3 prefetch scales row",
+       {{"ROWS", "8"}, {"UNROLL", "1"}, {"REGS", "80"}, {"PERSIST", "3"}, {"PREFETCH", "1"}, {"SCALES", "row"}}},
+      {"rows16 persist2 prefetch regs64", {{"ROWS", "16"}, {"PERSIST", "2"}, {"PREFETCH", "1"}, {"REGS", "64"}}},
+      {"defaults set explicitly",
+       {{"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "0"}, {"PREFETCH", "0"}, {"SCALES", "chunk"}, {"REGS", "128"}}},
+  };
+  return s;
+}
+
+// Sets MXMOE_DECODE_DOWN_* of one setting for a scope (each restored afterwards).
+class ScopedDownEnv {
+ public:
+  explicit ScopedDownEnv(const DownSetting& d) {
+    for (const auto& [k, v] : d.env) {
+      names_.push_back(std::string("MXMOE_DECODE_DOWN_") + k);
+      envs_.push_back(std::make_unique<ScopedEnv>(names_.back().c_str(), v));
+    }
+  }
+
+ private:
+  std::deque<std::string> names_;  // ScopedEnv keeps the name's pointer: a deque never moves them
+  std::vector<std::unique_ptr<ScopedEnv>> envs_;
+};
+
+void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeightDtype> dtypes, std::mt19937& rng) {
+  for (DecodeWeightDtype d : dtypes) {
+    Layer L(cfg, d, rng);
+    for (DecodeHDtype hd : {DecodeHDtype::kFP32, DecodeHDtype::kBF16}) {
+      for (int B : {1, 3, 8}) {
+        SCOPED_TRACE(std::string(cfg.name) + " " + dtype_name(d) + " B=" + std::to_string(B) +
+                     (hd == DecodeHDtype::kBF16 ? " h=bf16" : " h=fp32"));
+        Step s(L, int_grid_bf16(int64_t(B) * cfg.H, 8, rng), B, hd);
+        s.router();
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        const std::vector<int32_t> ids = s.ids.download();
+        L.w1->ensure(ids, rng);
+        L.w2->ensure(ids, rng);
+        s.gate_up();
+        s.down();
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        const std::vector<uint16_t> o0 = s.out.download();
+        int finite = 0;
+        for (uint16_t v : o0) finite += std::isfinite(ref::bf16_to_float(v)) ? 1 : 0;
+        ASSERT_EQ(finite, int(o0.size())) << "default out has NaN/Inf (wrong expert read?)";
+        for (const DownSetting& g : down_settings()) {
+          SCOPED_TRACE(g.name);
+          ScopedDownEnv env(g);
+          MXMOE_ASSERT_CUDA(cudaMemset(s.out.p, 0xFF, s.out.n * 2));
+          s.down();
+          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+          const std::vector<uint16_t> o1 = s.out.download();
+          size_t i = 0;
+          while (i < o0.size() && o1[i] == o0[i]) ++i;
+          if (i < o0.size())
+            ADD_FAILURE() << "out differs first at [" << i / size_t(cfg.H) << ", " << i % size_t(cfg.H)
+                          << "]: " << ref::bf16_to_float(o1[i]) << " (bits " << o1[i] << ") vs default "
+                          << ref::bf16_to_float(o0[i]) << " (bits " << o0[i] << ")";
+        }
+      }
+    }
+  }
+}
+
+const Config kOddMx{"odd (H 544, I 800, shared)", 544, 800, 16, 4, true, false, 1, 1, 1.0f};
+const Config kOddBf16{"odd (H 520, I 776)", 520, 776, 16, 4, false, false, 1, 1, 1.0f};
+const Config kManySlots{"17 slots (k 16 + shared)", 512, 256, 32, 16, true, false, 1, 1, 1.0f};
+
+}  // namespace
+
+TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 21);
+  const auto both = {DecodeWeightDtype::kBF16, DecodeWeightDtype::kMXFP8};
+  down_switches_bitwise(kQwenSmall, both, rng);
+  down_switches_bitwise(kDsSmall, both, rng);
+  down_switches_bitwise(kOddMx, both, rng);
+  down_switches_bitwise(kOddBf16, {DecodeWeightDtype::kBF16}, rng);
+  down_switches_bitwise(kManySlots, both, rng);
+}
+
+// Values outside the allowed sets, and combinations that are not built, are refused before any
+// launch with an error naming the variable.
+TEST(DecodeGpu, DownSwitchesRejectBadValues) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 22);
+  Layer L(kQwenSmall, DecodeWeightDtype::kMXFP8, rng);
+  Step s(L, int_grid_bf16(L.c.H, 8, rng), 1, DecodeHDtype::kFP32);
+  const DownSetting bad[] = {
+      {"ROWS 5", {{"ROWS", "5"}}},
+      {"ROWS 8x", {{"ROWS", "8x"}}},
+      {"UNROLL 3", {{"UNROLL", "3"}}},
+      {"ROWS 8 UNROLL 4", {{"ROWS", "8"}, {"UNROLL", "4"}}},
+      {"ROWS 16 UNROLL 2", {{"ROWS", "16"}, {"UNROLL", "2"}}},
+      {"PERSIST 5", {{"PERSIST", "5"}}},
+      {"PERSIST -1", {{"PERSIST", "-1"}}},
+      {"PREFETCH 1 without PERSIST", {{"PREFETCH", "1"}}},
+      {"PREFETCH 2", {{"PERSIST", "1"}, {"PREFETCH", "2"}}},
+      {"SCALES block", {{"SCALES", "block"}}},
+      {"REGS 96", {{"REGS", "96"}}},
+  };
+  for (const DownSetting& g : bad) {
+    ScopedDownEnv env(g);
+    // The variable the message must name: the last one set (UNROLL for the two combinations, PREFETCH
+    // for PREFETCH without PERSIST).
+    const std::string var = std::string("MXMOE_DECODE_DOWN_") + g.env.back().first;
+    try {
+      s.down();
+      ADD_FAILURE() << g.name << ": accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << g.name << ": " << e.what();
+    }
+  }
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
 }

@@ -732,6 +732,8 @@ struct PathEnv {
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
   bool tma_store = true;   // MXMOE_GEMM_TMA_STORE (192 wide, m-grouped, BF16 out, no accumulate)
   bool k_order_tokens = true;  // MXMOE_GEMM_K_ORDER: tokens (largest expert first, default) or index
+  std::string k_raster = "auto";  // MXMOE_GEMM_K_RASTER: auto (default: exact group, fast nmajor), group,
+                                  // nmajor or a group width
 };
 const PathEnv kDefaultPath{};
 
@@ -744,6 +746,7 @@ class ScopedKernelPath {
     set("MXMOE_GEMM_EXACT_TILE", std::to_string(e.exact_tile), 2);
     set("MXMOE_GEMM_TMA_STORE", e.tma_store ? "1" : "0", 3);
     set("MXMOE_GEMM_K_ORDER", e.k_order_tokens ? "tokens" : "index", 4);
+    set("MXMOE_GEMM_K_RASTER", e.k_raster, 5);
   }
   ~ScopedKernelPath() {
     for (int i = 0; i < kVars; ++i) {
@@ -753,7 +756,7 @@ class ScopedKernelPath {
   }
 
  private:
-  static constexpr int kVars = 5;
+  static constexpr int kVars = 6;
   void set(const char* name, const std::string& value, int i) {
     const char* v = std::getenv(name);
     names_[i] = name;
@@ -918,6 +921,40 @@ TEST_F(GemmGpu, KGroupedExpertOrderBitwiseEqual) {
   for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})
     expect_path_matches_default(mode == GemmMode::kFast ? "k order, fast" : "k order, exact", index, {}, c.k,
                                 {0, 1, 7}, true, rng_, mode);
+}
+
+// The k-grouped tile order within an expert (MXMOE_GEMM_K_RASTER: the default by mode — exact
+// mode's groups of G n-tiles walked k-tile by k-tile, fast mode's n-major order — against n-major,
+// the computed groups and group widths 3 and 5, which leave short last groups for the n-tile
+// counts of tile_width_cases): only which CTA computes a tile changes, so the bytes must not. Both
+// modes, every tile width (fast 128 and 192, exact 256 and 128), BF16/FP32, accumulate (n-major),
+// grids 0 and 7 (7 CTAs: many tiles per CTA, the groups' order across CTAs). (Run 70: with grids 0,
+// 1 and 7 on every variant this test ran past 40 s.)
+TEST_F(GemmGpu, KGroupedRasterBitwiseEqual) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  PathCases c = tile_width_cases(rng_);
+  c.k.push_back({7, 640, 576, {0, 40, 1500, 0, 130, 3, 260}});  // 5 n-tiles: groups of 3 leave 2
+  PathEnv nmajor;
+  nmajor.k_raster = "nmajor";
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})
+    expect_path_matches_default(mode == GemmMode::kFast ? "k raster nmajor, fast" : "k raster nmajor, exact", nmajor,
+                                {}, c.k, {0, 7}, true, rng_, mode);
+  for (const char* g : {"group", "3", "5"}) {
+    PathEnv alt;
+    alt.k_raster = g;
+    for (int tile : {128, 192}) {
+      alt.tile = tile;
+      const std::string name = std::string("k raster ") + g + ", fast " + std::to_string(tile);
+      expect_path_matches_default(name.c_str(), alt, {}, c.k, {7}, false, rng_, GemmMode::kFast);
+    }
+    alt.tile = 128;
+    for (int et : {256, 128}) {
+      alt.exact_tile = et;
+      const std::string name = std::string("k raster ") + g + ", exact " + std::to_string(et);
+      expect_path_matches_default(name.c_str(), alt, {}, c.k, {7}, false, rng_, GemmMode::kExact);
+    }
+  }
 }
 
 // ---- exact mode: tile widths and the image's scale range ------------------------------------------

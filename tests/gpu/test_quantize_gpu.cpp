@@ -7,15 +7,19 @@
 // alone or the fast form alone; the register-store one writes plain + fast together (and
 // everything with MXMOE_QUANT_STAGED=0). Every case that asks for the fast form also runs with the
 // fast form alone on the default kernels and on the register-store one, and without its fast form,
-// so that every kernel sees every input.
+// so that every kernel sees every input. The pipelined kernel takes the plain copy of one direction
+// of a dense input by default (both with MXMOE_QUANT_TMA=1; the staged kernel with =0): such cases
+// run on both; PipelinedKernelOnPlainCopies and PipelinedKernelScaleTmaUnits test it further.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <utility>
 
 #include "common/gpu_test_util.h"
+#include "common/scoped_env.h"
 #include "mxmoe/quantize.h"
 #include "ref/mx_ref.h"
 
@@ -95,16 +99,10 @@ void run_dense_once(const DenseCase& c, ScaleMode mode, const std::vector<uint16
   }
 }
 
-// Sets a quantizer switch (MXMOE_QUANT_STAGED) for the scope; the quantizer reads it on every
-// call.
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-};
-
 // Runs `f` on the default kernels, then on the register-store kernel (MXMOE_QUANT_STAGED=0), then,
-// when both directions are asked for, on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0).
+// when both directions are asked for, on the 256-thread staged kernel (MXMOE_QUANT_TWO_GROUP=0),
+// else on the staged kernel instead of the pipelined one (MXMOE_QUANT_TMA=0; the pipelined kernel
+// takes one direction's plain copy of a dense input by default).
 template <class F>
 void on_every_kernel(bool both_directions, const std::string& label, F&& f) {
   f(label);
@@ -115,14 +113,36 @@ void on_every_kernel(bool both_directions, const std::string& label, F&& f) {
   if (both_directions) {
     const ScopedEnv env("MXMOE_QUANT_TWO_GROUP", "0");
     f(label + " [MXMOE_QUANT_TWO_GROUP=0]");
+  } else {
+    const ScopedEnv env("MXMOE_QUANT_TMA", "0");
+    f(label + " [MXMOE_QUANT_TMA=0]");
+  }
+}
+
+// Twenty NaN / Inf values (quiet and signalling NaN, ±Inf) at random positions of x.
+void poison_some(std::vector<uint16_t>& x, std::mt19937& rng) {
+  const uint16_t bad[] = {0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F81};
+  for (int k = 0; k < 20; ++k) x[size_t(rng() % x.size())] = bad[k % 5];
+}
+
+// The plain copies of a case (no fast form) on the default kernels, and for one direction also on
+// the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one).
+void run_plain(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
+  run_dense_once(c, mode, x, label);
+  if (c.row != c.col) {
+    const ScopedEnv staged("MXMOE_QUANT_TMA", "0");
+    run_dense_once(c, mode, x, label + " [MXMOE_QUANT_TMA=0]");
   }
 }
 
 // The case as given; with a fast form also the fast form alone on every kernel (the training
 // layer's fast mode) and the plain copies alone.
 void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
-  if (!c.fast || c.plain) run_dense_once(c, mode, x, label);
-  if (!c.fast) return;
+  if (!c.fast) {
+    run_plain(c, mode, x, label);
+    return;
+  }
+  if (c.plain) run_dense_once(c, mode, x, label);
   DenseCase fast_only = c;
   fast_only.plain = false;
   on_every_kernel(c.row && c.col, label + " fast only",
@@ -130,7 +150,7 @@ void run_dense(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& 
   if (c.plain) {
     DenseCase plain_only = c;
     plain_only.fast = false;
-    run_dense_once(plain_only, mode, x, label);
+    run_plain(plain_only, mode, x, label);
   }
 }
 
@@ -195,23 +215,34 @@ TEST(QuantizeGpu, NanAndInfPoisonBlocksAndChunks) {
   run_dense({1, R, C, true, true, true}, ScaleMode::kFloor, x, "nan/inf");
 }
 
-TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
+namespace {
+
+// Two launches on the same 1024 x 2880 input (both directions; with its fast form when `fast`) into
+// buffers poisoned differently: every output byte identical.
+void expect_reruns_identical(bool fast, std::mt19937& rng) {
   const int64_t R = 1024, C = 2880;
   auto x = random_bf16(R, C, Dist::kHeavyTailed, rng);
   DevBuf<uint16_t> dx(x.size());
   dx.upload(x);
-  CopyBufs a1(1, R, C, true, 0x11), b1(1, C, R, true, 0x11), a2(1, R, C, true, 0x22), b2(1, C, R, true, 0x22);
-  const MxOut ra1 = a1.out(true), cb1 = b1.out(true), ra2 = a2.out(true), cb2 = b2.out(true);
+  CopyBufs a1(1, R, C, fast, 0x11), b1(1, C, R, fast, 0x11), a2(1, R, C, fast, 0x22), b2(1, C, R, fast, 0x22);
+  const MxOut ra1 = a1.out(fast), cb1 = b1.out(fast), ra2 = a2.out(fast), cb2 = b2.out(fast);
   quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ra1, &cb1);
   quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, R, C, &ra2, &cb2);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-  EXPECT_EQ(a1.data.download(), a2.data.download());
-  EXPECT_EQ(a1.fast_data.download(), a2.fast_data.download());
-  EXPECT_EQ(b1.data.download(), b2.data.download());
-  EXPECT_EQ(b1.scales.download(), b2.scales.download());
-  EXPECT_EQ(b1.fast_scales.download(), b2.fast_scales.download());
+  for (const auto& [u, v] : {std::pair{&a1, &a2}, std::pair{&b1, &b2}}) {
+    EXPECT_EQ(u->data.download(), v->data.download());
+    EXPECT_EQ(u->scales.download(), v->scales.download());
+    EXPECT_EQ(u->fast_data.download(), v->fast_data.download());
+    EXPECT_EQ(u->fast_scales.download(), v->fast_scales.download());
+  }
+}
+
+}  // namespace
+
+TEST(QuantizeGpu, RerunsAreBitwiseIdentical) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  expect_reruns_identical(true, rng);
 }
 
 namespace {
@@ -700,5 +731,271 @@ TEST(QuantizeGpu, FastFormSameBytesOnEveryKernel) {
                                 else
                                   quantize_mxfp8_gather(xp, x_rows, cols, didx.p, out_rows, dused.p, ro, nullptr);
                               });
+  }
+}
+
+// The pipelined kernel (MXMOE_QUANT_TMA=1: TMA loads into an mbarrier ring, one 16-row or 16-column
+// slice per warp, TMA stores per warp) on the plain copies of dense inputs, against the reference:
+// every BF16 pattern as an element and as an amax (both directions and each alone), random shapes
+// with partial tiles both ways (rows not a multiple of 128 or of 32, K = 2880 whose last tile has
+// one 64-column box only, 96 x 64 and 160 x 160), batched weights, NaN/Inf blocks, both scale
+// modes, and walks of many tiles per CTA (every ring slot and staging slice reused many times; one
+// direction alone: two teams of warps on alternate tiles). Reruns bitwise identical.
+// Runs on the defaults (since session 12: both directions on the round-robin walk, one direction on
+// the TMA-stored scale units where the shape qualifies; PipelinedKernelScaleUnits and
+// PipelinedKernelScaleTmaUnits below run the others).
+TEST(QuantizeGpu, PipelinedKernelOnPlainCopies) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  std::vector<uint16_t> a(65536);
+  std::iota(a.begin(), a.end(), 0);
+  std::vector<uint16_t> b(size_t(65536) * 32, 0);
+  for (int i = 0; i < 65536; ++i) b[size_t(i) * 32 + i % 32] = uint16_t(i);
+  for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor}) {
+    for (const auto& [row, col] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+      run_dense_once({1, 2048, 32, row, col, false}, mode, a, "pipelined: patterns in order");
+      run_dense_once({1, 65536, 32, row, col, false}, mode, b, "pipelined: isolated patterns");
+    }
+  }
+  const DenseCase cases[] = {
+      {1, 4000, 2880, true, true, false},   {1, 4000, 2880, true, false, false}, {1, 4000, 2880, false, true, false},
+      {1, 1000, 2880, true, false, false},  {1, 33, 32, true, false, false},     {1, 96, 64, false, true, false},
+      {1, 160, 160, true, true, false},     {1, 1024, 7168, true, true, false},  {3, 160, 96, true, true, false},
+      {4, 384, 2880, true, true, false},    {3, 2880, 256, true, true, false},   {2, 160, 96, false, true, false},
+      {1, 4096, 7168, true, true, false},   {1, 8192, 2880, true, false, false}, {1, 8192, 2880, false, true, false},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const Dist dist = Dist(i % 4);
+    const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
+    auto x = random_bf16(c.batch * c.rows, c.cols, dist, rng);
+    if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
+    run_dense_once(c, mode, x, std::string("pipelined: ") + dist_name(dist));
+    ++i;
+  }
+  expect_reruns_identical(false, rng);
+}
+
+// The pipelined kernel's unit walk and unit scale writer (MXMOE_QUANT_SCALE_UNIT, session 11; the
+// test above runs the default units) against the reference, with the unit walk off (0: the
+// round-robin walk of runs 56-62), 1x1 units (the unit writer with 4-byte runs), and units that
+// leave partial units at every edge: rows not a multiple of 128 gr, K not a multiple of 128 gc
+// (K = 2880: 22.5 tiles, 90-byte scale rows), shapes smaller than one unit, batched weights (units
+// never cross a batch entry), CTA ranges that split units (4096x7168: 13-14 tiles a CTA on 132
+// SMs) and walks with several whole units a CTA (12288x4096: 3072 tiles, 23 a CTA, 192 4x4 units);
+// also the per-tile scale orders (late, early, warp) on the unit walk, reruns bitwise identical,
+// and the switch's error on a unit that does not fit.
+TEST(QuantizeGpu, PipelinedKernelScaleUnits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  const DenseCase cases[] = {
+      {1, 4000, 2880, true, true, false}, {1, 4000, 2880, true, false, false}, {1, 4000, 2880, false, true, false},
+      {1, 33, 32, true, false, false},    {1, 96, 64, false, true, false},     {1, 160, 160, true, true, false},
+      {3, 160, 96, true, true, false},    {4, 384, 2880, true, true, false},   {3, 2880, 256, true, true, false},
+      {2, 640, 1184, false, true, false}, {1, 1000, 2880, true, false, false},
+  };
+  const char* units[] = {"1", "0", "1x1", "2x2", "1x16", "16x1", "8x2", "2x8", "4x4"};
+  int i = 0;
+  for (const char* unit : units) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    for (const auto& c : cases) {
+      const Dist dist = Dist(i % 4);
+      const ScaleMode mode = (i % 3 == 2) ? ScaleMode::kFloor : ScaleMode::kRceil;
+      auto x = random_bf16(c.batch * c.rows, c.cols, dist, rng);
+      if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
+      run_dense_once(c, mode, x, std::string("pipelined, MXMOE_QUANT_SCALE_UNIT=") + unit + ", " + dist_name(dist));
+      ++i;
+    }
+  }
+  // One direction alone takes units up to 32 tiles.
+  for (const char* unit : {"1x32", "32x1"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, false, false}, DenseCase{1, 4000, 2880, false, true, false}})
+      run_dense_once(c, ScaleMode::kRceil, random_bf16(c.rows, c.cols, Dist::kHeavyTailed, rng),
+                     std::string("pipelined, MXMOE_QUANT_SCALE_UNIT=") + unit);
+  }
+  // CTA ranges that split units (4096x7168) and several whole units a CTA (12288x4096), default and
+  // 2x2 units; the round-robin walk on the first.
+  for (const char* unit : {"1", "2x2", "0"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    for (const DenseCase& c : {DenseCase{1, 4096, 7168, true, true, false}, DenseCase{1, 12288, 4096, true, true, false}}) {
+      if (std::string(unit) == "0" && c.rows == 12288) continue;
+      run_dense_once(c, ScaleMode::kRceil, random_bf16(c.rows, c.cols, Dist::kGaussian, rng),
+                     std::string("pipelined, long walk, MXMOE_QUANT_SCALE_UNIT=") + unit);
+    }
+  }
+  // The per-tile scale orders on the unit walk.
+  for (const char* order : {"late", "early", "warp"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", "1");  // (off by default since session 12)
+    const ScopedEnv s("MXMOE_QUANT_TMA_SCALES", order);
+    for (const DenseCase& c : {DenseCase{1, 4000, 2880, true, true, false}, DenseCase{3, 160, 96, false, true, false}})
+      run_dense_once(c, ScaleMode::kRceil, random_bf16(c.batch * c.rows, c.cols, Dist::kHeavyTailed, rng),
+                     std::string("pipelined, unit walk, MXMOE_QUANT_TMA_SCALES=") + order);
+  }
+  for (const char* unit : {"1", "2x2", "0"}) {
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", unit);
+    SCOPED_TRACE(std::string("reruns, MXMOE_QUANT_SCALE_UNIT=") + unit);
+    expect_reruns_identical(false, rng);
+  }
+  {  // 8x4 = 32 tiles both ways: 32 KB of scale bytes, more than the 16 KB unit buffer
+    const ScopedEnv u("MXMOE_QUANT_SCALE_UNIT", "8x4");
+    DevBuf<uint16_t> dx(size_t(256) * 256);
+    CopyBufs rw(1, 256, 256, false), cw(1, 256, 256, false);
+    const MxOut ro = rw.out(false), co = cw.out(false);
+    EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 256, 256, &ro, &co));
+  }
+}
+
+namespace {
+
+// One direction of x [batch, rows, cols] on the current switches against the reference of each batch
+// entry (`want`, computed once per input), into buffers poisoned with `poison`; the scales start
+// `scale_off` bytes into their buffer (those bytes must keep the poison). Returns data then scales.
+std::vector<uint8_t> expect_one_direction(const std::string& what, const DevBuf<uint16_t>& dx, int64_t batch,
+                                          int64_t rows, int64_t cols, bool row, const std::vector<ref::MxMatrix>& want,
+                                          int scale_off = 0, uint8_t poison = 0xA5) {
+  SCOPED_TRACE(what + (row ? " rowwise" : " colwise") + " batch=" + std::to_string(batch) +
+               " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " scale offset " +
+               std::to_string(scale_off));
+  const int64_t R = row ? rows : cols, C = row ? cols : rows;  // the output's shape
+  DevBuf<uint8_t> data(size_t(batch * R * C), poison), scales(size_t(batch * R * C / 32 + scale_off), poison);
+  MxOut o;
+  o.data = data.p;
+  o.scales = scales.p + scale_off;
+  quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), batch, rows, cols, row ? &o : nullptr,
+                 row ? nullptr : &o);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto d = data.download();
+  const auto s = scales.download();
+  for (int i = 0; i < scale_off; ++i) EXPECT_EQ(s[size_t(i)], poison) << "byte " << i << " before the scales";
+  for (int64_t b = 0; b < batch; ++b) {
+    EXPECT_TRUE(bytes_equal("data", d.data() + b * R * C, C, want[size_t(b)].data.data(), C, R, C));
+    EXPECT_TRUE(bytes_equal("scales", s.data() + scale_off + b * R * (C / 32), C / 32, want[size_t(b)].scales.data(),
+                            C / 32, R, C / 32));
+  }
+  d.insert(d.end(), s.begin() + scale_off, s.end());
+  return d;
+}
+
+}  // namespace
+
+// The one-direction pipelined kernels with TMA-stored scale units (MXMOE_QUANT_SCALE_TMA, session 12:
+// the unit round robin over units of 8 tiles along the scales' contiguous dimension, one TMA store of
+// [128][32 B] per unit) against the reference, bit for bit. Shapes with partial units at every edge
+// (row-wise: K = 2560 / 1536 = 20 / 12 tiles, rows 1000 / 2560; column-wise: rows 2560 = 20 tiles,
+// columns 992 / 416 cut the last 128-column band), fewer tiles than a unit (512 x 96, 96 x 512),
+// batched inputs (units never cross a batch entry), the fallbacks (K = 2880: 90 scale bytes a row;
+// nblk % 16 != 0; scale pointers not 16-byte aligned, the bytes before them untouched), grids of 1, 3,
+// 7 CTAs and the default (every unit buffer reused many times; idle CTAs), the tail split forced on
+// and off, the other unit order, the walk with per-tile stores (=walk) and the switch off (=0), the
+// skeleton with unit scales (every scale byte 0x7F: it must not hang either) and reruns bitwise
+// identical. The CPU reference runs once per input.
+TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  struct Case {
+    int64_t batch, rows, cols;
+    bool row, col;
+  };
+  const Case cases[] = {
+      {1, 2560, 2560, true, true},   // both qualify: 20 tiles along K and along the rows (8 + 8 + 4)
+      {1, 1000, 2560, true, false},  // row-wise, partial row band
+      {1, 2560, 992, true, true},    // column-wise, partial column band; row-wise falls back (nblk 31)
+      {1, 96, 512, true, false},     // 4 tiles: less than one unit
+      {1, 512, 96, false, true},
+      {1, 1024, 2880, true, true},   // K = 2880: row-wise falls back (nblk 90), column-wise qualifies
+      {3, 640, 1536, true, true},    // batched: row-wise 12 tiles a band (8 + 4); column-wise falls back (nblk 20)
+      {2, 1536, 416, true, true},    // batched: column-wise 12 tiles a column band, 416 columns; row-wise nblk 13
+      {1, 4096, 7168, true, true},   // long walks: 224 units each way, a split tail on 132 SMs
+  };
+  struct Setting {
+    const char* grid;
+    const char* split;
+    const char* order;
+    const char* tma;
+  };
+  const Setting settings[] = {
+      {"", "", "", ""},           {"1", "", "", ""},         {"3", "0", "", ""},     {"7", "1", "", ""},
+      {"", "0", "", ""},          {"", "1", "across", ""},   {"5", "", "", "walk"},  {"", "", "", "0"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto x = random_bf16(c.batch * c.rows, c.cols, Dist(i % 4), rng);
+    if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
+    ++i;
+    DevBuf<uint16_t> dx(x.size());
+    dx.upload(x);
+    std::vector<ref::MxMatrix> rref, cref;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const uint16_t* xb = x.data() + b * c.rows * c.cols;
+      if (c.row) rref.push_back(ref::quantize_rows(xb, c.rows, c.cols, ScaleMode::kRceil));
+      if (c.col) cref.push_back(ref::quantize_cols(xb, c.rows, c.cols, ScaleMode::kRceil));
+    }
+    const bool big = c.rows * c.cols > (int64_t(1) << 22);
+    for (const Setting& st : settings) {
+      if (big && *st.grid != 0 && std::string(st.grid) != "7") continue;  // long walks: 132 SMs and 7 CTAs
+      const ScopedEnv g("MXMOE_QUANT_TMA_GRID", st.grid), sp("MXMOE_QUANT_TMA_SPLIT", st.split),
+          o("MXMOE_QUANT_TMA_UNIT_ORDER", st.order), t("MXMOE_QUANT_SCALE_TMA", st.tma);
+      const std::string label = std::string("grid=") + st.grid + " split=" + st.split + " order=" + st.order +
+                                " MXMOE_QUANT_SCALE_TMA=" + st.tma;
+      if (c.row) expect_one_direction(label, dx, c.batch, c.rows, c.cols, true, rref);
+      if (c.col) expect_one_direction(label, dx, c.batch, c.rows, c.cols, false, cref);
+    }
+    if (c.batch == 1 && c.rows == 2560 && c.cols == 2560) {
+      // Scale pointers off 16-byte alignment fall back to the per-tile stores; 16 bytes off still qualify
+      // (3 CTAs: 50 units, whole; on 132 CTAs the tail split would store every tile's bytes itself).
+      const ScopedEnv g3("MXMOE_QUANT_TMA_GRID", "3");
+      for (int off : {2, 16}) {
+        expect_one_direction("offset", dx, 1, c.rows, c.cols, true, rref, off);
+        expect_one_direction("offset", dx, 1, c.rows, c.cols, false, cref, off == 2 ? 1 : off);
+      }
+      // Reruns bitwise identical (different poison: every byte is written), default grid and 3 CTAs.
+      for (const char* grid : {"", "3"}) {
+        const ScopedEnv g("MXMOE_QUANT_TMA_GRID", grid);
+        for (bool row : {true, false}) {
+          const auto& want = row ? rref : cref;
+          const auto a = expect_one_direction("rerun 1", dx, 1, c.rows, c.cols, row, want, 0, 0x11);
+          const auto b = expect_one_direction("rerun 2", dx, 1, c.rows, c.cols, row, want, 0, 0x22);
+          EXPECT_TRUE(a == b) << "reruns differ, grid=" << grid << (row ? " rowwise" : " colwise");
+        }
+      }
+      // The skeleton with TMA-stored unit scales writes 0x7F to every scale byte (and no more); without
+      // scale stores it must finish too.
+      const ScopedEnv sk("MXMOE_QUANT_TMA", "skel");
+      for (const char* grid : {"", "3"}) {
+        const ScopedEnv g("MXMOE_QUANT_TMA_GRID", grid);
+        for (bool row : {true, false}) {
+          SCOPED_TRACE(std::string("skeleton, grid=") + grid + (row ? " rowwise" : " colwise"));
+          const int64_t n = c.rows * c.cols;
+          DevBuf<uint8_t> data(size_t(n), 0xA5), scales(size_t(n / 32 + 16), 0xA5);
+          MxOut o;
+          o.data = data.p;
+          o.scales = scales.p;
+          {
+            const ScopedEnv ss("MXMOE_QUANT_TMA_SKEL_SCALES", "1");
+            quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, c.rows, c.cols, row ? &o : nullptr,
+                           row ? nullptr : &o);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto s = scales.download();
+            EXPECT_TRUE(std::all_of(s.begin(), s.begin() + n / 32, [](uint8_t v) { return v == 0x7F; }));
+            EXPECT_TRUE(std::all_of(s.begin() + n / 32, s.end(), [](uint8_t v) { return v == 0xA5; }));
+          }
+          quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, c.rows, c.cols, row ? &o : nullptr,
+                         row ? nullptr : &o);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
+      }
+    }
+  }
+  // The switches' errors.
+  {
+    const ScopedEnv t("MXMOE_QUANT_SCALE_TMA", "2");
+    DevBuf<uint16_t> dx(size_t(512) * 512);
+    CopyBufs rw(1, 512, 512, false);
+    const MxOut ro = rw.out(false);
+    EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 512, 512, &ro, nullptr));
   }
 }

@@ -55,6 +55,19 @@ struct DownLaunch {
   const float* weights = nullptr;  // [B, k]
   uint16_t* out = nullptr;      // BF16 bits [B, H]
   int batch = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, slots = 0;
+  // Design-space switches (MXMOE_DECODE_DOWN_*, src/host/decode.cpp read_down_switches, which also
+  // sets the defaults by dtype: MXFP8 8 rows x 1): anything but the values below runs
+  // warp_decode_down_sweep_*_sm90.cu (same bits); these select the base kernel (down_default).
+  int down_rows = 4;            // outputs per tile: 4, 8, 16
+  int down_unroll = 2;          // chunks of each row in flight per lane: 1, 2, 4 (rows·unroll <= 16)
+  int down_persist = 0;         // 0: one CTA a tile; N: N·SMs CTAs walking the tiles
+  int down_prefetch = 0;        // persistent: L2 prefetch of the next tile's rows
+  int down_row_scales = 0;      // MXFP8: scale bytes warp-wide per round instead of a byte per chunk
+  int down_regs = 128;          // register cap: 128 (the default's bound), 80, 64
+  bool down_default() const {
+    return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
+           down_row_scales == 0 && down_regs == 128;
+  }
 };
 
 // The fused step (warp_decode_fused_sm90.cu): router, gate/up and down in one persistent kernel.
@@ -79,5 +92,8 @@ void launch_decode_fused(const FusedLaunch& p, cudaStream_t stream);
 void launch_decode_fused_init(void* barrier, cudaStream_t stream);
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream);
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream);
+// The design-space variants (warp_decode_down_sweep_sm90.cuh; instantiated per weight and h dtype).
+template <bool kMx, bool kHBf16>
+void launch_decode_down_sweep(const DownLaunch& p, cudaStream_t stream);
 
 }  // namespace mxmoe::detail

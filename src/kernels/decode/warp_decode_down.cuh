@@ -1,11 +1,13 @@
-// The down projection's pieces (warp_decode_down_sm90.cu and the fused step,
-// warp_decode_fused_sm90.cu): one warp's dot products of slot j's h row with the kRows W2 rows
-// n0 .. n0+kRows-1, and the routing-weighted sum of the per-slot results in slot order.
+// The down projection's pieces (warp_decode_down_sm90.cu, the fused step warp_decode_fused_sm90.cu,
+// and the design-space variants warp_decode_down_sweep_sm90.cuh): one warp's dot products of slot j's
+// h row with the kR W2 rows n0 .. n0+kR-1 (kR = kRows = 4 unless a variant says otherwise), and the
+// routing-weighted sum of the per-slot results in slot order.
 // Fixed order: per lane, its 16-byte chunks l, l+32, ... in increasing K, then the xor butterfly;
-// out = Σ_j fma(w_j, dot_j, out) for j = 0..S-1 in FP32, one BF16 rounding. kUnroll changes only
-// when loads are issued. kHCoherent: h is read with ordinary (coherent) loads instead of the
-// non-coherent path — required when h was written earlier in the same kernel (the fused step).
-// p.ids and p.weights may point to global or shared memory (generic loads).
+// out = Σ_j fma(w_j, dot_j, out) for j = 0..S-1 in FP32, one BF16 rounding. kUnroll, kR and
+// kRowScales change only when and how loads are issued, never that order. kHCoherent: h is read with
+// ordinary (coherent) loads instead of the non-coherent path — required when h was written earlier
+// in the same kernel (the fused step). p.ids and p.weights may point to global or shared memory
+// (generic loads).
 #pragma once
 #include <cstdint>
 
@@ -19,6 +21,12 @@ namespace mxmoe::detail::down {
 constexpr int kRows = 4;  // outputs per tile (rows of W2 per warp and slot)
 constexpr int kMaxSlots = kDecodeMaxTopK + 1;
 static_assert(8 % kRows == 0, "H % 8 == 0 (host check), so a tile's kRows rows all lie below H");
+// Tiles of more than 8 rows can reach past H (H % 8 == 0 only): rows n0 + q >= H are neither loaded
+// nor written (`rows` = the tile's rows below H).
+template <int kR>
+__device__ __forceinline__ bool row_ok(int q, int rows) {
+  return kR <= 8 || q < rows;
+}
 
 // The kRows rows n0 .. n0+kRows-1 of slot j's W2 block: row q at row + q·row_bytes.
 struct SlotRows {
@@ -69,19 +77,20 @@ __device__ __forceinline__ void load_h8(const void* h_row, int c, float4& a, flo
 }
 
 // BF16 weights: chunks of 8.
-template <bool kHBf16, bool kHCoherent, int kUnroll>
+template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows>
 __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_row, int inter, int lane,
-                                              float (&acc)[kRows]) {
+                                              float (&acc)[kR], int rows = kR) {
   const int nchunks = inter / 8;
   for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
-    uint4 w[kUnroll][kRows];  // 16 B of each row per chunk
+    uint4 w[kUnroll][kR];  // 16 B of each row per chunk
 #pragma unroll
     for (int t = 0; t < kUnroll; ++t) {
       const int c = c0 + 32 * t;
 #pragma unroll
-      for (int q = 0; q < kRows; ++q) {
+      for (int q = 0; q < kR; ++q) {
         w[t][q] = make_uint4(0u, 0u, 0u, 0u);
-        if (c < nchunks) w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
+        if (c < nchunks && row_ok<kR>(q, rows))
+          w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
       }
     }
 #pragma unroll
@@ -91,69 +100,99 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
         float4 h0, h1;
         load_h8<kHBf16, kHCoherent>(h_row, c, h0, h1);
 #pragma unroll
-        for (int q = 0; q < kRows; ++q) acc[q] = dev::dot8_bf16_f32(w[t][q], h0, h1, acc[q]);
+        for (int q = 0; q < kR; ++q) acc[q] = dev::dot8_bf16_f32(w[t][q], h0, h1, acc[q]);
       }
     }
   }
 }
 
 // MXFP8 weights: chunks of 16 E4M3 (scale byte c/2); chunk sum from 0, then exact scaling.
-template <bool kHBf16, bool kHCoherent, int kUnroll>
+// kRowScales: instead of one byte load per chunk and row, each round (32·kUnroll chunks = 16·kUnroll
+// scale bytes of a row) loads the row's scale bytes warp-wide, one byte a lane per 64 chunks, and
+// chunk c = base + lane + 32t takes its byte from lane lane/2 + 16·(t mod 2) of load t/2 by a shuffle.
+// The shuffles need every lane, so then all lanes run the same rounds (base from 0): a lane past the
+// end loads and adds nothing, so its sum is the one the lane-strided loop gives.
+template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false>
 __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row, int inter, int lane,
-                                            float (&acc)[kRows]) {
+                                            float (&acc)[kR], int rows = kR) {
   const int nchunks = inter / 16;
-  for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
-    uint4 w[kUnroll][kRows];  // 16 E4M3 of each row per chunk
-    uint32_t s[kUnroll][kRows];
+  constexpr int kScaleLoads = kRowScales ? (kUnroll + 1) / 2 : kUnroll;  // scale registers per row
+  for (int base = kRowScales ? 0 : lane; base < nchunks; base += 32 * kUnroll) {
+    const int c0 = kRowScales ? base + lane : base;
+    uint4 w[kUnroll][kR];  // 16 E4M3 of each row per chunk
+    uint32_t s[kScaleLoads][kR];
 #pragma unroll
     for (int t = 0; t < kUnroll; ++t) {
       const int c = c0 + 32 * t;
 #pragma unroll
-      for (int q = 0; q < kRows; ++q) {
+      for (int q = 0; q < kR; ++q) {
         w[t][q] = make_uint4(0u, 0u, 0u, 0u);
-        s[t][q] = 0u;
-        if (c < nchunks) {
+        if constexpr (!kRowScales) s[t][q] = 0u;
+        if (c < nchunks && row_ok<kR>(q, rows)) {
           w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
-          s[t][q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
+          if constexpr (!kRowScales) s[t][q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
+        }
+      }
+    }
+    if constexpr (kRowScales) {
+#pragma unroll
+      for (int m = 0; m < kScaleLoads; ++m) {
+        const int sb = base / 2 + 32 * m + lane;  // scale byte of chunks 2·sb, 2·sb + 1
+#pragma unroll
+        for (int q = 0; q < kR; ++q) {
+          s[m][q] = 0u;
+          if (sb < r.scale_row && row_ok<kR>(q, rows)) s[m][q] = dev::ldg_u8(r.scales + q * r.scale_row + sb);
         }
       }
     }
 #pragma unroll
     for (int t = 0; t < kUnroll; ++t) {
       const int c = c0 + 32 * t;
+      uint32_t sc[kR];  // chunk c's scale byte per row
+#pragma unroll
+      for (int q = 0; q < kR; ++q) {
+        if constexpr (kRowScales) {
+          sc[q] = __shfl_sync(dev::kFullMask, s[t / 2][q], (lane >> 1) + 16 * (t & 1));
+        } else {
+          sc[q] = s[t][q];
+        }
+      }
       if (c < nchunks) {
         float4 h[4];
         load_h8<kHBf16, kHCoherent>(h_row, 2 * c, h[0], h[1]);
         load_h8<kHBf16, kHCoherent>(h_row, 2 * c + 1, h[2], h[3]);
 #pragma unroll
-        for (int q = 0; q < kRows; ++q)
-          acc[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), dev::e8m0_to_f32(s[t][q]), acc[q]);
+        for (int q = 0; q < kR; ++q)
+          acc[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), dev::e8m0_to_f32(sc[q]), acc[q]);
       }
     }
   }
 }
 
-// Slot j's dot products for the outputs n0 .. n0+kRows-1 of token b, on every lane.
-template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll>
-__device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kRows]) {
+// Slot j's dot products for the outputs n0 .. n0+kR-1 of token b, on every lane (rows n0 + q >= H,
+// possible only for kR > 8, are not loaded; their acc is meaningless and never written).
+template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false>
+__device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR]) {
   const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
   const size_t h_elem = kHBf16 ? 2 : 4;
   const void* h_row =
       static_cast<const uint8_t*>(p.h) + ((int64_t(b) * p.slots + j) * p.inter) * int64_t(h_elem);
+  const int valid = kR <= 8 ? kR : p.hidden - n0;
 #pragma unroll
-  for (int q = 0; q < kRows; ++q) acc[q] = 0.0f;
+  for (int q = 0; q < kR; ++q) acc[q] = 0.0f;
   if constexpr (kMx) {
-    dot_rows_mx<kHBf16, kHCoherent, kUnroll>(rows, h_row, p.inter, lane, acc);
+    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales>(rows, h_row, p.inter, lane, acc, valid);
   } else {
-    dot_rows_bf16<kHBf16, kHCoherent, kUnroll>(rows, h_row, p.inter, lane, acc);
+    dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR>(rows, h_row, p.inter, lane, acc, valid);
   }
 #pragma unroll
-  for (int q = 0; q < kRows; ++q) acc[q] = dev::warp_sum(acc[q]);
+  for (int q = 0; q < kR; ++q) acc[q] = dev::warp_sum(acc[q]);
 }
 
 // out[b, n0 + q] from the per-slot dot products dots[j][q] (j = 0..S-1), summed in slot order with
 // the routing weights (1 for the shared expert), rounded to BF16 once.
-__device__ __forceinline__ void combine(const DownLaunch& p, int b, int n0, int q, const float (*dots)[kRows]) {
+template <int kR = kRows>
+__device__ __forceinline__ void combine(const DownLaunch& p, int b, int n0, int q, const float (*dots)[kR]) {
   const int n = n0 + q;
   if (n >= p.hidden) return;
   float out = 0.0f;

@@ -20,7 +20,8 @@
 // routing weights) is read, and out written, after the wait.
 // Registers: ~60-90 a thread (-Xptxas -v, no spills). Shared: (kDecodeMaxTopK+1)·kRows·4 B.
 // Roofline: 2·H·I FLOPs per (token, slot); bytes H·I·(2 | 1 + 1/32) per distinct expert.
-// Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
+// Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py. Design-space variants (A/B
+// timing, MXMOE_DECODE_DOWN_*): warp_decode_down_sweep_sm90.cuh, bench/bench_decode_split.py --settings down.
 #include <cstdint>
 
 #include "device/cp_async_bulk_prefetch.cuh"
@@ -80,6 +81,14 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream) {
+  if (!p.down_default()) {  // design-space switches (warp_decode_down_sweep_sm90.cuh)
+    if (p.w2.mxfp8) {
+      if (p.h_bf16) launch_decode_down_sweep<true, true>(p, stream); else launch_decode_down_sweep<true, false>(p, stream);
+    } else {
+      if (p.h_bf16) launch_decode_down_sweep<false, true>(p, stream); else launch_decode_down_sweep<false, false>(p, stream);
+    }
+    return;
+  }
   if (p.w2.mxfp8) {
     if (p.h_bf16) launch<true, true>(p, stream); else launch<true, false>(p, stream);
   } else {

@@ -1,15 +1,19 @@
 // Warp decode, fused router (DESIGN.md §4, decode.h): logits = X·Wrᵀ in FP32, then top-k.
 //   X BF16 [B, H], Wr BF16 [E, H] (16-byte aligned, H % 8 == 0), bias FP32 [E] (optional),
 //   topk_ids int32 [B, k], topk_weights FP32 [B, k]. Scoring rules: decode.h.
-// A cluster of kClusterSize = 8 CTAs (512 threads each) owns kTokens = 4 consecutive tokens.
-// Its 128 warps split the experts (warp g of the cluster takes e = g, g+128, ...); a warp streams
-// Wr[e] with kUnroll = 8 independent 16-byte loads a lane in flight (4 KB a warp, 64 KB an SM)
-// and uses each loaded chunk for the cluster's 4 tokens (X from L1), FP32 accumulation per token,
+// A cluster of kClusterSize = 8 CTAs (512 threads each) owns kTokens consecutive tokens: 4, or
+// for B < 4 the batch rounded up to 1, 2 or 4 (kTokens is a template parameter: at B = 1 a cluster
+// of 4 computed every logit four times, the copies' products and X loads included; run 74's ncu put
+// the DeepSeek-V3 router at ~40 us for 3.7 MB). Its 128 warps split the experts (warp g of the
+// cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 independent 16-byte loads
+// a lane in flight (4 KB a warp, 64 KB an SM) and uses each loaded chunk for the cluster's tokens
+// (X from L1), FP32 accumulation per token,
 // xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
 // 16 scores a lane (E <= 512), k rounds of a warp arg-max with the total order
 // (score desc, id asc), group scores (top-2 sums) by one lane per group. Ties → lower id.
-// A token's arithmetic is the same whatever its position in the cluster or B: batch-invariant.
+// A token's arithmetic is the same whatever its position in the cluster, kTokens or B:
+// batch-invariant (logits_warp's order does not depend on kTokens).
 // Roofline: 2·B·E·H FLOPs; bytes E·H·2 (Wr, read by every cluster: L2 after the first).
 // Programmatic Dependent Launch (src/host/pdl_launch.h): griddepcontrol.wait before X is read or
 // anything is written (X may come from the kernel ahead of this one, which may still read the ids
@@ -40,10 +44,14 @@ namespace {
 constexpr int kClusterSize = 8;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTokens = 4;   // tokens per cluster
-constexpr int kUnroll = 8;   // 16-byte chunks of Wr in flight per lane
-static_assert(kTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
+constexpr int kMaxTokens = 4;  // tokens per cluster (fewer when B is smaller: tokens_per_cluster)
+constexpr int kUnroll = 8;     // 16-byte chunks of Wr in flight per lane
+static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
 
+// Tokens per cluster for a batch of B: B rounded up to 1, 2 or 4, at most 4.
+int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
+
+template <int kTokens>
 __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
     warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
@@ -81,9 +89,12 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_decode_router(const RouterLaunch& p, cudaStream_t stream) {
-  const int64_t clusters = (int64_t(p.batch) + kTokens - 1) / kTokens;
-  launch_with_pdl("decode_router", warp_decode_router_kernel, dim3(unsigned(clusters * kClusterSize)),
-                  dim3(kThreads), 0, stream, p);
+  const int tokens = tokens_per_cluster(p.batch);
+  const int64_t clusters = (int64_t(p.batch) + tokens - 1) / tokens;
+  const dim3 grid(unsigned(clusters * kClusterSize)), block(kThreads);
+  if (tokens == 1) launch_with_pdl("decode_router", warp_decode_router_kernel<1>, grid, block, 0, stream, p);
+  else if (tokens == 2) launch_with_pdl("decode_router", warp_decode_router_kernel<2>, grid, block, 0, stream, p);
+  else launch_with_pdl("decode_router", warp_decode_router_kernel<kMaxTokens>, grid, block, 0, stream, p);
   MXMOE_CHECK_LAUNCH("decode_router");
 }
 

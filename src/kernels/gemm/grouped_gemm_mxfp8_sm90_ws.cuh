@@ -84,6 +84,7 @@
 // Tests: tests/gpu/test_gemm_gpu.cpp, tests/cpu/test_gemm_ref.cpp. Bench: bench/bench_gemm.py.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -148,7 +149,10 @@ struct Params {
   int num_experts;
   int n, k;                 // m-grouped: N, K. k-grouped: N, K of dW[e] [N, K]
   int kdim;                 // reduced length: K (m-grouped) or M_total (k-grouped)
-  int m_tiles_cap;          // m-grouped: M_total / 128
+  union {                   // (one slot, so the struct's layout and the kernels' parameter loads stay as they were)
+    int m_tiles_cap;        // m-grouped: M_total / 128
+    int k_raster_group;     // k-grouped: n-tiles per raster group within an expert (KGroupedScheduler); 0 = n-major
+  };
   bool accumulate;          // k-grouped: y += result (read, add, write; no atomics)
   bool sort_experts;        // k-grouped: walk the experts by token count, largest first (k_grouped_expert_order)
   bool a_blocked, b_blocked;  // k-grouped exact: A's / B's image is token-blocked (3-D map and loads;
@@ -356,6 +360,12 @@ __device__ __forceinline__ void k_grouped_expert_order(const int32_t* s_off, con
 // kPair = 2 (2-CTA cluster, A multicast): the k-tile count is rounded up to even, so linear tiles
 // 2u, 2u + 1 are k-tiles 2q, 2q + 1 of one (e, n-tile): the cluster shares A (dYᵀ rows) and the
 // segment, hence the chunk count. A phantom k-tile (k0 >= K) reads zero fill and stores nothing.
+// Within an expert (kPair = 1): p.k_raster_group = G > 0 walks the tiles in groups of G n-tiles,
+// k-tile by k-tile with the n-tile fastest, so the ~#SM tiles in flight cover G n-tiles × ~#SM/G
+// k-tiles (rows of both operands: 128·G + kBlockN·#SM/G) instead of ~#SM/k-tiles n-tiles × every
+// k-tile (run 69: DSV3 gate-up exact at 8192 tokens an expert read 55 GB from DRAM for 5.9 GB of
+// operands, each wave streaming the expert's whole Xᵀ, 117 MB, through the L2). G = 0: n-major, k-tile
+// fastest (before session 9). Which CTA computes which tile changes, not what a tile computes.
 template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
 struct KGroupedScheduler {
   static_assert(kPair == 1 || kPair == 2, "pairs of k-tiles at most");
@@ -377,7 +387,17 @@ struct KGroupedScheduler {
     const int slot = t / per_e;
     const int e = s_ord[slot];
     const int r = t - slot * per_e;
-    const int n_tile = r / num_k_tiles, k_tile = r - n_tile * num_k_tiles;
+    int n_tile, k_tile;
+    const int g = kPair == 1 ? p->k_raster_group : 0;
+    if (g > 0) {
+      const int group = r / (g * num_k_tiles), in = r - group * (g * num_k_tiles);
+      const int width = min(g, num_n_tiles - group * g);  // n-tiles in this group (the last may be short)
+      k_tile = in / width;
+      n_tile = group * g + (in - k_tile * width);
+    } else {
+      n_tile = r / num_k_tiles;
+      k_tile = r - n_tile * num_k_tiles;
+    }
     const int n0 = n_tile * kBlockM, k0 = k_tile * kBlockN;
     const int t0 = min(s_off[e], p->kdim), t1 = min(max(s_off[e + 1], t0), p->kdim);
     Tile x;
@@ -1591,6 +1611,33 @@ inline bool block_scales_load_ldg(const char* fn) {
   if (std::strcmp(v, "tma") == 0) return false;
   detail::throw_arg(fn, "MXMOE_GEMM_BLOCK_SCALES_LOAD", std::string("'") + v + "'",
                     "environment variable: must be 'ldg' (default) or 'tma'");
+}
+// k-grouped: n-tiles per raster group within an expert (KGroupedScheduler), chosen so that the
+// `grid` tiles in flight span as few operand rows as they can: G ≈ sqrt(grid · block_n / 128)
+// minimises 128·G + block_n·grid/G (G = 16 for 132 SMs and 256-wide exact k-tiles, 14 for 192);
+// at most the n-tile count. Default by mode (run 70, docs/notes/gemm.md "Run 70"): exact mode walks
+// the groups (DeepSeek-V3 gate-up at 8192 tokens an expert, skewed: 0.89x -> 1.02x BF16; other cases
+// within -4%..+3%), fast mode the n-major order (the groups cost fast mode up to 7% there).
+// MXMOE_GEMM_K_RASTER (read per call) overrides both: "group" = G as above, "nmajor" = 0 (n-major,
+// k-tile fastest), a number = that G; unset or "auto" = the default by mode. Same results whatever
+// the order.
+inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) {
+  const int n_tiles = int((n + kBlockM - 1) / kBlockM);
+  const char* v = std::getenv("MXMOE_GEMM_K_RASTER");
+  int g = int(std::lround(std::sqrt(double(grid) * block_n / kBlockM)));
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) {
+    if (!exact) return 0;
+  } else if (std::strcmp(v, "nmajor") == 0) {
+    return 0;
+  } else if (std::strcmp(v, "group") != 0) {
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || x < 0 || x > 65535)
+      throw Error(std::string("mxmoe: environment variable MXMOE_GEMM_K_RASTER = '") + v +
+                  "': must be 'auto' (default), 'group', 'nmajor' or a number of n-tiles in 0..65535");
+    g = int(x);
+  }
+  return std::max(0, std::min(g, n_tiles));
 }
 inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
   if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;

@@ -72,7 +72,7 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.n = int(n);
   p.k = int(k);
   p.kdim = int(m_total);
-  p.m_tiles_cap = 0;  // unused by the k-grouped schedule
+  p.k_raster_group = gemm_sm90::k_grouped_raster_group(grid, block_n, n, exact);  // tile order within an expert
   p.accumulate = opts.accumulate;
   p.sort_experts = gemm_sm90::k_grouped_sort_experts();
   p.a_blocked = a_blocked;

@@ -10,7 +10,7 @@
 // Persistent CTAs of 256 threads walk [128 rows, 128 cols] BF16 tiles (32 KB) through a ring of
 // cp.async stages (each thread loads 8 rows' 16-byte vectors of the tile, rows past the data
 // zero-filled; a gather's row indices and row scales are fetched one tile ahead into registers, see
-// "gather: ... one tile ahead"). A tile is exactly one fast 128-chunk in both directions. Three kernels:
+// "gather: ... one tile ahead"). A tile is exactly one fast 128-chunk in both directions. Four kernels:
 //  - staged (the default for the plain MX copies alone and for the fast form alone, one
 //    direction, or both of grouped inputs): a row-wise thread owns two whole 32-blocks of one row
 //    (no shuffles; the fast form's chunk exponent takes one shuffle with the other half of the
@@ -22,6 +22,10 @@
 //  - two-group (both plain copies of dense and gather inputs): the staged kernel's helpers in one
 //    512-thread CTA per SM, one warp group per direction. (The fast form alone is faster on the
 //    staged kernel, run 42.)
+//  - pipelined (the default for the plain copy of ONE direction of a dense input since run 72; both
+//    directions with MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring fed by one producer lane, 16 consumer warps that each own a
+//    16-row or 16-column slice of a tile and store it by their own TMA store; no CTA-wide barrier
+//    in the tile loop. See "Pipelined kernel" below.
 //  - register-store (plain + fast together, or everything with MXMOE_QUANT_STAGED=0): the
 //    row-wise pass from each thread's own slots (4 lanes per block, shuffles), 8-byte stores; the
 //    column-wise pass through shared memory with 16-byte stores of whole 128-byte lines; 3 stages
@@ -41,11 +45,13 @@
 #include "device/cp_async_bulk_tensor.cuh"
 #include "device/mbarrier.cuh"
 #include "device/fast_divmod.cuh"
+#include "device/ld_st_shared.cuh"
 #include "device/mx_convert.cuh"
 #include "host/check.h"
 #include "host/kernel_attr.h"
 #include "kernels/gemm/tensor_map.h"
 #include "kernels/quantize/quantize_launch.h"
+#include "kernels/quantize/quantize_unit_walk.h"
 #include "mxmoe/quantize.h"
 
 namespace mxmoe::detail {
@@ -395,6 +401,20 @@ __device__ __forceinline__ ColWords colwise_load(const uint32_t* tile_words) {
   return cw;
 }
 
+// E4M3 codes of column c (0-3) of a ColWords' 4 columns, slots 4j .. 4j+3 (one per byte, slot 4j
+// in the low byte), at the block scale's reciprocal rcp: colwise_quantize's inner loop, for the
+// pipelined kernel. (colwise_quantize keeps its own copy: calling this from it changed ptxas's
+// code for the measured kernels, 26 of them, by -14 to +241 instructions.)
+__device__ __forceinline__ uint32_t col_codes_x4(const uint32_t* w, int c, int j, float rcp) {
+  float f[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = w[2 * (4 * j + k) + c / 2];
+    f[k] = (c % 2 ? dev::bf16_hi(word) : dev::bf16_lo(word)) * rcp;
+  }
+  return dev::e4m3x4_from_f32(f[0], f[1], f[2], f[3]);
+}
+
 __device__ __forceinline__ ColQuad colwise_quantize(const QuantizeParams& p, const ColWords& cw) {
   ColQuad r;
   r.h = col_group();  // 16-row group
@@ -613,25 +633,94 @@ __device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t ch
                     dev::e4m3x4_rebase(q.w, pw));
 }
 
-// Scale byte of 32-block b (vectors 4b .. 4b+3) of a row-wise thread's 64 columns.
+// Scale byte of 32-block b (vectors 4b .. 4b+3) of a row-wise thread's 64 columns. kUnmasked: the
+// same max from unsigned and signed maxima (abs_max_bf16x2_from_maxes, one instruction a word
+// fewer; the pipelined kernel's; the other kernels keep the form they were measured with).
+template <bool kUnmasked = false>
 __device__ __forceinline__ uint32_t row_block_scale(const uint4* v, int b, ScaleMode mode) {
   uint32_t m = 0;
+  if constexpr (kUnmasked) {
+    uint32_t u = 0, s = 0;
 #pragma unroll
-  for (int j = 4 * b; j < 4 * b + 4; ++j) {
-    m = dev::abs_max_bf16x2(m, v[j].x);
-    m = dev::abs_max_bf16x2(m, v[j].y);
-    m = dev::abs_max_bf16x2(m, v[j].z);
-    m = dev::abs_max_bf16x2(m, v[j].w);
+    for (int j = 4 * b; j < 4 * b + 4; ++j) {
+      for (const uint32_t w : {v[j].x, v[j].y, v[j].z, v[j].w}) {
+        u = __vmaxu2(u, w);
+        s = __vmaxs2(s, w);
+      }
+    }
+    m = dev::abs_max_bf16x2_from_maxes(u, s);
+  } else {
+#pragma unroll
+    for (int j = 4 * b; j < 4 * b + 4; ++j) {
+      m = dev::abs_max_bf16x2(m, v[j].x);
+      m = dev::abs_max_bf16x2(m, v[j].y);
+      m = dev::abs_max_bf16x2(m, v[j].z);
+      m = dev::abs_max_bf16x2(m, v[j].w);
+    }
   }
   return dev::e8m0_scale_byte(dev::halves_max(m), mode);
 }
 
+// A thread's plain scale bytes, stored after the tile's fence.proxy.async instead of before it
+// (`late scales`): the fence compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the MEMBAR waits
+// for this thread's outstanding global stores (the scale bytes just written) before the TMA store
+// may be issued. Issued after the fence, they have a whole tile of work to complete before the next
+// fence. Byte c (c < 4) goes to ptr + c * stride when bit c of mask is set; mask bit 4: bytes 0-1
+// as one 16-bit store instead.
+struct ScaleStores {
+  uint8_t* ptr = nullptr;
+  uint32_t stride = 1, bytes = 0, mask = 0;
+};
+__device__ __forceinline__ void store_scales(const ScaleStores& s) {
+  if (s.mask & 16u) {
+    *reinterpret_cast<uint16_t*>(s.ptr) = uint16_t(s.bytes);
+    return;
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    if (s.mask & (1u << c)) s.ptr[c * s.stride] = uint8_t(s.bytes >> (8 * c));
+}
+// The row-wise plain scale stores of thread (tile row r, half): rowwise_staged's choice of one
+// 16-bit or up to two byte stores.
+__device__ __forceinline__ ScaleStores row_scale_stores(const QuantizeParams& p, const Tile& t, int r, int half,
+                                                        uint32_t sb0, uint32_t sb1) {
+  ScaleStores s;
+  if (r < t.out_valid) {
+    const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
+    s.ptr = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
+    s.bytes = sb0 | (sb1 << 8);
+    if (blk + 1 < nblk && nblk % 2 == 0) s.mask = 16u;
+    else s.mask = (blk < nblk ? 1u : 0u) | (blk + 1 < nblk ? 2u : 0u);
+  }
+  return s;
+}
+// The column-wise plain scale stores of a thread of row group h (16 rows) and columns col0 .. col0 + 3
+// of batch entry b: row block (r0 + 16 h) / 32; lanes with odd h store nothing (the lane of h - 1
+// holds the same bytes), nor do row groups past the valid rows or columns past the matrix.
+__device__ __forceinline__ ScaleStores col_scale_stores(const QuantizeParams& p, int32_t b, int32_t r0, int32_t out_valid,
+                                                        int32_t col0, int h, uint32_t bytes) {
+  ScaleStores s;
+  const int64_t nblk = p.rows_out / kMxBlock;
+  s.ptr = p.col_scales + (int64_t(b) * p.cols + col0) * nblk + r0 / kMxBlock + h / 2;
+  s.stride = uint32_t(nblk);
+  s.bytes = bytes;
+  if ((h & 1) == 0 && 16 * h < out_valid) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s.mask |= col0 + c < p.cols ? 1u << c : 0u;
+  }
+  return s;
+}
+
 // kFast: the staging gets the fast form instead of the plain codes (the launcher asks for one or
 // the other), and the scale stores write the chunk-major fast scales.
-template <bool kFast>
+// r: tile row, half: which 64 columns (the pipelined kernel places its row-wise warps itself).
+// kUnmasked: row_block_scale's other form of the same max (the pipelined kernel).
+// late != nullptr (plain copy only): the scale bytes are not stored but returned in *late
+// (row_scale_stores), for a store after the fence (ScaleStores).
+template <bool kFast, bool kUnmasked = false>
 __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Tile& t, const RowVecs& rv,
-                                               uint8_t* out) {
-  const int r = row_of_thread(), half = half_of_thread();
+                                               uint8_t* out, int r = row_of_thread(), int half = half_of_thread(),
+                                               ScaleStores* late = nullptr) {
   const uint4* v = rv.v;
   uint32_t sb[2];
   // The 128-chunk is this row's 4 blocks: 2 here, 2 in the thread of the other half (lane ^ 16).
@@ -647,7 +736,7 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
   }
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    if constexpr (!kFast) sb[b] = row_block_scale(v, b, p.mode);
+    if constexpr (!kFast) sb[b] = row_block_scale<kUnmasked>(v, b, p.mode);
     const uint32_t s = sb[b];
     const float rcp = dev::e8m0_reciprocal(s);
 #pragma unroll
@@ -667,6 +756,8 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
       const int64_t nck = (p.cols + kFastChunk - 1) / kFastChunk;
       p.row_fast_scales[(int64_t(t.b) * nck + t.c0 / kFastChunk) * p.rows_out + t.r0 + r] = uint8_t(chunk);
     }
+  } else if (late != nullptr) {
+    *late = row_scale_stores(p, t, r, half, sb[0], sb[1]);
   } else if (r < t.out_valid) {
     const int32_t nblk = int32_t(p.cols / kMxBlock), blk = t.c0 / kMxBlock + 2 * half;
     uint8_t* sp = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk + blk;
@@ -679,9 +770,10 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
   }
 }
 
+// late != nullptr (plain copy only): the scale bytes are returned in *late instead of stored.
 template <bool kFast>
 __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Tile& t, const ColWords& cw,
-                                               uint8_t* out) {
+                                               uint8_t* out, ScaleStores* late = nullptr) {
   const ColQuad cq = colwise_quantize(p, cw);
   const int q = cq.q, h = cq.h;
   // The 128-chunk of a column is the 8 row groups h of its quad: lanes 4h + q % 4 of this warp.
@@ -708,6 +800,9 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
       for (int c = 0; c < 4; ++c)
         if (t.c0 + 4 * q + c < p.cols) fs[4 * q + c] = uint8_t(chunks >> (8 * c));
     }
+  } else if (late != nullptr) {
+    *late = col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 4 * q, h,
+                             cq.sc[0] | (cq.sc[1] << 8) | (cq.sc[2] << 16) | (cq.sc[3] << 24));
   } else if ((h & 1) == 0 && 16 * h < t.out_valid) {
     const int64_t nblk = p.rows_out / kMxBlock;
 #pragma unroll
@@ -752,7 +847,9 @@ __device__ __forceinline__ void trap_unless_staging_aligned(const uint8_t* smem)
   }
 }
 
-template <bool kRow, bool kCol, bool kFast, RowMap kMap>
+// kLate (MXMOE_QUANT_LATE_SCALES=1; plain copies of dense inputs, one direction): the scale bytes
+// are stored after barrier B and the TMA store instead of before the fence (ScaleStores).
+template <bool kRow, bool kCol, bool kFast, RowMap kMap, bool kLate = false>
 __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(const QuantizeParams p, const TileGrid g,
                                                                           const __grid_constant__ CUtensorMap row_map,
                                                                           const __grid_constant__ CUtensorMap col_map) {
@@ -790,6 +887,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   gather_ahead_start<kMap>(p, ahead, tile_k);
 #pragma unroll
   for (int k = 0; k < S; ++k) issue(k);
+  static_assert(!kLate || (!(kRow && kCol) && !kFast), "late scales: plain copies, one direction");
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
     dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
@@ -797,6 +895,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
     const bool valid = t.out_valid > 0;  // uniform across the CTA
     gather_scale_tile<kMap>(p, ahead, tile_k, k, t, valid, stage);
     __syncthreads();  // A: tile k is visible to every thread
+    ScaleStores late;  // kLate: this thread's scale bytes, stored after the TMA store
     if constexpr (kRow && kCol) {
       // Both passes' inputs (64 registers) do not fit beside the rest, so the row-wise pass runs
       // between two barriers instead: C frees the staging, D ends the reads of the stage.
@@ -820,8 +919,8 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       __syncthreads();  // C: stage k % S has been read; the staging is free
       issue(k + S);     // the refill runs while this tile is converted and stored
       if (valid) {
-        if constexpr (kRow) rowwise_staged<kFast>(p, t, rv, row_out);
-        if constexpr (kCol) colwise_staged<kFast>(p, t, cw, col_out);
+        if constexpr (kRow) rowwise_staged<kFast>(p, t, rv, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
+        if constexpr (kCol) colwise_staged<kFast>(p, t, cw, col_out, kLate ? &late : nullptr);
       }
     }
     device::fence_proxy_async_shared_cta();
@@ -835,6 +934,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
         device::cp_async_bulk_commit_group();
       }
     }
+    if constexpr (kLate) store_scales(late);
   }
   if (threadIdx.x == 0) device::cp_async_bulk_wait_group<0>();
   dev::cp_async_wait_group<0>();
@@ -865,7 +965,9 @@ struct WsLayout {
   static constexpr int kBytes = kOut + 4 * kOutTileBytes;       // 192 KB
 };
 
-template <RowMap kMap>
+// kLate (MXMOE_QUANT_LATE_SCALES=1, dense inputs): the scale bytes are stored after barrier B and
+// the TMA stores instead of before the fence (ScaleStores).
+template <RowMap kMap, bool kLate = false>
 __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel(
     const QuantizeParams p, const TileGrid g, const __grid_constant__ CUtensorMap row_map,
     const __grid_constant__ CUtensorMap col_map) {
@@ -917,9 +1019,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
       issue(k + S);
       uint8_t* row_out = smem + L::kOut + (k & 1) * 2 * kOutTileBytes;
       uint8_t* col_out = row_out + kOutTileBytes;
+      ScaleStores late;  // kLate: this thread's scale bytes, stored after the TMA stores
       if (valid) {
-        if constexpr (kRowGroup) rowwise_staged<false>(p, t, in, row_out);
-        else colwise_staged<false>(p, t, in, col_out);
+        if constexpr (kRowGroup) rowwise_staged<false>(p, t, in, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
+        else colwise_staged<false>(p, t, in, col_out, kLate ? &late : nullptr);
       }
       device::fence_proxy_async_shared_cta();
       __syncthreads();  // B: the staging is complete
@@ -930,12 +1033,656 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
         device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
       }
       if (threadIdx.x == 0) device::cp_async_bulk_commit_group();
+      if constexpr (kLate) store_scales(late);
     }
   };
   if (row_group) run(std::true_type{});
   else run(std::false_type{});
   if (threadIdx.x == 0) device::cp_async_bulk_wait_group<0>();
   if (row_group) dev::cp_async_wait_group<0>();
+}
+
+// ==== Pipelined kernel (one direction by default; both with MXMOE_QUANT_TMA=1): TMA loads into an mbarrier ring; no CTA-wide barrier ====
+// The plain MX copies of dense inputs (a matrix or a batch of them; rows, columns or both). One CTA
+// of 18 warps per SM (persistent; warp 17 is the scale writer, idle unless MXMOE_QUANT_TMA_SCALES=warp):
+//  - warp 16 (one lane) is the producer: for each tile of the walk it waits until the ring slot is
+//    free (mbarrier `empty`), writes the tile's coordinates into the slot, and loads the 128x128
+//    BF16 tile with two TMA copies (two [128 rows, 64 columns] boxes, 128-byte swizzle: 16-byte
+//    chunk c of row r at c ^ (r % 8)) that complete on the slot's mbarrier `full`; a box wholly
+//    past the last column is not loaded (its bytes are not waited for, and nothing reads them into
+//    an output that is stored);
+//  - warps 0-15 are consumers, each on its own 16-row (row-wise) or 16-column (column-wise) slice
+//    of a tile: wait for `full`, copy the slice's inputs into registers, arrive on `empty` (one
+//    arrival per warp), convert into the warp's own 2 KB staging slice (double-buffered), fence,
+//    and one lane stores the slice with a TMA store (full 128-byte lines); the scale bytes are
+//    stored after that (session 10: before the fence, its MEMBAR.ALL.CTA waited for them, see
+//    ScaleStores; PipeOpts.late_scales has the other orders). Warps synchronise only
+//    through the ring's mbarriers and their own bulk groups: none waits for another warp's
+//    conversion or stores, unlike barriers A-C-B of the staged and two-group kernels, where ncu saw
+//    35-49% of samples at a barrier and ~1.1 eligible warps a scheduler (runs 26, 37).
+// Both directions: 8 row-wise + 8 column-wise warps per tile. One direction: two teams of 8 warps
+// take alternate tiles.
+// Row-wise warp w: tile rows 16w..16w+15, thread = (row, half): the staged kernel's two 32-blocks a
+// thread (rowwise_staged, the same arithmetic and bytes). Column-wise warp w: tile columns
+// 16w..16w+15, lane = h + 8q: column quad q (4 columns), 16-row group h. So that its 16 loads of 8
+// bytes are free of bank conflicts on the TMA layout, thread h reads its rows in the order
+// 16h + (i ^ h) (in each half-warp the 8 rows then sit in 8 different chunks); the codes are put
+// back in row order with one byte permutation (PRMT) per 4 output bytes. Lanes h and h ^ 1 hold
+// the two halves of a 32-row block (one shuffle for its amax). Staging row = tile column, chunk
+// h: the 8 lanes of a quarter-warp store 8 different chunks of one row.
+// Tile walk: the round robin (tile ids c + k * grid) of runs 56-68 for both directions; one direction
+// alone (session 12) by default the unit round robin with TMA-stored scale units where the shape
+// qualifies ("TMA-stored scale units" below; MXMOE_QUANT_SCALE_TMA=0 restores the round robin with
+// per-tile stores). MXMOE_QUANT_SCALE_UNIT=1 / RxC: session 11's unit walk (quantize_unit_walk.h; CTA
+// c converts a contiguous range of tile positions ordered by units of gr x gc tiles) with the scale
+// writer warp storing each unit's bytes as runs of 4 gc / 4 gr bytes (run 64: slower; opt-in).
+// Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 8 x 1 KB scale slots + 16 KB unit buffer +
+// 2 KB alignment slack (218.25 KB). The
+// stage and staging bases are 2048-byte aligned at run time, so that the swizzled addresses are
+// one XOR of a per-thread base (no 64-bit or IMAD address arithmetic per access).
+constexpr int kPipeStages = 4;
+constexpr int kPipeConsumerWarps = 16;
+constexpr int kPipeThreads = (kPipeConsumerWarps + 2) * 32;  // + the producer warp + the scale writer warp
+constexpr int kPipeBoxCols = 64;                              // BF16 columns of one TMA load box (128 B)
+constexpr int kPipeBoxBytes = kTileRows * kPipeBoxCols * 2;   // 16 KB
+constexpr int kPipeSliceBytes = 16 * 128;                     // one warp's output slice: 16 rows x 128 B
+struct PipeTile {
+  int32_t b, r0, c0, out_valid;
+};
+// Diagnostic switches of the pipelined kernel (read from the environment on every call, see
+// pipe_options): none changes an output byte.
+//  - group: the tile raster's group height in row tiles (today's kernels: kGroupRowTiles = 8).
+//    Consecutive tile ids walk the G row tiles of one column tile, then the next column tile, so
+//    the ~132 tiles in flight at once cover G row tiles x (132 / G) column tiles: contiguous runs
+//    of ~G x 128 B in each column-wise output row and ~(132 / G) x 128 B in each row-wise output
+//    row (x2 for the input). G = 1: row-major; G = tiles_r: column-major.
+//  - load_hint / store_hint: L2 cache policy of the TMA loads / TMA stores (-1: no hint; 0 evict_normal,
+//    1 evict_first, 2 evict_last; createpolicy_l2). Default: loads without a hint, stores evict_last
+//    (run 59: +2.3 to +5.6 points in back-to-back timing, +3.6 for both directions with the flush).
+//  - late_scales: 1 (default) = the scale bytes are stored after the slice's TMA store is issued,
+//    0 = before the fence, as measured in runs 56-59 (see ScaleStores); 2 = the consumer warps put
+//    them in shared memory and the scale writer warp stores them (4 bytes a row or column of a
+//    tile in one store where aligned), so no consumer warp has a global store in flight at its fence.
+//    3 (the default with the unit walk) = the scale writer collects a unit's scale bytes in shared
+//    memory and stores them when the CTA's part of the unit is done, consecutive bytes of a row
+//    (column) from consecutive lanes (quantize_unit_walk.h): runs of 4 gc (4 gr) bytes instead of 4.
+//  - skel_scales (skeleton only): 1 = the skeleton also stores scale bytes (0x7F) to the real
+//    addresses, in the order late_scales says; 0 = no scale stores (runs 56-59's skeleton).
+//  - unit (MXMOE_QUANT_SCALE_UNIT, session 11; off unless asked for since run 64 measured it slower):
+//    1 = the unit walk (quantize_unit_walk.h: CTA c converts a contiguous range of tile positions,
+//    ordered by units of walk.gr x walk.gc tiles; `group` is then unused); 0 = the round-robin walk
+//    of runs 56-62 (tile ids c + k * grid in the raster of `group`).
+//  - tmas (MXMOE_QUANT_SCALE_TMA, session 12; one direction only): 1 = the unit round robin (CTA c
+//    takes units c, c + P, c + 2P, ... of kTmasUnit tiles adjacent along the scales' contiguous
+//    dimension, and walks each unit's tiles in order; see "TMA-stored scale units" below), with
+//    late_scales 4 (the default where the shape qualifies: the unit's scale bytes leave by one TMA
+//    tensor store) or 1 (MXMOE_QUANT_SCALE_TMA=walk: per-tile scale stores on the same walk).
+struct PipeOpts {
+  int32_t group = kGroupRowTiles, full_groups = 0;
+  int32_t load_hint = -1, store_hint = 2;
+  int32_t late_scales = 1, skel_scales = 0;
+  int32_t unit = 0;
+  FastDivmod per_group, group_rows, last_group_rows;
+  UnitWalk walk;
+  // The unit round robin (tmas = 1). Per batch entry the units form a grid [tmas_across lines,
+  // ceil(tmas_along / kTmasUnit) units a line] (row-wise: lines = 128-row bands, units along K;
+  // column-wise: lines = 128-column bands, units along the rows). Unit ids run along a line, then
+  // the next line (tmas_order 0), or across the lines first (tmas_order 1, MXMOE_QUANT_TMA_UNIT_ORDER).
+  // Units [0, tmas_whole) are taken whole; units [tmas_whole, tmas_units) are split into single tiles
+  // dealt round robin (the guided tail; their scale bytes are stored per tile).
+  int32_t tmas = 0, tmas_order = 0;
+  int32_t tmas_along = 0, tmas_across = 0, tmas_units = 0, tmas_whole = 0;
+  FastDivmod tmas_per_batch, tmas_minor;
+};
+
+// ---- TMA-stored scale units (MXMOE_QUANT_SCALE_TMA, session 12; one direction alone) ----
+// Run 62: the per-tile scale stores (4-byte runs, one L2 sector and request each) cost ~6 points
+// row-wise and ~5 column-wise (skeleton 92.5 -> 86.7, 89.4 -> 84.3); runs 64 and 68 made longer runs
+// by walking far-apart tiles or by moving bytes between CTAs, and lost more than they saved. Here:
+//  - walk: round robin over units of kTmasUnit = 8 tiles adjacent along the scales' contiguous
+//    dimension (row-wise: 8 tiles along K = 32 scale bytes of each of 128 rows; column-wise: 8 tiles
+//    along the rows = 32 bytes of each of 128 columns); CTA c converts units c, c + P, ... tile by
+//    tile, so the P units in flight are neighbours (consecutive unit ids are adjacent);
+//  - scale bytes: the consumer warps write each tile's 4 bytes a row (column) into a shared unit
+//    buffer [128][32 B] (two of them, alternate units); when every consumer warp has arrived on the
+//    buffer's `ufull` mbarrier for the unit, the scale writer warp's lane 0 stores it with one TMA
+//    tensor store (box [128 rows][32 B] of the scale array seen as uint8 [batch, rows, nblk]; the
+//    TMA unit clips what lies past the tensor), waits until the store has read it and arrives on
+//    `uempty`, which the consumers wait on before writing that buffer again. Needs nblk % 16 == 0
+//    (global strides in multiples of 16 bytes) and a 16-byte aligned scale pointer; otherwise (K =
+//    2880: nblk = 90) the round-robin walk with per-tile stores runs instead (pipe_options).
+//  - tail: U units on P CTAs leave a last wave of U mod P units; where that costs more than 3% of
+//    the tile round robin's waves, those units are split into single tiles dealt round robin, whose
+//    scale bytes are stored per tile (late, as late_scales 1).
+// The ufull / uempty mbarriers are the scale slots' sfull[0..1] / sempty[0..1] (unused otherwise in
+// this mode), with ufull counting one arrival per consumer warp (all 16, whether or not a warp had a
+// tile in the unit: a warp arrives for unit n only after its wait on uempty for n, so it can never
+// arrive on a phase still waiting for unit n - 2).
+constexpr int kTmasUnit = 8;                         // tiles a unit
+constexpr int kTmasBufBytes = kTileRows * 4 * kTmasUnit;  // [128 rows or columns][32 B]
+struct TmasUnit {
+  int32_t b, a, x, w;  // batch entry, unit index along its line, line, tiles in the unit
+};
+__device__ __forceinline__ TmasUnit tmas_unit_at(const PipeOpts& o, uint32_t u) {
+  TmasUnit un;
+  un.b = int32_t(o.tmas_per_batch.div(u));
+  const uint32_t rem = u - uint32_t(un.b) * o.tmas_per_batch.d;
+  const uint32_t hi = o.tmas_minor.div(rem), lo = rem - hi * o.tmas_minor.d;
+  un.x = int32_t(o.tmas_order == 0 ? hi : lo);
+  un.a = int32_t(o.tmas_order == 0 ? lo : hi);
+  un.w = min(kTmasUnit, o.tmas_along - kTmasUnit * un.a);
+  return un;
+}
+// Tile j of a unit: row-wise (kRow) tile (line, 8a + j), column-wise (8a + j, line).
+template <bool kRow>
+__device__ __forceinline__ PipeTile tmas_tile(const QuantizeParams& p, const TmasUnit& un, int32_t j) {
+  const int32_t along = kTmasUnit * un.a + j;
+  PipeTile t;
+  t.b = un.b;
+  t.r0 = (kRow ? un.x : along) * kTileRows;
+  t.c0 = (kRow ? along : un.x) * kTileCols;
+  t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+  return t;
+}
+// This CTA's walk: on_tile(k, unit, n, j) for its k-th tile (tile j of the unit; n = the CTA's n-th
+// whole unit, -1 for a tail tile), on_unit_end(unit, n) after each whole unit's tiles. Every role
+// (producer, consumers, scale writer) runs the same walk.
+template <class OnTile, class OnUnitEnd>
+__device__ __forceinline__ void tmas_walk(const PipeOpts& o, OnTile&& on_tile, OnUnitEnd&& on_unit_end) {
+  const uint32_t P = gridDim.x;
+  uint32_t k = 0;
+  int32_t n = 0;
+  for (uint32_t u = blockIdx.x; u < uint32_t(o.tmas_whole); u += P, ++n) {
+    const TmasUnit un = tmas_unit_at(o, u);
+    for (int32_t j = 0; j < un.w; ++j, ++k) on_tile(k, un, n, j);
+    on_unit_end(un, n);
+  }
+  const uint32_t tail = uint32_t(kTmasUnit) * uint32_t(o.tmas_units - o.tmas_whole);
+  for (uint32_t v = blockIdx.x; v < tail; v += P) {
+    const TmasUnit un = tmas_unit_at(o, uint32_t(o.tmas_whole) + v / kTmasUnit);
+    const int32_t j = int32_t(v % kTmasUnit);
+    if (j < un.w) on_tile(k++, un, -1, j);
+  }
+}
+
+// Tile id → tile of the walk with the raster of `o` (tile_at's order when o.group == kGroupRowTiles).
+__device__ __forceinline__ PipeTile pipe_tile_at(const QuantizeParams& p, const TileGrid& g, const PipeOpts& o,
+                                                 uint32_t id) {
+  PipeTile t;
+  t.b = int32_t(g.per_batch.div(id));
+  const uint32_t in_b = id - uint32_t(t.b) * g.per_batch.d;
+  const uint32_t grp = o.per_group.div(in_b), rem = in_b - grp * o.per_group.d;
+  const FastDivmod& rows_in_group = int32_t(grp) < o.full_groups ? o.group_rows : o.last_group_rows;
+  const uint32_t tc = rows_in_group.div(rem), tr_in = rem - tc * rows_in_group.d;
+  t.r0 = int32_t((grp * uint32_t(o.group) + tr_in) * kTileRows);
+  t.c0 = int32_t(tc * kTileCols);
+  t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+  return t;
+}
+// Scale slots of the writer warp (late_scales 2, 3): tile k's bytes go to slot k % kPipeScaleSlots.
+// 8 rather than the ring's 4 (session 11): the writer spends ~2-3 tile times storing a 4x4 unit, and
+// the consumer warps must not wait for a slot meanwhile.
+constexpr int kPipeScaleSlots = 8;
+struct PipeLayout {
+  static constexpr int kStaging = kPipeStages * kStageBytes;                           // [S][2 boxes][128][128 B]
+  static constexpr int kTiles = kStaging + kPipeConsumerWarps * 2 * kPipeSliceBytes;  // [S] PipeTile
+  static constexpr int kFull = kTiles + kPipeStages * int(sizeof(PipeTile));          // [S] mbarrier
+  static constexpr int kEmpty = kFull + kPipeStages * 8;                               // [S] mbarrier
+  // Scale writer (late_scales 2, 3): per scale slot, the tile's row-wise scale bytes [128 rows][4 blocks]
+  // then its column-wise ones [128 columns][4 blocks]; `sfull` (one arrival per consumer warp of the
+  // tile) and `sempty` (the writer's arrival) mbarriers per slot.
+  static constexpr int kScaleSlot = 2 * kTileRows * 4;
+  static constexpr int kScales = kEmpty + kPipeStages * 8;
+  static constexpr int kSFull = kScales + kPipeScaleSlots * kScaleSlot;
+  static constexpr int kSEmpty = kSFull + kPipeScaleSlots * 8;
+  // The unit buffer (late_scales 3; quantize_unit_walk.h): row part [gr * 128][4 gc], then col part
+  // [gc * 128][4 gr]; 16 KB (4x4 units both ways, 1x8 / 8x1 one way, at most 32 tiles one way).
+  static constexpr int kUnit = kSEmpty + kPipeScaleSlots * 8;
+  static constexpr int kUsed = kUnit + kUnitBufferBytes;
+  static constexpr int kBytes = kUsed + 2048;  // slack: the base is aligned up to 2048 at run time
+};
+static_assert(kStageBytes == 2 * kPipeBoxBytes && kPipeBoxBytes % 2048 == 0 && kPipeSliceBytes == 2048,
+              "2048-byte aligned stages, boxes and slices");
+static_assert(kTileRows == 8 * 16 && kTileCols == 8 * 16, "8 warps of 16 rows / 16 columns cover a tile");
+static_assert(PipeLayout::kBytes <= 227 * 1024, "one CTA per SM");
+static_assert(PipeLayout::kBytes == 223488, "the layout measured by ptxas in session 11 (218.25 KB)");
+static_assert(unit_buffer_bytes(4, 4, 2) <= kUnitBufferBytes && unit_buffer_bytes(1, 8, 1) <= kUnitBufferBytes,
+              "the default units fit the unit buffer");
+static_assert(PipeLayout::kUnit % 16 == 0, "unit buffer words");
+static_assert(PipeLayout::kUnit % 128 == 0 && 2 * kTmasBufBytes <= kUnitBufferBytes,
+              "two TMA scale unit buffers in the unit buffer, 128-byte aligned (TMA store source)");
+static_assert(kPipeScaleSlots >= 2, "ufull / uempty are sfull / sempty [0..1]");
+
+// Row-wise slice: the thread's row (tile row r) and half, 8 x 16 bytes from the box of its half:
+// vector j of the row at chunk j ^ (r % 8). `stage`: shared address of the stage (2048-aligned).
+__device__ __forceinline__ RowVecs pipe_row_load(uint32_t stage, int r, int half) {
+  RowVecs rv;
+  const uint32_t row = stage + uint32_t(half * kPipeBoxBytes + r * 128) + uint32_t((r & 7) << 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) rv.v[j] = device::ld_shared_v4_u32(row ^ uint32_t(j << 4));
+  return rv;
+}
+
+// Column-wise slice of warp w (tile columns 16w..16w+15), thread (q, h): w[2i] = columns
+// (16w + 4q, +1) and w[2i+1] = (16w + 4q + 2, +3) of tile row 16h + (i ^ h).
+__device__ __forceinline__ ColWords pipe_col_load(uint32_t stage, int w, int q, int h) {
+  ColWords cw;
+  // Row 16h + (i ^ h) of box w / 4 holds the quad in chunk (2 (w % 4) + q / 2) ^ (i % 8) ^ h, at byte
+  // 8 (q % 2). With i = 8 i3 + i_lo and a 2048-aligned stage, the address is one XOR of `base`:
+  // (i ^ h) << 7 = (i3 << 10) | ((i_lo ^ h) << 7), no carries into or out of bits 4-10.
+  const uint32_t chunk = uint32_t((2 * (w % 4) + q / 2) ^ h);
+  const uint32_t base = stage + uint32_t((w / 4) * kPipeBoxBytes + h * 2048 + (q % 2) * 8) +
+                        (uint32_t(h) << 7) + (chunk << 4);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const uint2 v = device::ld_shared_v2_u32(base ^ uint32_t(((i >> 3) << 10) | ((i & 7) << 7) | ((i & 7) << 4)));
+    cw.w[2 * i] = v.x;
+    cw.w[2 * i + 1] = v.y;
+  }
+  return cw;
+}
+
+// Quantizes a column-wise slice (the arithmetic of colwise_quantize, block partner lane ^ 1) and
+// writes its codes in row order to the warp's staging slice (row 4q + c = column, chunk h = rows
+// 16h..16h+15); returns the scale bytes' stores (col_scale_stores).
+__device__ __forceinline__ ScaleStores pipe_col_convert(const QuantizeParams& p, const PipeTile& t, const ColWords& cw,
+                                                        int w, int q, int h, uint32_t slice) {
+  const uint32_t* x = cw.w;
+  // max |x| per column as BF16 bits without a mask per word (abs_max_bf16x2_from_maxes).
+  uint32_t u01 = 0, u23 = 0, s01 = 0, s23 = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    u01 = __vmaxu2(u01, x[2 * i]);
+    s01 = __vmaxs2(s01, x[2 * i]);
+    u23 = __vmaxu2(u23, x[2 * i + 1]);
+    s23 = __vmaxs2(s23, x[2 * i + 1]);
+  }
+  uint32_t m01 = dev::abs_max_bf16x2_from_maxes(u01, s01), m23 = dev::abs_max_bf16x2_from_maxes(u23, s23);
+  m01 = __vmaxu2(m01, __shfl_xor_sync(0xFFFFFFFFu, m01, 1));  // the other 16 rows of the 32-row block
+  m23 = __vmaxu2(m23, __shfl_xor_sync(0xFFFFFFFFu, m23, 1));
+  uint32_t sc[4];
+  sc[0] = dev::e8m0_scale_byte(m01 & 0xFFFFu, p.mode);
+  sc[1] = dev::e8m0_scale_byte(m01 >> 16, p.mode);
+  sc[2] = dev::e8m0_scale_byte(m23 & 0xFFFFu, p.mode);
+  sc[3] = dev::e8m0_scale_byte(m23 >> 16, p.mode);
+  // Slot s holds row s ^ h, so output byte k of word j (row 4j + k) is byte k ^ (h % 4) of the
+  // slot-order word j ^ (h / 4): PRMT(word j, word j ^ 1) with selector nibbles (k ^ (h % 4)) + 4 (h / 4).
+  const uint32_t sel = (0x3210u ^ (uint32_t(h & 3) * 0x1111u)) + uint32_t(h >> 2) * 0x4444u;
+  const uint32_t row0 = slice + uint32_t(4 * q * 128) + (uint32_t(h ^ (4 * (q & 1))) << 4);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float rcp = dev::e8m0_reciprocal(sc[c]);
+    // A NaN block's codes are all NaN; a mask (one LOP3 a word) rather than a select, which ptxas
+    // turned into a branch around every word's conversion.
+    const uint32_t nan_mask = 0u - uint32_t(sc[c] == kE8M0Nan);
+    uint32_t nat[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) nat[j] = (col_codes_x4(x, c, j, rcp) & ~nan_mask) | (dev::kE4M3NanX4 & nan_mask);
+    const uint4 o = make_uint4(__byte_perm(nat[0], nat[1], sel), __byte_perm(nat[1], nat[0], sel),
+                               __byte_perm(nat[2], nat[3], sel), __byte_perm(nat[3], nat[2], sel));
+    // Staging row y = 4q + c, chunk h ^ (y % 8) = (h ^ 4 (q % 2)) ^ c.
+    device::st_shared_v4_u32(row0 ^ uint32_t((c << 7) | (c << 4)), o);
+  }
+  return col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 16 * w + 4 * q, h,
+                          sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24));
+}
+
+// The scale writer warp with the unit walk (late_scales == 3; quantize_unit_walk.h): for each tile of
+// the CTA's walk, copies the tile's scale slot (filled by the consumer warps) into the unit buffer
+// and frees the slot; when the CTA's part [a, i + 1) of a unit is complete (the unit's last tile, or
+// the CTA's last), stores it: byte e of a part by lane e % 32, so one store instruction writes 32
+// consecutive bytes of the part: 32 / (4 gc) whole row runs (or one row's 32 bytes), and the L1
+// sends one request per run and 128-byte line instead of one per 4-byte run. Byte stores, so no
+// alignment is assumed (K = 2880: rows of 90 bytes). Which bytes are stored is the per-tile rule of
+// every other path (unit_row_scale_dst / unit_col_scale_dst; tests/cpu/test_quantize_unit_walk.cpp).
+template <bool kRow, bool kCol>
+__device__ __forceinline__ void pipe_unit_scale_writer(const QuantizeParams& p, const UnitWalk& u, uint8_t* smem,
+                                                       uint64_t* sfull, uint64_t* sempty, uint32_t first,
+                                                       uint32_t count, int lane) {
+  using L = PipeLayout;
+  uint8_t* rpart = smem + L::kUnit;                                    // [gr * 128][4 gc]
+  uint8_t* cpart = rpart + (kRow ? unit_row_part_bytes(u, u.gr) : 0);  // [gc * 128][4 gr]
+  int32_t a = 0;  // the first position of the CTA's part of the current unit
+  for (uint32_t k = 0; k < count; ++k) {
+    const int s = int(k % kPipeScaleSlots);
+    device::mbarrier_wait_parity(&sfull[s], (k / kPipeScaleSlots) & 1);
+    const UnitTile t = unit_tile_at(u, first + k);
+    if (k == 0 || t.i == 0) a = t.i;
+    const int32_t tr_in = t.tr - t.ur0, tc_in = t.tc - t.uc0;
+    const uint32_t* slot = reinterpret_cast<const uint32_t*>(smem + L::kScales + s * L::kScaleSlot);
+#pragma unroll
+    for (int i = 0; i < kTileRows / 32; ++i) {
+      const int x = 32 * i + lane;
+      if constexpr (kRow) reinterpret_cast<uint32_t*>(rpart)[unit_row_word(u, tr_in, tc_in, x)] = slot[x];
+      if constexpr (kCol) reinterpret_cast<uint32_t*>(cpart)[unit_col_word(u, tr_in, tc_in, x)] = slot[kTileRows + x];
+    }
+    __syncwarp();
+    if (lane == 0) device::mbarrier_arrive(&sempty[s]);  // the slot has been read
+    if (k + 1 < count && t.i + 1 < t.h * t.w) continue;
+    const int32_t e_end = t.i + 1;  // the part [a, e_end) is complete: store it
+    if constexpr (kRow) {
+      const int32_t bytes = unit_row_part_bytes(u, t.h);
+#pragma unroll 4
+      for (int32_t e = lane; e < bytes; e += 32) {
+        const int64_t d = unit_row_scale_dst(u, t, a, e_end, p.rows_out, p.cols, e);
+        if (d >= 0) p.row_scales[d] = rpart[e];
+      }
+    }
+    if constexpr (kCol) {
+      const int32_t bytes = unit_col_part_bytes(u, t.w);
+#pragma unroll 4
+      for (int32_t e = lane; e < bytes; e += 32) {
+        const int64_t d = unit_col_scale_dst(u, t, a, e_end, p.rows_out, p.cols, e);
+        if (d >= 0) p.col_scales[d] = cpart[e];
+      }
+    }
+    __syncwarp();  // every lane has read the unit buffer before the next tile's copy overwrites it
+  }
+}
+
+// kSkel (diagnostic, MXMOE_QUANT_TMA=skel): the same TMA loads and data stores, mbarriers and bulk
+// groups, but no conversion and no scale stores: each warp stores its staging slice as it is
+// (stale bytes). What the memory system gives this access pattern with no arithmetic in the way.
+// scale_map (one direction, o.late_scales == 4): the scale array as uint8 [batch, rows (row-wise) or
+// cols (column-wise), nblk], boxes [1, 128, 32] (TMA-stored scale units).
+template <bool kRow, bool kCol, bool kSkel>
+__global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kernel(
+    const QuantizeParams p, const TileGrid g, const PipeOpts o, const __grid_constant__ CUtensorMap x_map,
+    const __grid_constant__ CUtensorMap row_map, const __grid_constant__ CUtensorMap col_map,
+    const __grid_constant__ CUtensorMap scale_map) {
+  using L = PipeLayout;
+  constexpr int S = kPipeStages;
+  constexpr int kWarpsPerTile = 8 * (int(kRow) + int(kCol));
+  constexpr int kTeams = kPipeConsumerWarps / kWarpsPerTile;  // 1 (both directions) or 2
+  constexpr bool kTmas = kRow != kCol;  // the unit round robin exists for one direction alone
+  static_assert(kRow || kCol, "at least one direction");
+  extern __shared__ __align__(1024) uint8_t pipe_smem[];
+  // Align the base up to 2048 bytes (the XOR addressing of pipe_row_load / pipe_col_load).
+  const uint32_t raw = device::smem_addr(pipe_smem);
+  uint8_t* smem = pipe_smem + ((2048u - (raw & 2047u)) & 2047u);
+  const uint32_t sbase = device::smem_addr(smem);
+  PipeTile* ring = reinterpret_cast<PipeTile*>(smem + L::kTiles);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kFull);
+  uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kEmpty);
+  uint64_t* sfull = reinterpret_cast<uint64_t*>(smem + L::kSFull);
+  uint64_t* sempty = reinterpret_cast<uint64_t*>(smem + L::kSEmpty);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  // This CTA's walk: tiles k = 0 .. count - 1. Round robin (o.unit == 0): tile id first + k * step in
+  // the raster of o.group; unit walk: tile position first + k (quantize_unit_walk.h).
+  const uint32_t num_tiles = uint32_t(g.num_tiles);
+  uint32_t first = blockIdx.x, step = gridDim.x, count = 0;
+  if (o.unit) unit_cta_range(num_tiles, gridDim.x, blockIdx.x, &first, &count);
+  else count = (num_tiles - first + step - 1) / step;  // (grid <= tiles: first < num_tiles)
+  const auto tile_of = [&](uint32_t k) {
+    if (!o.unit) return pipe_tile_at(p, g, o, first + k * step);
+    const UnitTile u = unit_tile_at(o.walk, first + k);
+    PipeTile t;
+    t.b = u.b;
+    t.r0 = u.tr * kTileRows;
+    t.c0 = u.tc * kTileCols;
+    t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+    return t;
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      device::mbarrier_init(&full[s], 1);                 // the producer's arrive.expect_tx
+      device::mbarrier_init(&empty[s], kWarpsPerTile);    // one arrival per consumer warp of the tile
+    }
+    // Scale writer: one arrival per consumer warp of the tile; TMA scale units (ufull = sfull[0..1]):
+    // one per consumer warp of the CTA.
+    const uint32_t sfull_count = kTmas && o.late_scales == 4 ? kPipeConsumerWarps : kWarpsPerTile;
+    for (int s = 0; s < kPipeScaleSlots; ++s) {
+      device::mbarrier_init(&sfull[s], sfull_count);
+      device::mbarrier_init(&sempty[s], 1);               // the scale writer's arrival
+    }
+    device::fence_mbarrier_init_release_cluster();
+  }
+  __syncthreads();  // the only CTA-wide barrier
+
+  if (warp == kPipeConsumerWarps + 1) {  // ---- scale writer (late_scales 2, 3 and 4 only)
+    if constexpr (kTmas) {
+      if (o.late_scales == 4) {  // TMA-stored scale units: lane 0 stores each whole unit's buffer
+        if (lane != 0) return;
+        device::prefetch_tensormap(&scale_map);
+        const bool hint = o.store_hint >= 0;
+        const uint64_t policy = hint ? device::createpolicy_l2(o.store_hint) : 0;
+        tmas_walk(o, [](uint32_t, const TmasUnit&, int32_t, int32_t) {}, [&](const TmasUnit& un, int32_t n) {
+          const int bb = n & 1;
+          device::mbarrier_wait_parity(&sfull[bb], uint32_t(n >> 1) & 1);  // every consumer warp's bytes
+          const void* src = smem + L::kUnit + bb * kTmasBufBytes;  // [128][32 B]
+          const int32_t c0 = 4 * kTmasUnit * un.a, c1 = kTileRows * un.x;
+          if (hint) device::cp_async_bulk_tensor_3d_shared_to_global_hint(&scale_map, src, c0, c1, un.b, policy);
+          else device::cp_async_bulk_tensor_3d_shared_to_global(&scale_map, src, c0, c1, un.b);
+          device::cp_async_bulk_commit_group();
+          device::cp_async_bulk_wait_group_read<0>();  // the store has read the buffer
+          device::mbarrier_arrive(&sempty[bb]);
+        });
+        device::cp_async_bulk_wait_group<0>();
+        return;
+      }
+    }
+    if (o.late_scales == 3) {
+      pipe_unit_scale_writer<kRow, kCol>(p, o.walk, smem, sfull, sempty, first, count, lane);
+      return;
+    }
+    if (o.late_scales != 2) return;
+    const int32_t nblk_r = int32_t(p.cols / kMxBlock), nblk_c = int32_t(p.rows_out / kMxBlock);
+    // 4-byte stores where a tile's 4 blocks are a whole aligned word (128-multiple widths).
+    const bool wide_r = (reinterpret_cast<uintptr_t>(p.row_scales) & 3u) == 0 && nblk_r % 4 == 0;
+    const bool wide_c = (reinterpret_cast<uintptr_t>(p.col_scales) & 3u) == 0 && nblk_c % 4 == 0;
+    for (uint32_t k = 0; k < count; ++k) {
+      const int s = int(k % kPipeScaleSlots);
+      device::mbarrier_wait_parity(&sfull[s], (k / kPipeScaleSlots) & 1);
+      const PipeTile t = tile_of(k);
+      const uint32_t* slot = reinterpret_cast<const uint32_t*>(smem + L::kScales + s * L::kScaleSlot);
+      if constexpr (kRow) {
+#pragma unroll
+        for (int i = 0; i < kTileRows / 32; ++i) {
+          const int r = 32 * i + lane;
+          const uint32_t v = slot[r];
+          if (r < t.out_valid) {
+            uint8_t* dst = p.row_scales + (int64_t(t.b) * p.rows_out + t.r0 + r) * nblk_r + t.c0 / kMxBlock;
+            if (wide_r) {
+              *reinterpret_cast<uint32_t*>(dst) = v;
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (t.c0 + kMxBlock * j < p.cols) dst[j] = uint8_t(v >> (8 * j));
+            }
+          }
+        }
+      }
+      if constexpr (kCol) {
+#pragma unroll
+        for (int i = 0; i < kTileCols / 32; ++i) {
+          const int c = 32 * i + lane;
+          const uint32_t v = slot[kTileRows + c];
+          if (t.c0 + c < p.cols) {
+            uint8_t* dst = p.col_scales + (int64_t(t.b) * p.cols + t.c0 + c) * nblk_c + t.r0 / kMxBlock;
+            if (wide_c && t.out_valid == kTileRows) {
+              *reinterpret_cast<uint32_t*>(dst) = v;
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (kMxBlock * j < t.out_valid) dst[j] = uint8_t(v >> (8 * j));
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) device::mbarrier_arrive(&sempty[s]);  // the slot has been read
+    }
+    return;
+  }
+
+  if (warp == kPipeConsumerWarps) {  // ---- producer
+    if (lane != 0) return;
+    device::prefetch_tensormap(&x_map);
+    const bool hint = o.load_hint >= 0;
+    const uint64_t policy = hint ? device::createpolicy_l2(o.load_hint) : 0;
+    const auto produce = [&](uint32_t k, const PipeTile& t) {
+      const int s = int(k % S);
+      device::mbarrier_wait_parity(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
+      ring[s] = t;
+      const bool right = t.c0 + kPipeBoxCols < p.cols;  // the right box holds columns of the matrix
+      device::mbarrier_arrive_expect_tx(&full[s], right ? 2 * kPipeBoxBytes : kPipeBoxBytes);
+      uint8_t* stage = smem + s * kStageBytes;
+      for (int box = 0; box < (right ? 2 : 1); ++box) {
+        uint8_t* dst = stage + box * kPipeBoxBytes;
+        const int32_t c = 2 * (t.c0 + box * kPipeBoxCols);
+        if (hint) device::cp_async_bulk_tensor_3d_global_to_shared_hint(dst, &x_map, &full[s], c, t.r0, t.b, policy);
+        else device::cp_async_bulk_tensor_3d_global_to_shared(dst, &x_map, &full[s], c, t.r0, t.b);
+      }
+    };
+    if constexpr (kTmas) {
+      if (o.tmas) {
+        tmas_walk(o, [&](uint32_t k, const TmasUnit& un, int32_t, int32_t j) { produce(k, tmas_tile<kRow>(p, un, j)); },
+                  [](const TmasUnit&, int32_t) {});
+        return;
+      }
+    }
+    for (uint32_t k = 0; k < count; ++k) produce(k, tile_of(k));
+    return;
+  }
+
+  // ---- consumers
+  const int team = warp / kWarpsPerTile, role = warp % kWarpsPerTile;
+  const bool row_warp = kRow && role < 8;
+  const int w = role % 8;  // slice: tile rows (row-wise) or tile columns (column-wise) 16w..16w+15
+  const uint32_t slices = sbase + uint32_t(L::kStaging + warp * 2 * kPipeSliceBytes);
+  if (lane == 0) device::prefetch_tensormap(row_warp ? &row_map : &col_map);
+  const bool store_hint = o.store_hint >= 0;
+  const uint64_t store_policy = store_hint && lane == 0 ? device::createpolicy_l2(o.store_hint) : 0;
+  // One lane: the TMA store of a slice (with the L2 policy when asked for).
+  const auto store = [&](const CUtensorMap* map, uint32_t slice, int32_t c0, int32_t c1, int32_t c2) {
+    const void* src = smem + (slice - sbase);
+    if (store_hint) device::cp_async_bulk_tensor_3d_shared_to_global_hint(map, src, c0, c1, c2, store_policy);
+    else device::cp_async_bulk_tensor_3d_shared_to_global(map, src, c0, c1, c2);
+  };
+  uint32_t it = 0;  // this warp's tiles so far: staging slice it % 2
+  // Tile k of the CTA's walk; n >= 0 (TMA scale units only): tile j of the CTA's n-th whole unit,
+  // whose scale bytes go to unit buffer n % 2.
+  const auto consume = [&](uint32_t k, int32_t n, int32_t j) {
+    const int s = int(k % S);
+    const uint32_t stage = sbase + uint32_t(s * kStageBytes);
+    device::mbarrier_wait_parity(&full[s], (k / S) & 1);
+    const PipeTile pt = ring[s];
+    const Tile t = [&] {
+      Tile x;
+      x.b = pt.b;
+      x.r0 = pt.r0;
+      x.c0 = pt.c0;
+      x.out_valid = pt.out_valid;
+      x.src_valid = pt.out_valid;
+      return x;
+    }();
+    const uint32_t slice = slices + (it & 1) * kPipeSliceBytes;
+    ScaleStores scales;  // this thread's scale bytes (none in the skeleton unless o.skel_scales)
+    const CUtensorMap* map;
+    int32_t c0, c1;
+    bool has_slice;
+    if (kRow && (!kCol || row_warp)) {  // (one direction: a constant)
+      const int r = 16 * w + lane % 16, half = lane / 16;
+      RowVecs rv;
+      if constexpr (!kSkel) rv = pipe_row_load(stage, r, half);
+      __syncwarp();
+      if (lane == 0) {
+        device::mbarrier_arrive(&empty[s]);                 // the slice's inputs are in registers
+        device::cp_async_bulk_wait_group_read<1>();          // the store of it - 2 has read this slice
+      }
+      __syncwarp();
+      if constexpr (!kSkel) {
+        uint8_t* out = smem + (slice - sbase) - 16 * w * kTileCols;  // tile row r at out + 128 r
+        rowwise_staged<false, true>(p, t, rv, out, r, half, &scales);
+      } else if (o.skel_scales) {
+        scales = row_scale_stores(p, t, r, half, 0x7Fu, 0x7Fu);
+      }
+      map = &row_map;
+      c0 = t.c0;
+      c1 = t.r0 + 16 * w;
+      has_slice = 16 * w < t.out_valid;
+    } else {
+      const int q = lane / 8, h = lane % 8;
+      ColWords cw;
+      if constexpr (!kSkel) cw = pipe_col_load(stage, w, q, h);
+      __syncwarp();
+      if (lane == 0) {
+        device::mbarrier_arrive(&empty[s]);
+        device::cp_async_bulk_wait_group_read<1>();
+      }
+      __syncwarp();
+      if constexpr (!kSkel) scales = pipe_col_convert(p, pt, cw, w, q, h, slice);
+      else if (o.skel_scales) scales = col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 16 * w + 4 * q, h, 0x7F7F7F7Fu);
+      map = &col_map;
+      c0 = t.r0;
+      c1 = t.c0 + 16 * w;
+      has_slice = c1 < p.cols;
+    }
+    // Scale bytes before the fence (o.late_scales == 0, the measured order of runs 56-59), after
+    // the slice's TMA store is issued (1; ScaleStores: the fence's MEMBAR waits for them otherwise),
+    // through the scale writer warp (2, 3): into slot k % kPipeScaleSlots once the writer has read
+    // its tile k - kPipeScaleSlots, or (4, a tile of a whole unit) into the unit buffer n % 2 once its
+    // store of unit n - 2 has read it (byte 4 j + block of row / column y at y * 32; the fence below
+    // makes them visible to the writer's TMA store; a tail tile (n < 0) stores its bytes late).
+    if (kTmas && n >= 0) {
+      device::mbarrier_wait_parity(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);  // fresh buffers pass at once
+      uint8_t* ub = smem + L::kUnit + (n & 1) * kTmasBufBytes;  // [128][32 B]
+      if (kRow && (!kCol || row_warp)) {
+        const int r = 16 * w + lane % 16, half = lane / 16;  // blocks 2 half, 2 half + 1 of row r
+        *reinterpret_cast<uint16_t*>(ub + 32 * r + 4 * j + 2 * half) = uint16_t(scales.bytes);
+      } else if ((lane % 8) % 2 == 0) {  // h even: block h / 2 of columns 16 w + 4 q + c
+        const int q = lane / 8, h = lane % 8;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) ub[32 * (16 * w + 4 * q + c) + 4 * j + h / 2] = uint8_t(scales.bytes >> (8 * c));
+      }
+    } else if (o.late_scales == 2 || o.late_scales == 3) {
+      const int ss = int(k % kPipeScaleSlots);
+      device::mbarrier_wait_parity(&sempty[ss], ((k / kPipeScaleSlots) & 1) ^ 1);  // fresh slots pass at once
+      uint8_t* slot = smem + L::kScales + ss * L::kScaleSlot;
+      if (kRow && (!kCol || row_warp)) {
+        const int r = 16 * w + lane % 16, half = lane / 16;  // blocks 2 half, 2 half + 1 of row r
+        *reinterpret_cast<uint16_t*>(slot + 4 * r + 2 * half) = uint16_t(scales.bytes);
+      } else if ((lane % 8) % 2 == 0) {  // h even: block h / 2 of columns 16 w + 4 q + c
+        const int q = lane / 8, h = lane % 8;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) slot[4 * kTileRows + 4 * (16 * w + 4 * q + c) + h / 2] = uint8_t(scales.bytes >> (8 * c));
+      }
+      __syncwarp();
+      if (lane == 0) device::mbarrier_arrive(&sfull[ss]);
+    } else if (o.late_scales == 0) {
+      store_scales(scales);
+    }
+    device::fence_proxy_async_shared_cta();
+    __syncwarp();
+    if (lane == 0) {
+      if (has_slice) store(map, slice, c0, c1, t.b);
+      device::cp_async_bulk_commit_group();
+    }
+    if (o.late_scales == 1 || (o.late_scales == 4 && n < 0)) store_scales(scales);
+    ++it;
+  };
+  if constexpr (kTmas) {
+    if (o.tmas) {
+      const bool units = o.late_scales == 4;
+      tmas_walk(
+          o,
+          [&](uint32_t k, const TmasUnit&, int32_t n, int32_t j) {
+            if (int(k % kTeams) == team) consume(k, units ? n : -1, j);
+          },
+          [&](const TmasUnit&, int32_t n) {
+            if (!units) return;
+            // Every consumer warp arrives once per unit, after its own bytes of it (fenced above),
+            // and only once unit n - 2's store has read the buffer (see "TMA-stored scale units").
+            device::mbarrier_wait_parity(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);
+            __syncwarp();
+            if (lane == 0) device::mbarrier_arrive(&sfull[n & 1]);
+          });
+      if (lane == 0) device::cp_async_bulk_wait_group<0>();
+      return;
+    }
+  }
+  for (uint32_t k = uint32_t(team); k < count; k += kTeams) consume(k, -1, 0);
+  if (lane == 0) device::cp_async_bulk_wait_group<0>();
 }
 
 TileGrid make_grid(const QuantizeParams& p) {
@@ -980,6 +1727,14 @@ bool use_two_group() {
   return e == nullptr || std::strcmp(e, "0") != 0;
 }
 
+// MXMOE_QUANT_LATE_SCALES=1 (read on every call; off by default until measured): the plain copies
+// of dense inputs on the two-group kernel (both directions) and the staged kernel (one direction)
+// store their scale bytes after the tile's TMA stores instead of before the fence (ScaleStores).
+bool use_late_scales() {
+  const char* e = std::getenv("MXMOE_QUANT_LATE_SCALES");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
 // kFast: the fast form alone (the plain pointers are null); otherwise the plain copies alone.
 template <bool kRow, bool kCol, bool kFast, RowMap kMap>
 void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
@@ -1005,6 +1760,25 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   // 65536x2048 / 32768x2880, 85.1 / 84.6% on weights and 36.5% on a gather, against 75.5 / 76.1 /
   // 72.8, 79.9 / 80.3 and 32.2% for the two-group kernel (half the output bytes leave the two
   // staging tiles less busy, and two CTAs per SM beat one).
+  if constexpr (kRow && kCol && kMap == RowMap::kDense && !kFast) {
+    if (use_two_group() && use_late_scales()) {
+      constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap, true>;
+      constexpr int kSmem = WsLayout::kBytes;
+      kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles, kWsThreads), kWsThreads, kSmem, stream>>>(
+          p, g, row_map, col_map);
+      MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+      return;
+    }
+  }
+  if constexpr (!(kRow && kCol) && kMap == RowMap::kDense && !kFast) {
+    if (use_late_scales()) {
+      constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kFast, kMap, true>;
+      constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
+      kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
+      MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+      return;
+    }
+  }
   if constexpr (kRow && kCol && kMap != RowMap::kGrouped && !kFast) {
     if (use_two_group()) {
       constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap>;
@@ -1020,6 +1794,210 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
     constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
     kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
   }
+  MXMOE_CHECK_LAUNCH("quantize_mxfp8");
+}
+
+// Which plain copies of dense inputs the pipelined kernel takes (MXMOE_QUANT_TMA, read on every
+// call, so that one process can time every path): unset or "auto" = one direction alone (run 72,
+// 16384x7168 and 65536x2048 with flush: row-wise 85.7-87.7% of copy, column-wise 85.5-85.9%,
+// against the staged kernel's 80.6-85.3 / 81.0-81.6 in the same run; docs/notes/quantize.md
+// "Run 72"), both directions stay on the two-group kernel; "1" = both directions too; "0" = never
+// (the staged kernel, the default before run 72); "skel" (diagnostic, wrong outputs) = the kernel's
+// memory traffic without the conversion (kSkel), every dense plain copy.
+bool use_pipelined(bool both_directions) {
+  const char* e = std::getenv("MXMOE_QUANT_TMA");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return !both_directions;
+  if (std::strcmp(e, "1") == 0 || std::strcmp(e, "skel") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA", e, "must be auto (default), 1, 0 or skel");
+}
+bool pipelined_skeleton() {
+  const char* e = std::getenv("MXMOE_QUANT_TMA");
+  return e != nullptr && std::strcmp(e, "skel") == 0;
+}
+
+// PipeOpts from the environment (diagnostic A/B switches, none changes an output byte):
+// MXMOE_QUANT_TMA_GROUP = raster group height in row tiles (default 8; clamped to [1, row tiles]);
+// MXMOE_QUANT_TMA_LOAD_HINT / MXMOE_QUANT_TMA_STORE_HINT = none | normal | first | last (L2 policy
+// of the TMA loads / stores; unset: loads none, stores last);
+// MXMOE_QUANT_TMA_SCALES = late (default) | early | warp (scale bytes after / before the fence, or by
+// the scale writer warp; PipeOpts);
+// MXMOE_QUANT_TMA_SKEL_SCALES = 1: the skeleton (MXMOE_QUANT_TMA=skel) stores scale bytes too;
+// MXMOE_QUANT_SCALE_UNIT = 0 | 1 | auto | RxC (session 11): unset or 0 = the round-robin walk of runs
+// 56-62 (since session 12: run 64 measured the unit walk slower); 1 or auto = the unit walk with the
+// default unit (both directions 4x4, row-wise alone 1x8, column-wise alone 8x1: pipe_default_unit);
+// RxC = units of R row tiles x C column tiles (powers of 2, at most 32; R C = 16 at most with both
+// directions: the 16 KB unit buffer). With the unit walk the scale bytes default to the unit writer
+// (MXMOE_QUANT_TMA_SCALES=unit); an explicit late, early or warp keeps the unit walk but stores per
+// tile as before; MXMOE_QUANT_TMA_GROUP applies to the round-robin walk only.
+// MXMOE_QUANT_SCALE_TMA = 1 | 0 | walk (session 12, one direction alone; see "TMA-stored scale
+// units"): unset or 1 = the unit round robin with TMA-stored scale units where the shape qualifies
+// (nblk % 16 == 0, 16-byte aligned scale pointer; else the round-robin walk with per-tile stores) and
+// neither MXMOE_QUANT_SCALE_UNIT nor MXMOE_QUANT_TMA_SCALES is set; 0 = the round-robin walk with
+// per-tile stores (runs 56-68's `tma`); walk = the unit round robin with per-tile late stores, any
+// shape (the walk's cost alone). MXMOE_QUANT_TMA_SPLIT = auto (default) | 0 | 1: split the last
+// partial wave of units into single tiles where that wave costs > 3% over the tile round robin /
+// never / whenever there is one. MXMOE_QUANT_TMA_UNIT_ORDER = along (default) | across: unit ids
+// along a line (row-wise: K within a 128-row band) or across the lines first.
+// MXMOE_QUANT_TMA_GRID = N > 0: at most N CTAs (tests and diagnostics; default one per SM).
+int pipe_hint_env(const char* name, int unset) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return unset;
+  if (std::strcmp(e, "none") == 0) return -1;
+  if (std::strcmp(e, "normal") == 0) return 0;
+  if (std::strcmp(e, "first") == 0) return 1;
+  if (std::strcmp(e, "last") == 0) return 2;
+  throw_arg("quantize_mxfp8", name, e, "must be none, normal, first or last");
+}
+int pipe_late_scales(bool unit) {
+  const char* e = std::getenv("MXMOE_QUANT_TMA_SCALES");
+  if (e == nullptr || *e == 0) return unit ? 3 : 1;
+  if (std::strcmp(e, "late") == 0) return 1;
+  if (std::strcmp(e, "early") == 0) return 0;
+  if (std::strcmp(e, "warp") == 0) return 2;
+  if (std::strcmp(e, "unit") == 0) {
+    if (!unit) throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "needs the unit walk (MXMOE_QUANT_SCALE_UNIT != 0)");
+    return 3;
+  }
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SCALES", e, "must be late, early, warp or unit");
+}
+// The default unit (session 11, not measured): both directions 4x4 (16-byte runs each way, the most
+// that fits 16 KB: runs per tile 128 (1/gr + 1/gc) is least for gr = gc); one direction 8 tiles along
+// the scales' contiguous dimension (32-byte runs: a whole sector where the run is 32-byte aligned).
+void pipe_default_unit(bool row, bool col, int32_t* gr, int32_t* gc) {
+  *gr = row && col ? 4 : (row ? 1 : 8);
+  *gc = row && col ? 4 : (row ? 8 : 1);
+}
+// MXMOE_QUANT_SCALE_UNIT → (gr, gc); false: the round-robin walk.
+bool pipe_unit_env(bool row, bool col, int32_t* gr, int32_t* gc) {
+  const char* e = std::getenv("MXMOE_QUANT_SCALE_UNIT");
+  pipe_default_unit(row, col, gr, gc);
+  if (e == nullptr || *e == 0 || std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0 || std::strcmp(e, "auto") == 0) return true;
+  int r = 0, c = 0;
+  char tail = 0;
+  const auto pow2 = [](int v) { return v >= 1 && v <= 32 && (v & (v - 1)) == 0; };
+  if (std::sscanf(e, "%dx%d%c", &r, &c, &tail) != 2 || !pow2(r) || !pow2(c) ||
+      unit_buffer_bytes(r, c, int(row) + int(col)) > kUnitBufferBytes)
+    throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_UNIT", e,
+              "must be 0, 1, auto or RxC with powers of 2 up to 32 and R*C <= 16 (both directions) or 32 (one)");
+  *gr = r;
+  *gc = c;
+  return true;
+}
+// MXMOE_QUANT_SCALE_TMA → 0 (off), 1 (TMA scale units where the shape qualifies), 2 (the walk alone).
+int pipe_scale_tma_env() {
+  const char* e = std::getenv("MXMOE_QUANT_SCALE_TMA");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0) return 1;
+  if (std::strcmp(e, "0") == 0) return 0;
+  if (std::strcmp(e, "walk") == 0) return 2;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_TMA", e, "must be 1, 0 or walk");
+}
+// Whether the scale array of the one direction can take the TMA scale units' stores: uint8
+// [batch, lines, nblk] with nblk % 16 == 0 (TMA global strides are multiples of 16 bytes) at a
+// 16-byte aligned address.
+bool tmas_scales_qualify(const QuantizeParams& p, bool row) {
+  const int64_t nblk = (row ? p.cols : p.rows_out) / kMxBlock;
+  const uint8_t* scales = row ? p.row_scales : p.col_scales;
+  return nblk % 16 == 0 && (reinterpret_cast<uintptr_t>(scales) & 15u) == 0;
+}
+// The unit round robin's walk (PipeOpts::tmas*) for `grid` CTAs.
+void tmas_walk_options(PipeOpts& o, const TileGrid& g, const QuantizeParams& p, bool row, uint32_t grid) {
+  o.tmas = 1;
+  o.tmas_along = row ? g.tiles_c : g.tiles_r;
+  o.tmas_across = row ? g.tiles_r : g.tiles_c;
+  const int32_t per_line = (o.tmas_along + kTmasUnit - 1) / kTmasUnit;
+  const char* ord = std::getenv("MXMOE_QUANT_TMA_UNIT_ORDER");
+  if (ord == nullptr || *ord == 0 || std::strcmp(ord, "along") == 0) o.tmas_order = 0;
+  else if (std::strcmp(ord, "across") == 0) o.tmas_order = 1;
+  else throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_UNIT_ORDER", ord, "must be along or across");
+  o.tmas_per_batch = FastDivmod(uint32_t(per_line * o.tmas_across));
+  o.tmas_minor = FastDivmod(uint32_t(o.tmas_order == 0 ? per_line : o.tmas_across));
+  o.tmas_units = int32_t(p.batch * per_line * o.tmas_across);
+  // Tail: whole units take ceil(U / P) unit times of up to 8 tiles; the tile round robin ceil(N / P)
+  // tile times. Split the last partial wave into single tiles where it costs more than 3%.
+  const int64_t U = o.tmas_units, P = grid, N = g.num_tiles;
+  const int64_t unit_waves = (U + P - 1) / P * kTmasUnit, tile_waves = (N + P - 1) / P;
+  const char* sp = std::getenv("MXMOE_QUANT_TMA_SPLIT");
+  bool split = 100 * unit_waves > 103 * tile_waves;
+  if (sp != nullptr && *sp != 0 && std::strcmp(sp, "auto") != 0) {
+    if (std::strcmp(sp, "0") == 0) split = false;
+    else if (std::strcmp(sp, "1") == 0) split = true;
+    else throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_SPLIT", sp, "must be auto, 0 or 1");
+  }
+  o.tmas_whole = int32_t(split ? U / P * P : U);
+}
+// MXMOE_QUANT_TMA_GRID → the most CTAs asked for (0: no limit).
+int64_t pipe_grid_env() {
+  const char* e = std::getenv("MXMOE_QUANT_TMA_GRID");
+  if (e == nullptr || *e == 0) return 0;
+  const long v = std::atol(e);
+  if (v <= 0) throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA_GRID", e, "must be a positive CTA count");
+  return v;
+}
+PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool col, bool skel, uint32_t grid) {
+  PipeOpts o;
+  const char* e = std::getenv("MXMOE_QUANT_TMA_GROUP");
+  int group = e != nullptr && *e != 0 ? std::atoi(e) : kGroupRowTiles;
+  group = std::max(1, std::min(group, int(g.tiles_r)));
+  o.group = group;
+  o.full_groups = g.tiles_r / group;
+  o.per_group = FastDivmod(uint32_t(group * g.tiles_c));
+  o.group_rows = FastDivmod(uint32_t(group));
+  o.last_group_rows = FastDivmod(uint32_t(std::max(1, g.tiles_r % group)));
+  o.load_hint = pipe_hint_env("MXMOE_QUANT_TMA_LOAD_HINT", -1);
+  o.store_hint = pipe_hint_env("MXMOE_QUANT_TMA_STORE_HINT", 2);
+  int32_t gr = 1, gc = 1;
+  o.unit = pipe_unit_env(row, col, &gr, &gc) ? 1 : 0;
+  if (o.unit) o.walk = make_unit_walk(p.batch, g.tiles_r, g.tiles_c, gr, gc);
+  o.late_scales = pipe_late_scales(o.unit != 0);
+  // TMA scale units (one direction): unless the session-11 unit walk or a per-tile order is asked for.
+  const char* order = std::getenv("MXMOE_QUANT_TMA_SCALES");
+  const int tma = pipe_scale_tma_env();
+  if (row != col && !o.unit && (order == nullptr || *order == 0)) {
+    if (tma == 2) {
+      tmas_walk_options(o, g, p, row, grid);
+    } else if (tma == 1 && tmas_scales_qualify(p, row)) {
+      tmas_walk_options(o, g, p, row, grid);
+      o.late_scales = 4;
+    }
+  }
+  const char* sk = std::getenv("MXMOE_QUANT_TMA_SKEL_SCALES");
+  o.skel_scales = sk != nullptr && std::strcmp(sk, "1") == 0 ? 1 : 0;
+  // The skeleton without scale stores stores none in every order (the writer warp would store its
+  // slots' stale bytes otherwise).
+  if (skel && !o.skel_scales) o.late_scales = 1;
+  return o;
+}
+
+template <bool kRow, bool kCol, bool kSkel>
+void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol, kSkel>;
+  constexpr int kSmem = PipeLayout::kBytes;
+  const TileGrid g = make_grid(p);
+  unsigned grid = persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads);
+  if (const int64_t most = pipe_grid_env(); most > 0) grid = unsigned(std::min<int64_t>(grid, most));
+  const PipeOpts o = pipe_options(g, p, kRow, kCol, kSkel, grid);
+  const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
+  const uint64_t rows = uint64_t(p.rows_out), cols = uint64_t(p.cols), batch = uint64_t(p.batch);
+  // x as bytes [batch, rows, 2 cols], loaded in [128 rows, 128 B] boxes; outputs stored in slices of
+  // 16 rows (row-wise [batch, rows, cols]) or 16 columns (column-wise [batch, cols, rows]) x 128 B.
+  const CUtensorMap x_map = make_tensor_map_3d_u8("quantize_mxfp8", const_cast<uint16_t*>(p.x), batch, rows, 2 * cols,
+                                                  2 * cols, 2 * rows * cols, kTileRows, 2 * kPipeBoxCols, sw);
+  CUtensorMap row_map{}, col_map{};
+  if (kRow)
+    row_map = make_tensor_map_3d_u8("quantize_mxfp8", p.row_data, batch, rows, cols, cols, rows * cols, 16, kTileCols, sw);
+  if (kCol)
+    col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, batch, cols, rows, rows, rows * cols, 16, kTileRows, sw);
+  // TMA scale units: the one direction's scale array as uint8 [batch, rows or cols, nblk] in boxes
+  // [1, 128, 32] (no swizzle; pipe_options checked nblk % 16 and the alignment).
+  CUtensorMap scale_map{};
+  if (o.late_scales == 4) {
+    const uint64_t lines = kRow ? rows : cols, nblk = (kRow ? cols : rows) / kMxBlock;
+    scale_map = make_tensor_map_3d_u8("quantize_mxfp8", kRow ? p.row_scales : p.col_scales, batch, lines, nblk, nblk,
+                                      lines * nblk, kTileRows, 4 * kTmasUnit, CU_TENSOR_MAP_SWIZZLE_NONE);
+  }
+  kernel<<<grid, kPipeThreads, kSmem, stream>>>(p, g, o, x_map, row_map, col_map, scale_map);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
@@ -1067,7 +2045,20 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
     // (The staged kernel stores a row's two scale bytes as one 16-bit word; quantize.h promises
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
-    dispatch_staged<false, kMap>(p.row_data != nullptr, p.col_data != nullptr, p, stream);
+    const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+    if (kMap == RowMap::kDense && use_pipelined(row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
+      if (pipelined_skeleton()) {
+        if (row && col) launch_pipelined<true, true, true>(p, stream);
+        else if (row) launch_pipelined<true, false, true>(p, stream);
+        else launch_pipelined<false, true, true>(p, stream);
+      } else {
+        if (row && col) launch_pipelined<true, true, false>(p, stream);
+        else if (row) launch_pipelined<true, false, false>(p, stream);
+        else launch_pipelined<false, true, false>(p, stream);
+      }
+      return;
+    }
+    dispatch_staged<false, kMap>(row, col, p, stream);
   } else {
     dispatch_dirs<false, kMap>(p, stream);
   }

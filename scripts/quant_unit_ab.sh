@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# (Session 12: the unit walk is opt-in now, MXMOE_QUANT_SCALE_UNIT=1; its variant is "tma-unit".)
+# Session 11: A/B of the pipelined quantizer's unit walk + unit scale writer (MXMOE_QUANT_SCALE_UNIT,
+# the pipelined kernel's default) against the round-robin walk of run 62, today's default kernels
+# and the skeletons, on an existing build (nothing is built here): MXMOE_BUILD_DIR (default: build)
+# must hold mxmoe_gpu_tests and libmxmoe_c.so built from this tree.
+#   MXMOE_BUILD_DIR=build-q9 timeout 150 scripts/quant_unit_ab.sh OUT
+# Whole script <= ~145 s (QUANT_AB_BUDGET, each step's timeout cut to what is left). Expected
+# ~50 + ~45 + ~30 s. Compact summary on stdout, full logs in OUT:
+#  0. tests in parallel processes (their time is the CPU reference): PipelinedKernelScaleUnits (unit
+#     shapes, partial units at every edge, MXMOE_QUANT_SCALE_UNIT=0, reruns), the pipelined test on
+#     the defaults (unit walk), with MXMOE_QUANT_SCALE_UNIT=0 and with the per-tile writer warp on
+#     the unit walk -> OUT/unit_ab_test_*.log. A failure or hang leaves the unit variants in step 1
+#     (they are checked bit for bit there too) but says so.
+#  1. bench/quant_variants.py, modes flush and loop: default, tma-rr (run 62's tma), tma-warp (run
+#     62's writer warp), tma (unit walk + unit writer), tma-unit-late (unit walk, per-tile stores),
+#     tma-u1x1 / u2x2 / u1x16, skel, skel-sc-late (run 62's skeletons), skel-unit, skel-sc-unit
+#     -> OUT/unit_variants.{log,json}
+#  2. ncu, 16384x7168 row+col: L2 write sectors and requests, DRAM bytes and duration of tma-rr,
+#     tma, tma-u1x1, skel-sc-early, skel-sc-unit -> OUT/unit_ncu.{csv,txt}. The prediction
+#     (quantize.md "Session 11"): write sectors 9.18M (tma-rr) -> ~7.86M (tma), requests 3.67M ->
+#     ~2.35M; tma-u1x1 ~ tma-rr.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-out}
+BUILD=${MXMOE_BUILD_DIR:-build}
+BUDGET=${QUANT_AB_BUDGET:-145}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MXMOE_BUILD_DIR=$BUILD
+TESTS=$BUILD/mxmoe_gpu_tests
+left() {  # timeout for a step: min(want, what is left of the budget - 3 s), at least 5
+  local l=$((BUDGET - SECONDS - 3)); [ "$1" -lt "$l" ] && l=$1; [ "$l" -lt 5 ] && l=5; echo "$l"
+}
+
+echo "== 0. tests in parallel (t=${SECONDS}s)"
+P=QuantizeGpu.PipelinedKernelOnPlainCopies
+T=$(left 55)
+declare -A LOGS
+start() {  # name, env assignments..., -- gtest filter
+  local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  env "${envs[@]}" timeout "$T" "$TESTS" --gtest_filter="$1" > "$OUT/unit_ab_test_$name.log" 2>&1 &
+  LOGS[$name]=$!
+}
+start units MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelScaleUnits
+start pipelined_default MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 -- "$P"
+start pipelined_rr MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=0 -- "$P"
+start pipelined_unit_warp MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 MXMOE_QUANT_TMA_SCALES=warp -- "$P"
+RES=""
+for name in "${!LOGS[@]}"; do
+  wait "${LOGS[$name]}"; rc=$?
+  RES+="$name rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/unit_ab_test_$name.log" | head -1)"$'\n'
+done
+printf '%s' "$RES" | sort
+for f in "$OUT"/unit_ab_test_*.log; do
+  grep -q ": Failure$" "$f" && { echo "-- $f"; grep -E -A4 ": Failure$" "$f" | cut -c1-220 | head -16; }
+done
+
+echo "== 1. quant_variants.py (t=${SECONDS}s)"
+V='^(default|tma-rr|tma-warp|tma-unit|tma-unit-late|tma-u1x1|tma-u2x2|tma-u1x16|skel|skel-sc-late|skel-unit|skel-sc-unit)$'
+timeout "$(left 60)" python3 bench/quant_variants.py --modes flush,loop --variants "$V" \
+  --json "$OUT/unit_variants.json" > "$OUT/unit_variants.log" 2>&1
+echo "rc=$?"
+sed '/^Traceback/,$d' "$OUT/unit_variants.log" | cut -c1-260 | head -30
+grep -q "^Traceback" "$OUT/unit_variants.log" && sed -n '/^Traceback/,$p' "$OUT/unit_variants.log" | tail -6
+
+echo "== 2. ncu: L2 write sectors / requests, 16384x7168 row+col (t=${SECONDS}s)"
+if command -v ncu > /dev/null && [ $((BUDGET - SECONDS)) -gt 20 ]; then
+  M=lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed
+  KEEP='^(?!row\+col (tma-rr|tma-unit|tma-u1x1|skel-sc-early|skel-sc-unit)$)'
+  timeout "$(left 40)" ncu --clock-control none --kernel-name-base demangled -k "regex:quantize_mxfp8_[a-z_]+kernel" \
+    --metrics "$M" --csv --page raw --print-units base \
+    python3 bench/quant_variants.py --skip "$KEEP" --profile "$OUT/unit_ncu_labels.txt" > "$OUT/unit_ncu.csv" 2> "$OUT/unit_ncu_run.log"
+  echo "ncu rc=$?"
+  python3 - "$OUT/unit_ncu.csv" "$OUT/unit_ncu_labels.txt" <<'EOF' | tee "$OUT/unit_ncu.txt"
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+labels = [l.split("\t")[0] for l in open(sys.argv[2]) if l.strip()]
+if not rows:
+    sys.exit("no ncu rows")
+head, data = rows[0], [r for r in rows[1:] if r and r[0].isdigit()]
+want = ["gpu__time_duration.sum", "lts__t_sectors_srcunit_tex_op_write.sum", "lts__t_requests_srcunit_tex_op_write.sum",
+        "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed"]
+idx = [head.index(w) if w in head else None for w in want]
+print(f"{'label':26s} {'ns':>10s} {'wr sectors':>12s} {'wr requests':>12s} {'dram rd MB':>10s} {'dram wr MB':>10s} {'L2 %':>6s}")
+for i, r in enumerate(data):
+    v = [r[j] if j is not None else "-" for j in idx]
+    f = lambda s, d=1.0: f"{float(s.replace(',', '')) / d:.0f}" if s not in ("-", "") else "-"
+    print(f"{labels[i] if i < len(labels) else '?':26s} {f(v[0]):>10s} {f(v[1]):>12s} {f(v[2]):>12s} "
+          f"{f(v[3], 1e6):>10s} {f(v[4], 1e6):>10s} {v[5][:6]:>6s}")
+EOF
+else
+  echo "ncu not found or no time left"
+fi
+echo "== done (t=${SECONDS}s)"

@@ -1,0 +1,143 @@
+// Down-projection design-space variants (A/B timing only; src/host/decode.cpp selects them from
+// MXMOE_DECODE_DOWN_*, docs/notes/decode.md "Session 11"). Same formula, inputs and outputs as
+// warp_decode_down_sm90.cu (the library default, untouched):
+//   out[b, n] = Σ_{j=0..S-1} w[b, j] · (h[b, j] · W2[e_j][n]),  h FP32 or BF16 [B, S, I],
+//   W2 BF16 or MXFP8 [E, H, I] (+ E8M0 scales [E, H, I/32]), shared W2s [H, I], out BF16 [B, H].
+// A tile = kR adjacent outputs n0 .. n0+kR-1 of one token; tiles are numbered b-major
+// (tile = b·tiles + n0/kR). A CTA of W = min(S, 16) warps walks the tiles blockIdx.x, + gridDim.x, ...:
+// with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the default; with PERSIST = N the grid
+// is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots
+// j = w, w+W, ... (down::slot_dots: per lane its chunks in increasing K, the xor butterfly), lane 0
+// writes the kR sums to shared memory, __syncthreads, threads 0..kR-1 add the slots in order
+// (down::combine). Two shared buffers alternate by round, so the warps start the next tile while
+// threads 0..kR-1 combine this one (one barrier a tile; a buffer is rewritten two rounds later, after
+// the next round's barrier, which every combining thread passes only after its combine).
+// Variant parameters (none changes the order of any FP operation, so every variant gives the default's
+// bits — DecodeGpu.DownSwitchesGiveDefaultBits):
+//   kR        rows a warp streams per slot: 4 | 8 | 16 (h read once for kR rows instead of 4);
+//   kUnroll   chunks of each row in flight per lane: 1 | 2 | 4 (kR·kUnroll <= 16 loads in flight);
+//   kRowScales  MXFP8: scale bytes loaded warp-wide once per round, handed out by shuffles
+//             (down::dot_rows_mx);
+//   kMaxRegs  register cap (__maxnreg__): 128 (= the default's __launch_bounds__(512, 1)), 80, 64 —
+//             more resident warps a SM against fewer registers (spills: see the notes);
+//   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
+//             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
+// Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
+// (a hint: see warp_decode_down_sm90.cu).
+#pragma once
+#include <cstdint>
+
+#include "device/cp_async_bulk_prefetch.cuh"
+#include "device/griddepcontrol.cuh"
+#include "host/check.h"
+#include "host/pdl_launch.h"
+#include "kernels/decode/decode_launch.h"
+#include "kernels/decode/warp_decode_down.cuh"
+
+namespace mxmoe::detail::down_sweep {
+
+using down::kMaxSlots;
+constexpr int kMaxWarps = 16;  // warps per CTA: min(S, kMaxWarps), as the default
+
+// L2 prefetch of tile `tile`'s rows for this warp's slots (lane 0 only; a hint, no registers).
+template <bool kMx, int kR>
+__device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int tiles, int warp, int num_warps) {
+  const int b = tile / tiles, n0 = (tile % tiles) * kR;
+  const int rows = p.hidden - n0 < kR ? p.hidden - n0 : kR;
+  for (int j = warp; j < p.slots; j += num_warps) {
+    const down::SlotRows r = down::slot_rows<kMx>(p, b, j, n0);
+    device::cp_async_bulk_prefetch_L2_global(r.row, uint32_t(rows * r.row_bytes));
+  }
+}
+
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs>
+__global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
+    warp_decode_down_sweep_kernel(const DownLaunch p) {
+  static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
+  static_assert(kR * kUnroll <= 16, "at most 16 16-byte loads in flight a lane");
+  static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
+  __shared__ float s_dot[2][kMaxSlots][kR];  // per-slot dot products, two rounds
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+  const int tiles = (p.hidden + kR - 1) / kR;
+  const int total = p.batch * tiles;
+  if (lane == 0 && int(blockIdx.x) < total) prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
+  device::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
+  device::griddepcontrol_launch_dependents();
+
+  int buf = 0;
+  for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x), buf ^= 1) {
+    const int b = tile / tiles, n0 = (tile % tiles) * kR;
+    const int next = tile + int(gridDim.x);
+    if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
+    for (int j = warp; j < p.slots; j += num_warps) {
+      float acc[kR];
+      down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales>(p, b, j, n0, lane, acc);
+      if (lane == 0) {
+#pragma unroll
+        for (int q = 0; q < kR; ++q) s_dot[buf][j][q] = acc[q];
+      }
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < kR) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot[buf]);
+  }
+}
+
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs>
+void launch(const DownLaunch& p, cudaStream_t stream) {
+  const int64_t total = int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
+  int64_t grid = total;
+  if (p.down_persist > 0) {
+    int device = 0, sms = 0;
+    MXMOE_CUDA_CHECK("decode_down_sweep", cudaGetDevice(&device));
+    MXMOE_CUDA_CHECK("decode_down_sweep", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
+  }
+  const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
+  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs>,
+                  dim3(unsigned(grid)), dim3(warps * 32), 0, stream, p);
+}
+
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales>
+void by_regs(const DownLaunch& p, cudaStream_t s) {
+  switch (p.down_regs) {
+    case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
+    case 80: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 80>(p, s); break;
+    default: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128>(p, s); break;
+  }
+}
+
+template <bool kMx, bool kHBf16, int kR, int kUnroll>
+void by_scales(const DownLaunch& p, cudaStream_t s) {
+  if constexpr (kMx) {
+    if (p.down_row_scales) return by_regs<kMx, kHBf16, kR, kUnroll, true>(p, s);
+  }
+  by_regs<kMx, kHBf16, kR, kUnroll, false>(p, s);
+}
+
+// (rows, unroll) with rows·unroll <= 16 (src/host/decode.cpp refuses the others).
+template <bool kMx, bool kHBf16>
+void launch_any(const DownLaunch& p, cudaStream_t s) {
+  if (p.down_rows == 16) {
+    by_scales<kMx, kHBf16, 16, 1>(p, s);
+  } else if (p.down_rows == 8) {
+    if (p.down_unroll == 1) by_scales<kMx, kHBf16, 8, 1>(p, s); else by_scales<kMx, kHBf16, 8, 2>(p, s);
+  } else {
+    switch (p.down_unroll) {
+      case 1: by_scales<kMx, kHBf16, 4, 1>(p, s); break;
+      case 4: by_scales<kMx, kHBf16, 4, 4>(p, s); break;
+      default: by_scales<kMx, kHBf16, 4, 2>(p, s); break;
+    }
+  }
+}
+
+}  // namespace mxmoe::detail::down_sweep
+
+namespace mxmoe::detail {
+
+template <bool kMx, bool kHBf16>
+void launch_decode_down_sweep(const DownLaunch& p, cudaStream_t stream) {
+  down_sweep::launch_any<kMx, kHBf16>(p, stream);
+  MXMOE_CHECK_LAUNCH("decode_down_sweep");
+}
+
+}  // namespace mxmoe::detail
