@@ -10,6 +10,10 @@ one-line-per-kernel summary of the report.
         base`; LABELS: lines "label<TAB>expected read bytes<TAB>expected write bytes<TAB>kind" in launch
         order, and q / t (a quantize_mxfp8 kernel / a torch kernel) (bench/quant_variants.py --profile
         writes them).
+  ncu_quant_diag.py sector-metrics             the --metrics of the L2 write-sector table below.
+  ncu_quant_diag.py sectors RAW_CSV LABELS     that table (scripts/quant_tmas_ab.sh, quant_unit_ab.sh
+        step 2): duration, L2 write sectors and requests, DRAM MB, L2 % per kernel; RAW_CSV from
+        `ncu --metrics $(sector-metrics) --csv --page raw --print-units base`, LABELS as above.
 """
 import csv
 import re
@@ -132,10 +136,34 @@ def summary(raw_csv, labels_file):
             print("    " + ", ".join(f"{n[:-4]} {f(val(r, n), '.3g')}" for n in auto)[:600])
 
 
+SECTORS = ["gpu__time_duration.sum", "lts__t_sectors_srcunit_tex_op_write.sum", "lts__t_requests_srcunit_tex_op_write.sum",
+           "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed"]
+
+
+def sectors(raw_csv, labels_file):
+    rows = [r for r in csv.reader(l for l in open(raw_csv) if l.startswith('"'))]
+    labels = [l.split("\t")[0] for l in open(labels_file) if l.strip()]
+    if not rows:
+        sys.exit("no ncu rows")
+    head, data = rows[0], [r for r in rows[1:] if r and r[0].isdigit()]
+    idx = [head.index(w) if w in head else None for w in SECTORS]
+    print(f"{'label':26s} {'ns':>10s} {'wr sectors':>12s} {'wr requests':>12s} {'dram rd MB':>10s} {'dram wr MB':>10s} {'L2 %':>6s}")
+    for i, r in enumerate(data):
+        v = [r[j] if j is not None else "-" for j in idx]
+        f = lambda s, d=1.0: f"{float(s.replace(',', '')) / d:.0f}" if s not in ("-", "") else "-"  # noqa: E731
+        print(f"{labels[i] if i < len(labels) else '?':26s} {f(v[0]):>10s} {f(v[1]):>12s} {f(v[2]):>12s} "
+              f"{f(v[3], 1e6):>10s} {f(v[4], 1e6):>10s} {v[5][:6]:>6s}")
+
+
 def main():
+    if len(sys.argv) == 2 and sys.argv[1] == "sector-metrics":
+        print(",".join(SECTORS))
+        return
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    if sys.argv[1] == "metrics":
+    if sys.argv[1] == "sectors":
+        sectors(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "metrics":
         print(metrics(sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "sure"))
     elif sys.argv[1] == "summary":
         summary(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

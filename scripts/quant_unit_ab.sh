@@ -65,29 +65,13 @@ grep -q "^Traceback" "$OUT/unit_variants.log" && sed -n '/^Traceback/,$p' "$OUT/
 
 echo "== 2. ncu: L2 write sectors / requests, 16384x7168 row+col (t=${SECONDS}s)"
 if command -v ncu > /dev/null && [ $((BUDGET - SECONDS)) -gt 20 ]; then
-  M=lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed
+  M=$(python3 scripts/ncu_quant_diag.py sector-metrics)
   KEEP='^(?!row\+col (tma-rr|tma-unit|tma-u1x1|skel-sc-early|skel-sc-unit)$)'
   timeout "$(left 40)" ncu --clock-control none --kernel-name-base demangled -k "regex:quantize_mxfp8_[a-z_]+kernel" \
     --metrics "$M" --csv --page raw --print-units base \
     python3 bench/quant_variants.py --skip "$KEEP" --profile "$OUT/unit_ncu_labels.txt" > "$OUT/unit_ncu.csv" 2> "$OUT/unit_ncu_run.log"
   echo "ncu rc=$?"
-  python3 - "$OUT/unit_ncu.csv" "$OUT/unit_ncu_labels.txt" <<'EOF' | tee "$OUT/unit_ncu.txt"
-import csv, sys
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-labels = [l.split("\t")[0] for l in open(sys.argv[2]) if l.strip()]
-if not rows:
-    sys.exit("no ncu rows")
-head, data = rows[0], [r for r in rows[1:] if r and r[0].isdigit()]
-want = ["gpu__time_duration.sum", "lts__t_sectors_srcunit_tex_op_write.sum", "lts__t_requests_srcunit_tex_op_write.sum",
-        "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed"]
-idx = [head.index(w) if w in head else None for w in want]
-print(f"{'label':26s} {'ns':>10s} {'wr sectors':>12s} {'wr requests':>12s} {'dram rd MB':>10s} {'dram wr MB':>10s} {'L2 %':>6s}")
-for i, r in enumerate(data):
-    v = [r[j] if j is not None else "-" for j in idx]
-    f = lambda s, d=1.0: f"{float(s.replace(',', '')) / d:.0f}" if s not in ("-", "") else "-"
-    print(f"{labels[i] if i < len(labels) else '?':26s} {f(v[0]):>10s} {f(v[1]):>12s} {f(v[2]):>12s} "
-          f"{f(v[3], 1e6):>10s} {f(v[4], 1e6):>10s} {v[5][:6]:>6s}")
-EOF
+  python3 scripts/ncu_quant_diag.py sectors "$OUT/unit_ncu.csv" "$OUT/unit_ncu_labels.txt" | tee "$OUT/unit_ncu.txt"
 else
   echo "ncu not found or no time left"
 fi
