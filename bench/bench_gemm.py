@@ -190,6 +190,12 @@ def torch_block_rebase(data, scales, E, N, K, pitch):
     return fdata, fscales
 
 
+def pow2_f64(e):
+    """FP64 2^e, exact, for an integer tensor e in [-1022, 1023] (built from the exponent field:
+    torch.pow(2.0, x) on the GPU is not exact to the last bit in float64)."""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def check_block_form(b_d, b_s, fdata, fscales, E, N, K):
     """The block form against its definition (ref::rebase_fast_block128), evaluated here independently of
     the torch cast: per block of exponent E_b (the stored scale byte), every element must be
@@ -202,15 +208,15 @@ def check_block_form(b_d, b_s, fdata, fscales, E, N, K):
     changed = flushed = total = 0
     for e in range(E):
         sb = b_s[e * N:(e + 1) * N].to(torch.int32)
-        mx = b_d[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * torch.pow(
-            2.0, (sb - 127).double()).unsqueeze(-1)
+        mx = b_d[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * pow2_f64(
+            sb - 127).unsqueeze(-1)
         bs = fscales[e, :, :(N + 127) // 128].t().to(torch.int32)  # [nrb, nck]
         emax = bs.repeat_interleave(128, 0)[:N].repeat_interleave(4, 1)[:, :nb]  # [N, nb]
-        unit = torch.pow(2.0, (emax - 127).double()).unsqueeze(-1)
+        unit = pow2_f64(emax - 127).unsqueeze(-1)
         blk = fdata[e * N:(e + 1) * N].view(torch.float8_e4m3fn).double().view(N, nb, 32) * unit
         v = mx / unit  # exact (power of two); |v| <= 448 where the block scale is the block's maximum
         _, ex = torch.frexp(v)  # |v| = m·2^ex, m in [0.5, 1): E4M3 exponent ex - 1, at least -6
-        quantum = torch.pow(2.0, (torch.clamp(ex - 1, min=-6) - 3).double())
+        quantum = pow2_f64(torch.clamp(ex - 1, min=-6) - 3)
         want = (torch.round(v / quantum) * quantum).clamp(-448.0, 448.0) * unit
         poisoned = (emax == 255).unsqueeze(-1).expand_as(blk)  # a NaN block of the MX copy: the whole block NaN
         bad = torch.where(poisoned, ~torch.isnan(blk), torch.isnan(blk) | (blk != want))
