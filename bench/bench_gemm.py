@@ -42,8 +42,9 @@ Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf1
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
 the same GEMM on row-major images [rows, M] (bitwise equal output required).
 --fast-block adds, to each m-grouped case, "mxmoe-fast-blk": fast mode with the weights (B) in the
-128x128-block form (gemm.h FastScaleLayout::kBlock128), made here on the GPU from B's MX copy
-(torch_block_rebase; outside the timed region) and timed in alternation with the others. It is a
+128x128-block form (gemm.h FastScaleLayout::kBlock128), made from B's MX copy by the library's
+rebase_mxfp8_fast_block128 (outside the GEMM's timed region; its own time and GB/s are printed, and
+its output must equal an independent PyTorch construction, torch_block_rebase, bit for bit) and timed in alternation with the others. It is a
 different operand from mxmoe-fast's, so its output is not compared bitwise; it must pass the same
 verification, and both fast lines then show their relative Frobenius error against the BF16
 baseline in the last column (accuracy measured, not assumed), the blk line also its speed-up over
@@ -106,6 +107,8 @@ def setup_lib(lib):
     f.restype = i32
     lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
     lib.mxmoe_fast_block_scales_pitch.restype = i64
+    lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
+    lib.mxmoe_rebase_mxfp8_fast_block128.restype = i32
     g = lib.mxmoe_k_grouped_mxfp8_gemm_nt
     # ..., mode, out_dtype, accumulate, num_sms, image_layout, stream
     g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, i32, vp]
@@ -479,8 +482,25 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
     variants = mxmoe_variants(multicast_both, tile_both)
     b_forms = {ROW128: (b_fd, b_fs)}
     if FAST_BLOCK:  # B's 128x128-block form from its MX copy, checked against it (not timed)
-        b_forms[BLOCK128] = torch_block_rebase(b_d, b_s, E, N, K, lib.mxmoe_fast_block_scales_pitch(N))
-        changed, flushed, total = check_block_form(b_d, b_s, *b_forms[BLOCK128], E, N, K)
+        pitch = lib.mxmoe_fast_block_scales_pitch(N)
+        want_d, want_s = torch_block_rebase(b_d, b_s, E, N, K, pitch)
+        changed, flushed, total = check_block_form(b_d, b_s, want_d, want_s, E, N, K)
+        # The library's kernel makes the operand; it must equal the PyTorch construction bit for bit.
+        blk_d, blk_s = torch.empty_like(want_d), torch.full_like(want_s, 0xEE)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+        def rebase():
+            if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(b_d), ptr(b_s), E, N, K, ptr(blk_d), ptr(blk_s), stream) != 0:
+                raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
+        rebase()
+        if not (torch.equal(blk_d, want_d) and torch.equal(blk_s, want_s)):
+            raise RuntimeError("rebase_mxfp8_fast_block128 differs from the PyTorch block form of B")
+        b_forms[BLOCK128] = (blk_d, blk_s)
+        # Its time (a weight transform, not part of the GEMM's) and bandwidth: 2 + 1/32 bytes per element.
+        row["blk_rebase_us"] = timer(rebase)
+        row["blk_rebase_gbs"] = (2 + 1 / 32) * E * N * K / (row["blk_rebase_us"] * 1e-6) / 1e9
+        print(f"  rebase_mxfp8_fast_block128 of B [{E}, {N}, {K}]: {row['blk_rebase_us']:.1f} us, "
+              f"{row['blk_rebase_gbs']:.0f} GB/s (bitwise the PyTorch block form)", flush=True)
         row["blk_changed_frac"] = changed / max(total, 1)  # re-rounded by the block form (incl. flushed)
         row["blk_flushed_frac"] = flushed / max(total, 1)
         variants.insert(1, (FAST, "mxmoe-fast-blk", None, None))

@@ -44,6 +44,12 @@ int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales, int64_t ro
 int mxmoe_dequantize_mxfp8_bf16_token_blocked(const void* data, const void* scales, int64_t rows, int64_t cols,
                                               void* image, void* stream);
 
+/* The 128x128-block fast form of plain MX copies [batch, rows, cols] (mxmoe/quantize.h,
+ * rebase_mxfp8_fast_block128): block_data E4M3 [batch, rows, cols], block_scales E8M0
+ * [batch, ceil(cols/128), mxmoe_fast_block_scales_pitch(rows)]. */
+int mxmoe_rebase_mxfp8_fast_block128(const void* data, const void* scales, int64_t batch, int64_t rows,
+                                     int64_t cols, void* block_data, void* block_scales, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

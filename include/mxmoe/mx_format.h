@@ -38,8 +38,9 @@
 //   drops below E4M3's normal range (2^-6), where it is rounded again. A chunk that contains a NaN
 //   block gets fast scale 0xFF and fast data 0x7F for the whole chunk.
 //   3-D tensors [B, R, C] use [B, R, C], [B, R, C/32], and [B, ceil(C/128), R] for the fast scales.
-// 128x128-block variant (weights only, opt-in: gemm.h FastScaleLayout::kBlock128; not emitted by
-// the quantizers yet, ref::rebase_fast_block128 makes it): the same rule with E taken over a block
+// 128x128-block variant (weights only, opt-in: gemm.h FastScaleLayout::kBlock128; made on the GPU
+// from the plain MX copy by quantize.h's rebase_mxfp8_fast_block128, on the CPU by
+// ref::rebase_fast_block128): the same rule with E taken over a block
 // of up to 128 rows of one [R, C] matrix (rows [128j, 128j + 128), the last block shorter when R %
 // 128 != 0) x one 128-chunk; scales [B, ceil(C/128), fast_block_scales_pitch(R)], one byte per
 // block, pitch = ceil(R/128) rounded up to a multiple of 16 (TMA strides), padding bytes not read.

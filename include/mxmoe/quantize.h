@@ -78,6 +78,24 @@ void quantize_mxfp8_gather_scaled(const __nv_bfloat16* x, int64_t x_rows, int64_
                                   const MxOut* rowwise, const MxOut* colwise, ScaleMode mode = ScaleMode::kRceil,
                                   cudaStream_t stream = nullptr);
 
+// The 128x128-block fast form of the weights (gemm.h FastScaleLayout::kBlock128, mx_format.h; an
+// opt-in alternative to DESIGN §2's per-row fast form for operand B of m_grouped_mxfp8_gemm_nt),
+// made from plain MX copies of [batch, rows, cols] (per matrix blocks of 32 along cols, as
+// quantize_mxfp8 writes them: data E4M3 [batch, rows, cols], scales E8M0 [batch, rows, cols/32]):
+//   block_data   E4M3 [batch, rows, cols]
+//   block_scales E8M0 [batch, ceil(cols/128), fast_block_scales_pitch(rows)]; byte [b][c][j] is the
+//                exponent of rows [128j, min(128j + 128, rows)) of matrix b over columns [128c, 128c + 128);
+//                the pitch's padding bytes are written as 0.
+// Bitwise ref::rebase_fast_block128(m, batch): per block E = the largest scale byte of its 32-blocks
+// (a NaN byte 0xFF poisons the whole block: scale 0xFF, data 0x7F), every code re-expressed as
+// E4M3_rne_satfinite(code · 2^(e_b − E)). For the column-wise copy of a weight [E, N, K] (the dgrad
+// operand [E, K, N]) call it with rows = K, cols = N. data and block_data 16-byte aligned (they may be
+// the same buffer: in place); block_scales must not overlap scales. batch <= 65535, rows <= 65535 · 128.
+// Kernel: src/kernels/quantize/rebase_fast_block128_sm90.cu (memory-bound, 2 bytes per element).
+void rebase_mxfp8_fast_block128(const uint8_t* data, const uint8_t* scales, int64_t batch, int64_t rows,
+                                int64_t cols, uint8_t* block_data, uint8_t* block_scales,
+                                cudaStream_t stream = nullptr);
+
 // padded_offsets[g] = Σ_{j<g} roundup(offsets[j+1] - offsets[j], align), for g = 0..num_groups.
 // One small kernel; device in, device out.
 void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,

@@ -86,6 +86,15 @@ extern "C" int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales,
   });
 }
 
+extern "C" int mxmoe_rebase_mxfp8_fast_block128(const void* data, const void* scales, int64_t batch, int64_t rows,
+                                                int64_t cols, void* block_data, void* block_scales, void* stream) {
+  return c_api_guarded([&] {
+    mxmoe::rebase_mxfp8_fast_block128(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(scales), batch,
+                                      rows, cols, static_cast<uint8_t*>(block_data),
+                                      static_cast<uint8_t*>(block_scales), static_cast<cudaStream_t>(stream));
+  });
+}
+
 extern "C" int mxmoe_dequantize_mxfp8_bf16_token_blocked(const void* data, const void* scales, int64_t rows,
                                                          int64_t cols, void* image, void* stream) {
   return c_api_guarded([&] {

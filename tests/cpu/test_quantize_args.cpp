@@ -128,6 +128,33 @@ TEST(QuantizeArgs, DequantizeRejectsBadArguments) {
   EXPECT_NO_THROW(dequantize_mxfp8_bf16(nullptr, nullptr, 0, 128, nullptr));
 }
 
+// The 128x128-block fast form (rebase_mxfp8_fast_block128): shapes, pointers, and block_scales
+// overlapping scales, all before any launch.
+TEST(QuantizeArgs, RebaseBlock128RejectsBadArguments) {
+  const uint8_t* d = fake<const uint8_t>(0x20000);
+  const uint8_t* s = fake<const uint8_t>(0x30001);  // scales need no alignment
+  uint8_t* bd = fake<uint8_t>(0x40000);
+  uint8_t* bs = fake<uint8_t>(0x50003);
+  const auto f = [](auto... args) { rebase_mxfp8_fast_block128(args...); };
+  expect_error_naming([&] { f(d, s, 2, 256, 100, bd, bs, nullptr); }, "cols");
+  expect_error_naming([&] { f(d, s, 2, 256, 0, bd, bs, nullptr); }, "cols");
+  expect_error_naming([&] { f(d, s, 0, 256, 128, bd, bs, nullptr); }, "batch");
+  expect_error_naming([&] { f(d, s, 65536, 256, 128, bd, bs, nullptr); }, "batch");
+  expect_error_naming([&] { f(d, s, 2, -1, 128, bd, bs, nullptr); }, "rows");
+  expect_error_naming([&] { f(d, s, 1, int64_t(65536) * 128, 128, bd, bs, nullptr); }, "rows");
+  expect_error_naming([&] { f(d, s, 64, int64_t(1) << 20, int64_t(1) << 37, bd, bs, nullptr); }, "rows");
+  expect_error_naming([&] { f(nullptr, s, 2, 256, 128, bd, bs, nullptr); }, "data");
+  expect_error_naming([&] { f(fake<const uint8_t>(0x20008), s, 2, 256, 128, bd, bs, nullptr); }, "data");
+  expect_error_naming([&] { f(d, nullptr, 2, 256, 128, bd, bs, nullptr); }, "scales");
+  expect_error_naming([&] { f(d, s, 2, 256, 128, nullptr, bs, nullptr); }, "block_data");
+  expect_error_naming([&] { f(d, s, 2, 256, 128, fake<uint8_t>(0x40004), bs, nullptr); }, "block_data");
+  expect_error_naming([&] { f(d, s, 2, 256, 128, bd, nullptr, nullptr); }, "block_scales");
+  // scales span [0x30001, 0x30801) (2 · 256 rows · 4 blocks); block scales starting inside overlap them.
+  expect_error_naming([&] { f(d, s, 2, 256, 128, bd, fake<uint8_t>(0x30801 - 16), nullptr); }, "block_scales");
+  // rows == 0: nothing to do (no CUDA call).
+  EXPECT_NO_THROW(f(nullptr, nullptr, 1, 0, 128, nullptr, nullptr, nullptr));
+}
+
 // The token-blocked image (ImageLayout::kTokenBlocked): the same checks, plus cols % 128 == 0 and
 // rows · cols / 128 < 2^31 (the kernel's 32-bit group index).
 TEST(QuantizeArgs, DequantizeTokenBlockedRejectsBadArguments) {

@@ -1,0 +1,128 @@
+// The 128x128-block fast form of plain MX copies (include/mxmoe/quantize.h,
+// rebase_mxfp8_fast_block128; the form: mx_format.h and gemm.h FastScaleLayout::kBlock128).
+//
+// Input: data E4M3 [batch, rows, cols] (16-byte aligned), scales E8M0 [batch, rows, cols/32] (any
+// alignment), as quantize_mxfp8 writes them. Output: block_data E4M3 [batch, rows, cols] (16-byte
+// aligned), block_scales E8M0 [batch, ceil(cols/128), pitch] with pitch = fast_block_scales_pitch(rows)
+// (the bytes past ceil(rows/128) in each (matrix, chunk) row written as 0).
+//
+// One CTA of 256 threads per block (matrix b, row block j, 128-chunk c): thread t owns row 128j + t/2
+// and the two 32-blocks 2(t%2), 2(t%2) + 1 of the chunk (64 bytes). It loads its 64 data bytes and its
+// two scale bytes first (all loads of the block in flight at once), then the CTA takes the maximum
+// scale byte (a warp max, then one shared-memory word per warp): E = max over the block's 32-blocks of
+// their scale bytes, where 0xFF (NaN) wins and poisons the block, and an all-zero 32-block (byte 0)
+// never raises it — exactly ref::rebase_span's rule. Each code is then rebased against E with the row
+// fast form's conversion (rebase_x16: code · 2^(e_b − E) rounded to E4M3, RNE, satfinite; the whole
+// block 0x7F when E = 0xFF), so the output is bitwise ref::rebase_fast_block128.
+// Rows past the matrix's last row (its last block is shorter when rows % 128 != 0) and 32-blocks past
+// cols (the last chunk has fewer than four when cols % 128 != 0) are neither read nor written.
+// Roofline: memory-bound; 2 bytes moved per element (+ 1/32 read), one block per CTA, 16 KB in flight
+// per CTA. Registers: ~40, no dynamic shared memory.
+// Tests: tests/gpu/test_rebase_block_gpu.cpp (bitwise against ref::rebase_fast_block128, including NaN
+// and all-zero blocks, rows % 128 != 0 and cols = 2880); argument checks in
+// tests/cpu/test_quantize_args.cpp. Bench: bench/bench_gemm.py --fast-block makes the GEMM's operand
+// with it and checks it bitwise against an independent PyTorch construction.
+#include <cstdint>
+
+#include "device/mx_convert.cuh"
+#include "host/check.h"
+#include "mxmoe/quantize.h"
+
+namespace mxmoe {
+namespace {
+
+constexpr int kThreads = 256;                         // 128 rows x 2 halves of a chunk
+constexpr int kBlocksPerChunk = kFastChunk / kMxBlock;  // 4
+static_assert(kThreads == 2 * kFastBlockRows, "one thread per (row, half chunk)");
+
+__device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t emax) {
+  if (emax == kE8M0Nan) return make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
+  const float pw = dev::exp2_nonpositive(int(block) - int(emax));
+  return make_uint4(dev::e4m3x4_rebase(q.x, pw), dev::e4m3x4_rebase(q.y, pw), dev::e4m3x4_rebase(q.z, pw),
+                    dev::e4m3x4_rebase(q.w, pw));
+}
+
+// grid (chunks, row blocks, batch)
+__global__ void __launch_bounds__(kThreads)
+rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, int64_t rows,
+                            int64_t cols, int64_t pitch, uint8_t* __restrict__ block_data,
+                            uint8_t* __restrict__ block_scales) {
+  __shared__ uint32_t warp_max[kThreads / 32];
+  const int64_t nblk = cols / kMxBlock, nchunks = gridDim.x;
+  const int64_t c = blockIdx.x, j = blockIdx.y, b = blockIdx.z;
+  const int r = threadIdx.x / 2, half = threadIdx.x % 2;
+  const int64_t row = j * kFastBlockRows + r;  // within the matrix
+  const int64_t blk0 = c * kBlocksPerChunk + 2 * half;
+  const bool row_ok = row < rows;
+  const bool ok0 = row_ok && blk0 < nblk, ok1 = row_ok && blk0 + 1 < nblk;
+  const int64_t grow = b * rows + row;  // row of the flat [batch · rows, cols] tensor
+  const uint4* src = reinterpret_cast<const uint4*>(data + grow * cols + blk0 * kMxBlock);
+  uint4 q[4];
+  uint32_t s0 = 0, s1 = 0;
+  if (ok0) {
+    q[0] = __ldg(src);
+    q[1] = __ldg(src + 1);
+    s0 = __ldg(scales + grow * nblk + blk0);
+  }
+  if (ok1) {
+    q[2] = __ldg(src + 2);
+    q[3] = __ldg(src + 3);
+    s1 = __ldg(scales + grow * nblk + blk0 + 1);
+  }
+  // 0 for the blocks a thread does not own: byte 0 never raises the maximum (like an all-zero block).
+  const uint32_t wm = __reduce_max_sync(0xFFFFFFFFu, s0 > s1 ? s0 : s1);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = wm;
+  __syncthreads();
+  uint32_t emax = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) emax = emax > warp_max[w] ? emax : warp_max[w];
+  uint4* dst = reinterpret_cast<uint4*>(block_data + grow * cols + blk0 * kMxBlock);
+  if (ok0) {
+    dst[0] = rebase_x16(q[0], s0, emax);
+    dst[1] = rebase_x16(q[1], s0, emax);
+  }
+  if (ok1) {
+    dst[2] = rebase_x16(q[2], s1, emax);
+    dst[3] = rebase_x16(q[3], s1, emax);
+  }
+  uint8_t* srow = block_scales + (b * nchunks + c) * pitch;
+  if (threadIdx.x == 0) srow[j] = uint8_t(emax);
+  // The pitch's padding bytes, once per (matrix, chunk) row: by the CTA of the last row block.
+  if (j == int64_t(gridDim.y) - 1)
+    for (int64_t p = gridDim.y + threadIdx.x; p < pitch; p += kThreads) srow[p] = 0;
+}
+
+}  // namespace
+
+void rebase_mxfp8_fast_block128(const uint8_t* data, const uint8_t* scales, int64_t batch, int64_t rows, int64_t cols,
+                                uint8_t* block_data, uint8_t* block_scales, cudaStream_t stream) {
+  constexpr const char* fn = "rebase_mxfp8_fast_block128";
+  using detail::throw_arg;
+  using detail::to_str;
+  if (batch < 1 || batch > 65535) throw_arg(fn, "batch", to_str(batch), "must be in [1, 65535]");
+  if (rows < 0) throw_arg(fn, "rows", to_str(rows), "must be >= 0");
+  if (cols <= 0 || cols % kMxBlock != 0)
+    throw_arg(fn, "cols", to_str(cols), "must be a positive multiple of 32 (MX blocks run along it)");
+  const int64_t nchunks = (cols + kFastChunk - 1) / kFastChunk, nrb = (rows + kFastBlockRows - 1) / kFastBlockRows;
+  if (nchunks > 0x7FFFFFFF) throw_arg(fn, "cols", to_str(cols), "must be below 2^38");
+  if (nrb > 65535) throw_arg(fn, "rows", to_str(rows), "must be at most 65535 · 128 (row blocks per matrix)");
+  if (rows > 0 && cols > ((int64_t(1) << 62) / (rows * batch)))
+    throw_arg(fn, "rows", to_str(rows), "batch · rows · cols must be below 2^62");
+  if (rows == 0) return;
+  detail::check_device_ptrs(fn, {{"data", data}, {"block_data", block_data}});
+  detail::check_not_null(fn, "scales", scales);
+  detail::check_not_null(fn, "block_scales", block_scales);
+  // In place (block_data == data) is safe: a thread writes only the bytes it has read, after the
+  // block's barrier. The block scales must not overlap the scales other CTAs are still reading.
+  const int64_t nblk = cols / kMxBlock, pitch = fast_block_scales_pitch(rows);
+  const auto* s0 = scales;
+  const auto* s1 = scales + batch * rows * nblk;
+  const auto* o0 = block_scales;
+  const auto* o1 = block_scales + batch * nchunks * pitch;
+  if (o0 < s1 && s0 < o1) throw_arg(fn, "block_scales", to_str(static_cast<const void*>(o0)), "must not overlap scales");
+  const dim3 grid{unsigned(nchunks), unsigned(nrb), unsigned(batch)};
+  rebase_fast_block128_kernel<<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data, block_scales);
+  MXMOE_CHECK_LAUNCH(fn);
+}
+
+}  // namespace mxmoe
