@@ -3,6 +3,7 @@
 // template share one function type, so statics keyed on the type would be set for one kernel only
 // (the cause of run 15's cudaErrorInvalidValue launches).
 #pragma once
+#include <algorithm>
 #include <atomic>
 
 #include <cuda_runtime.h>
@@ -38,6 +39,18 @@ void set_smem_limit_once(const char* fn, int bytes) {
   once_per_device<kernel, SmemLimitTag>(fn, [&](int) {
     MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return 1;
+  });
+}
+
+// CTAs of `kernel` (threads per CTA, smem bytes of dynamic shared memory) that fit on the device at
+// once, cached per device: the grid of a persistent kernel.
+template <auto kernel>
+int max_resident_ctas(const char* fn, int threads, int smem = 0) {
+  return once_per_device<kernel, MaxResidentTag>(fn, [fn, threads, smem](int dev) {
+    int sms = 0, per_sm = 0;
+    MXMOE_CUDA_CHECK(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    return sms * std::max(1, per_sm);
   });
 }
 

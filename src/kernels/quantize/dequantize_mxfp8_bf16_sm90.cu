@@ -115,17 +115,6 @@ dequantize_mxfp8_bf16_kernel(const uint2* __restrict__ data, const uint8_t* __re
   }
 }
 
-// CTAs of `kernel` that fit on the device at once (cached per device).
-template <auto kernel>
-int max_resident_ctas(const char* fn) {
-  return detail::once_per_device<kernel, detail::MaxResidentTag>(fn, [fn](int dev) {
-    int sms = 0, per_sm = 0;
-    MXMOE_CUDA_CHECK(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    MXMOE_CUDA_CHECK(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-    return std::max(1, sms * per_sm);
-  });
-}
-
 // Both layouts: checks, then the kernel of the layout.
 template <bool kBlocked>
 void dequantize_impl(const char* fn, const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols,
@@ -156,7 +145,7 @@ void dequantize_impl(const char* fn, const uint8_t* data, const uint8_t* scales,
     m.groups_per_row = FastDivmod(uint32_t(cols / kImageBlockCols));
   }
   constexpr auto kernel = dequantize_mxfp8_bf16_kernel<kBlocked>;
-  const int max_ctas = max_resident_ctas<kernel>(fn);
+  const int max_ctas = detail::max_resident_ctas<kernel>(fn, kThreads);
   const int64_t per_cta = int64_t(kThreads) * kVecsPerThread;
   const int grid = int(std::min<int64_t>(max_ctas, (num_vecs + per_cta - 1) / per_cta));
   kernel<<<grid, kThreads, 0, stream>>>(reinterpret_cast<const uint2*>(data), scales,

@@ -1701,13 +1701,7 @@ TileGrid make_grid(const QuantizeParams& p) {
 template <auto kernel>
 unsigned persistent_grid(int smem, int32_t num_tiles, int threads = kThreads) {
   detail::set_smem_limit_once<kernel>("quantize_mxfp8", smem);
-  const int resident = detail::once_per_device<kernel, detail::MaxResidentTag>("quantize_mxfp8", [smem, threads](int dev) {
-    int sms = 0, ctas_per_sm = 0;
-    MXMOE_CUDA_CHECK("quantize_mxfp8", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    MXMOE_CUDA_CHECK("quantize_mxfp8",
-                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, threads, smem));
-    return sms * std::max(1, ctas_per_sm);
-  });
+  const int resident = detail::max_resident_ctas<kernel>("quantize_mxfp8", threads, smem);
   return unsigned(std::min<int64_t>(num_tiles, resident));
 }
 
