@@ -90,7 +90,7 @@ void quantize_mxfp8_gather_scaled(const __nv_bfloat16* x, int64_t x_rows, int64_
 // (a NaN byte 0xFF poisons the whole block: scale 0xFF, data 0x7F), every code re-expressed as
 // E4M3_rne_satfinite(code · 2^(e_b − E)). For the column-wise copy of a weight [E, N, K] (the dgrad
 // operand [E, K, N]) call it with rows = K, cols = N. data and block_data 16-byte aligned (they may be
-// the same buffer: in place); block_scales must not overlap scales; fewer than 2^31 blocks in all.
+// the same buffer: in place); block_scales must not overlap scales. batch <= 65535, rows <= 65535 · 128.
 // Kernel: src/kernels/quantize/rebase_fast_block128_sm90.cu (memory-bound, 2 bytes per element).
 void rebase_mxfp8_fast_block128(const uint8_t* data, const uint8_t* scales, int64_t batch, int64_t rows,
                                 int64_t cols, uint8_t* block_data, uint8_t* block_scales,

@@ -139,8 +139,9 @@ TEST(QuantizeArgs, RebaseBlock128RejectsBadArguments) {
   expect_error_naming([&] { f(d, s, 2, 256, 100, bd, bs, nullptr); }, "cols");
   expect_error_naming([&] { f(d, s, 2, 256, 0, bd, bs, nullptr); }, "cols");
   expect_error_naming([&] { f(d, s, 0, 256, 128, bd, bs, nullptr); }, "batch");
+  expect_error_naming([&] { f(d, s, 65536, 256, 128, bd, bs, nullptr); }, "batch");
   expect_error_naming([&] { f(d, s, 2, -1, 128, bd, bs, nullptr); }, "rows");
-  expect_error_naming([&] { f(d, s, 1024, int64_t(1) << 20, int64_t(1) << 17, bd, bs, nullptr); }, "rows");  // 2^31 blocks
+  expect_error_naming([&] { f(d, s, 1, int64_t(65536) * 128, 128, bd, bs, nullptr); }, "rows");
   expect_error_naming([&] { f(d, s, 64, int64_t(1) << 20, int64_t(1) << 37, bd, bs, nullptr); }, "rows");
   expect_error_naming([&] { f(nullptr, s, 2, 256, 128, bd, bs, nullptr); }, "data");
   expect_error_naming([&] { f(fake<const uint8_t>(0x20008), s, 2, 256, 128, bd, bs, nullptr); }, "data");

@@ -87,8 +87,7 @@ class RebaseBlockGpu : public ::testing::Test {
 
 // Random codes under random scales over the whole byte range (so exponent gaps beyond 2^-126 flush
 // to zero; scale 0xFF included), NaN-poisoned and all-zero blocks, in shapes whose last row block is short (rows % 128
-// != 0), whose last chunk is short (cols = 2880, 96), a single row, a pitch above 16, and more blocks
-// than CTAs.
+// != 0), whose last chunk is short (cols = 2880, 96), a single row, a pitch above 16, and many blocks.
 TEST_F(RebaseBlockGpu, RandomCodesAndScales) {
   MXMOE_REQUIRE_GPU();
   SCOPED_TRACE(::testing::Message() << "seed " << fresh_seed());
@@ -97,7 +96,7 @@ TEST_F(RebaseBlockGpu, RandomCodesAndScales) {
   expect_rebase_matches(random_mx(1, 96, rng_, 0, 255, false), 1, "1 x 1 x 96");
   expect_rebase_matches(random_mx(5 * 33, 64, rng_, 100, 140, true), 5, "5 x 33 x 64");
   expect_rebase_matches(random_mx(2 * 2100, 256, rng_, 110, 135, false), 2, "2 x 2100 x 256 (pitch 32)");
-  // More blocks (1024) than the persistent grid has CTAs (4 an SM): every CTA walks several.
+  // Many blocks (1024: more than the SMs hold at once).
   expect_rebase_matches(random_mx(8 * 1000, 2048, rng_, 100, 150, true), 8, "8 x 1000 x 2048 (1024 blocks)");
 }
 
