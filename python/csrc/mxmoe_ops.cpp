@@ -301,6 +301,33 @@ Tensor dequantize_mxfp8_bf16(const Tensor& data, const Tensor& scales) {
   return make_image(data, scales);
 }
 
+// The 128x128-block fast form of weights (quantize.h: rebase_mxfp8_fast_block128; gemm.h
+// FastScaleLayout::kBlock128) from a plain MX copy: data float8_e4m3fn [R, C] or [B, R, C], scales
+// uint8 [..., R, C/32] -> (block_data float8_e4m3fn of data's shape, block_scales uint8
+// [B, ceil(C/128), pitch] (B = 1 for 2-D data), pitch = ceil(R/128) rounded up to 16).
+std::tuple<Tensor, Tensor> rebase_mxfp8_fast_block128(const Tensor& data, const Tensor& scales) {
+  Checker c{"rebase_mxfp8_fast_block128"};
+  c.tensor("data", data, kFp8, 16);
+  TORCH_CHECK_VALUE(data.dim() == 2 || data.dim() == 3, "mxmoe.rebase_mxfp8_fast_block128: argument 'data' "
+                    "must be 2-D or 3-D, got shape ", data.sizes());
+  const int64_t cols = data.size(-1), rows = data.size(-2), batch = data.dim() == 3 ? data.size(0) : 1;
+  c.value(cols > 0 && cols % 32 == 0, "data.shape[-1]", cols, "must be a positive multiple of 32");
+  c.value(batch >= 1, "data.shape[0]", batch, "must be >= 1");
+  c.tensor("scales", scales, kU8, 1);
+  std::vector<int64_t> want(data.sizes().begin(), data.sizes().end());
+  want.back() = cols / 32;
+  c.shape("scales", scales, want);
+  Tensor bd = at::empty_like(data);
+  Tensor bs = at::empty({batch, cdiv(cols, 128), mxmoe::fast_block_scales_pitch(rows)}, data.options().dtype(kU8));
+  if (rows == 0) return {bd, bs};
+  const c10::cuda::CUDAGuard guard(data.device());
+  call_api([&] {
+    mxmoe::rebase_mxfp8_fast_block128(ptr<const uint8_t>(data), ptr<const uint8_t>(scales), batch, rows, cols,
+                                      ptr<uint8_t>(bd), ptr<uint8_t>(bs), current_stream(data.device()));
+  });
+  return {bd, bs};
+}
+
 // ---- grouped GEMMs ---------------------------------------------------------------------------
 
 mxmoe::GemmOutDtype gemm_out_dtype(const char* op, ScalarType t) {
@@ -334,11 +361,13 @@ Tensor exact_image(Checker& c, const char* arg, const std::optional<Tensor>& ima
   return make_image(data, scales);
 }
 
-mxmoe::MxOperand operand(const Tensor& data, const Tensor& scales, const Tensor& image, bool fast) {
+mxmoe::MxOperand operand(const Tensor& data, const Tensor& scales, const Tensor& image, bool fast,
+                         bool block = false) {
   mxmoe::MxOperand o;
   if (fast) {
     o.fast_data = ptr<const uint8_t>(data);
     o.fast_scales = ptr<const uint8_t>(scales);
+    if (block) o.fast_scale_layout = mxmoe::FastScaleLayout::kBlock128;
   } else {
     o.data = ptr<const uint8_t>(data);
     o.scales = ptr<const uint8_t>(scales);
@@ -358,10 +387,12 @@ struct MGroupedShape {
   int64_t m, n, k, e;
 };
 
-// a fp8 [M, K]; b fp8 [E, N, K]; scales per mode (fast: a [ceil(K/128), M], b [E, ceil(K/128), N];
-// exact: a [M, K/32], b [E, N, K/32]); offsets int32 [E+1].
+// a fp8 [M, K]; b fp8 [E, N, K]; scales per mode (fast: a [ceil(K/128), M], b [E, ceil(K/128), N],
+// or with b_block b's 128x128-block form [E, ceil(K/128), fast_block_scales_pitch(N)]; exact: a [M, K/32],
+// b [E, N, K/32]); offsets int32 [E+1].
 MGroupedShape check_m_grouped(Checker& c, const Tensor& a, const Tensor& a_scales, const Tensor& b,
-                              const Tensor& b_scales, const Tensor& offsets, bool fast) {
+                              const Tensor& b_scales, const Tensor& offsets, bool fast, bool b_block) {
+  c.value(!b_block || fast, "b_block", b_block, "needs fast=True (the block form is a fast-mode operand)");
   c.device_of("a", a);
   c.dim("a", a, 2);
   c.dim("b", b, 3);
@@ -375,7 +406,8 @@ MGroupedShape check_m_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
           "(E) must be in [1, " + std::to_string(mxmoe::kMaxGemmExperts) + "]");
   const int64_t kc = cdiv(k, 128);
   check_operand(c, "a", a, "a_scales", a_scales, fast, {kc, m}, {m, k / 32});
-  check_operand(c, "b", b, "b_scales", b_scales, fast, {e, kc, n}, {e, n, k / 32});
+  check_operand(c, "b", b, "b_scales", b_scales, fast,
+                {e, kc, b_block ? mxmoe::fast_block_scales_pitch(n) : n}, {e, n, k / 32});
   c.tensor("offsets", offsets, kI32, 4);
   c.shape("offsets", offsets, {e + 1});
   return {m, n, k, e};
@@ -395,11 +427,11 @@ mxmoe::GemmOptions gemm_options(const char* op, const Tensor& a, const Tensor& o
 
 void run_m_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
                    const Tensor& b_scales, const Images& img, const Tensor& offsets, const MGroupedShape& s,
-                   const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
+                   const Tensor& out, bool fast, bool accumulate, int64_t num_sms, bool b_block) {
   const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
   call_api([&] {
-    mxmoe::m_grouped_mxfp8_gemm_nt(operand(a, a_scales, img.a, fast), s.m, operand(b, b_scales, img.b, fast),
+    mxmoe::m_grouped_mxfp8_gemm_nt(operand(a, a_scales, img.a, fast), s.m, operand(b, b_scales, img.b, fast, b_block),
                                    int(s.e), s.n, s.k, ptr<const int32_t>(offsets),
                                    out.numel() ? out.data_ptr() : nullptr, opts);
   });
@@ -434,14 +466,15 @@ void check_gemm_out(Checker& c, const Tensor& out, std::initializer_list<int64_t
 Tensor m_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                const Tensor& b_scales, const Tensor& offsets, bool fast,
                                std::optional<ScalarType> out_dtype, int64_t num_sms,
-                               const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
+                               const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image,
+                               bool b_block) {
   const char* op = "m_grouped_mxfp8_gemm_nt";
   Checker c{op};
-  const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast);
+  const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast, b_block);
   Tensor y = new_gemm_out(c, a, out_dtype, {s.m, s.n}, num_sms);
   const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
                    exact_image(c, "b_image", b_image, b, b_scales, fast)};
-  run_m_grouped(op, a, a_scales, b, b_scales, img, offsets, s, y, fast, false, num_sms);
+  run_m_grouped(op, a, a_scales, b, b_scales, img, offsets, s, y, fast, false, num_sms, b_block);
   return y;
 }
 
@@ -450,14 +483,15 @@ Tensor m_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Te
 void m_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                  const Tensor& b_scales, const Tensor& offsets, const Tensor& out,
                                  bool fast, bool accumulate, int64_t num_sms,
-                                 const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
+                                 const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image,
+                                 bool b_block) {
   const char* op = "m_grouped_mxfp8_gemm_nt_out";
   Checker c{op};
-  const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast);
+  const MGroupedShape s = check_m_grouped(c, a, a_scales, b, b_scales, offsets, fast, b_block);
   check_gemm_out(c, out, {s.m, s.n}, num_sms);
   const Images img{exact_image(c, "a_image", a_image, a, a_scales, fast),
                    exact_image(c, "b_image", b_image, b, b_scales, fast)};
-  run_m_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms);
+  run_m_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms, b_block);
 }
 
 struct KGroupedShape {
@@ -817,12 +851,13 @@ TORCH_LIBRARY(mxmoe, m) {
   m.def("moe_plan(Tensor ids, int num_experts, int capacity=0) -> "
         "(Tensor counts, Tensor offsets, Tensor padded_offsets, Tensor row_of, Tensor row_index)");
   m.def("dequantize_mxfp8_bf16(Tensor data, Tensor scales) -> Tensor");
+  m.def("rebase_mxfp8_fast_block128(Tensor data, Tensor scales) -> (Tensor block_data, Tensor block_scales)");
   m.def("m_grouped_mxfp8_gemm_nt(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
         "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0, "
-        "Tensor? a_image=None, Tensor? b_image=None) -> Tensor");
+        "Tensor? a_image=None, Tensor? b_image=None, bool b_block=False) -> Tensor");
   m.def("m_grouped_mxfp8_gemm_nt_out(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
         "Tensor offsets, Tensor(a!) out, bool fast=True, bool accumulate=False, int num_sms=0, "
-        "Tensor? a_image=None, Tensor? b_image=None) -> ()");
+        "Tensor? a_image=None, Tensor? b_image=None, bool b_block=False) -> ()");
   m.def("k_grouped_mxfp8_gemm_nt(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
         "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0, "
         "Tensor? a_image=None, Tensor? b_image=None) -> Tensor");
@@ -850,6 +885,7 @@ TORCH_LIBRARY(mxmoe, m) {
   m.impl("compute_padded_offsets", &mxmoe_torch::compute_padded_offsets);        \
   m.impl("moe_plan", &mxmoe_torch::moe_plan);                                    \
   m.impl("dequantize_mxfp8_bf16", &mxmoe_torch::dequantize_mxfp8_bf16);          \
+  m.impl("rebase_mxfp8_fast_block128", &mxmoe_torch::rebase_mxfp8_fast_block128); \
   m.impl("m_grouped_mxfp8_gemm_nt", &mxmoe_torch::m_grouped_mxfp8_gemm_nt);      \
   m.impl("m_grouped_mxfp8_gemm_nt_out", &mxmoe_torch::m_grouped_mxfp8_gemm_nt_out); \
   m.impl("k_grouped_mxfp8_gemm_nt", &mxmoe_torch::k_grouped_mxfp8_gemm_nt);      \

@@ -79,15 +79,22 @@ def _dequantize_mxfp8_bf16(data, scales):
     return data.new_empty(data.shape, dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("mxmoe::rebase_mxfp8_fast_block128")
+def _rebase_mxfp8_fast_block128(data, scales):
+    batch = data.shape[0] if data.dim() == 3 else 1
+    pitch = (_cdiv(data.shape[-2], 128) + 15) // 16 * 16
+    return data.new_empty(data.shape), data.new_empty((batch, _cdiv(data.shape[-1], 128), pitch), dtype=torch.uint8)
+
+
 @torch.library.register_fake("mxmoe::m_grouped_mxfp8_gemm_nt")
 def _m_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0, a_image=None,
-               b_image=None):
+               b_image=None, b_block=False):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.bfloat16)
 
 
 @torch.library.register_fake("mxmoe::m_grouped_mxfp8_gemm_nt_out")
 def _m_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0, a_image=None,
-                   b_image=None):
+                   b_image=None, b_block=False):
     return None
 
 

@@ -169,6 +169,53 @@ def test_fast_and_exact_agree_closely():
     assert float(rel) < 1e-2, f"fast vs exact relative Frobenius difference {float(rel):.3g}"
 
 
+def deq_block(t):
+    """Exact float64 values of a 128x128-block fast form (block_weights): fast_data [E, N, K] times
+    2^(byte - 127) of its block's byte in fast_scales [E, ceil(K/128), pitch]."""
+    E, N, K = t.fast_data.shape
+    s = t.fast_scales[:, :, : (N + 127) // 128].to(torch.int32) - 127  # [E, kc, nrb]
+    per = s.transpose(1, 2).repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]  # [E, N, K]
+    return t.fast_data.to(torch.float64) * torch.pow(2.0, per.to(torch.float64))
+
+
+@pytest.mark.parametrize("n,k", [(256, 384), (160, 288)])
+def test_m_grouped_block_weights(n, k):
+    """grouped_gemm with b in the 128x128-block form (block_weights): the form re-rounds each MX value
+    at most to E4M3's precision at its block's exponent, and the GEMM on it is within fast mode's bound
+    of the FP64 product of the values it reads; bitwise on a rerun; the wrong uses are rejected."""
+    seed = fresh_seed()
+    P = MProblem(4, n, k)
+    what = f"m_grouped block n={n} k={k} counts={P.counts.tolist()} seed={seed}"
+    bb = mxmoe.block_weights(P.b)
+    assert bb.fast_layout == "block128" and bb.fast_data.shape == P.b.data.shape
+    assert tuple(bb.fast_scales.shape) == (4, (k + 127) // 128, ((n + 127) // 128 + 15) // 16 * 16)
+    mx, blk = mxmoe.reference.dequantize(P.b.data, P.b.scales, torch.float64), deq_block(bb)
+    unit = torch.pow(2.0, (bb.fast_scales[:, :, : (n + 127) // 128].to(torch.float64) - 127))
+    unit = unit.transpose(1, 2).repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)[:, :, :k]
+    # one E4M3 rounding at the block's exponent: half an ulp (2^-4 relative) or half the subnormal step
+    assert bool(((blk - mx).abs() <= torch.maximum(mx.abs() * 2.0 ** -4, unit * 2.0 ** -10)).all()), what
+    da = deq(P.a, True)[: P.used]
+    want = torch.zeros(P.used, n, dtype=torch.float64, device=DEV)
+    bound = torch.zeros_like(want)
+    for e in range(P.experts):
+        r0, r1 = int(P.padded[e]), int(P.padded[e + 1])
+        if r1 > r0:
+            want[r0:r1], bound[r0:r1] = dot_with_bound(da[r0:r1], blk[e], True)
+    y = mxmoe.grouped_gemm(P.a, bb, P.d_padded, fast=True, out_dtype=torch.float32)
+    worst = assert_within(y[: P.used], want, bound, what)
+    print(f"{what}: worst |err|/tol = {worst:.3g}")
+    assert_bytes_equal(mxmoe.grouped_gemm(P.a, bb, P.d_padded, fast=True, out_dtype=torch.float32)[: P.used],
+                       y[: P.used], f"{what}: rerun")
+    with pytest.raises(ValueError, match="b_block"):  # exact mode has no block form
+        torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt(P.a.data, P.a.scales, bb.fast_data, bb.fast_scales, P.d_padded,
+                                                False, None, 0, None, None, True)
+    with pytest.raises(ValueError, match="b_scales"):  # per-row scales passed as block ones
+        torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt(P.a.fast_data, P.a.fast_scales, P.b.fast_data, P.b.fast_scales,
+                                                P.d_padded, True, None, 0, None, None, True)
+    with pytest.raises(ValueError, match="'a'"):
+        mxmoe.grouped_gemm(bb._replace(fast_data=P.a.fast_data, fast_scales=P.a.fast_scales), bb, P.d_padded)
+
+
 def test_bf16_image_is_the_reference_rounding():
     """bf16_image = the MX values rounded to bfloat16 (reference.dequantize in float64, then torch's
     round to nearest even), bit for bit: quantized data, and random codes under every finite scale
