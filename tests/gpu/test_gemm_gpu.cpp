@@ -622,7 +622,7 @@ void k_reference_with_bound(const std::vector<double>& da, const std::vector<dou
 // exact-mode image token-blocked (ImageLayout::kTokenBlocked) instead of row-major.
 std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bool accumulate,
                           const std::vector<uint8_t>* init, std::vector<uint8_t>* raw,
-                          int num_sms = 0, int blocked = 0) {
+                          int num_sms = 0, int blocked = 0, const MxOperand* b_override = nullptr) {
   const size_t elems = size_t(P.E * P.n * P.k);
   const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
   DevBuf<uint8_t> y(elems * esz, 0xFF);
@@ -632,7 +632,7 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
   o.out_dtype = out;
   o.num_sms = num_sms;
   o.accumulate = accumulate;
-  MxOperand a = P.a_op(), b = P.b_op();
+  MxOperand a = P.a_op(), b = b_override ? *b_override : P.b_op();
   if (blocked & 1) {
     a.image = bf16_ptr(P.a_image_blk->p);
     a.image_layout = ImageLayout::kTokenBlocked;
@@ -713,6 +713,87 @@ TEST_F(GemmGpu, WgradManyExperts) {
   KProblem P;
   build_k(P, 64, 128, 128, random_counts(rng_, 64, 0, 200), Dist::kOutlierChannels, rng_);
   check_k_all(P, "E=64");
+}
+
+// ---- k-grouped with Xᵀ in 128x128 blocks (FastScaleLayout::kBlock128 for operand b) ------------
+// Xᵀ [K, M_total] re-expressed per block of 128 rows of K x 128 tokens (ref::rebase_fast_block128
+// with one matrix: scales [M_total/128, fast_block_scales_pitch(K)]), run on the 192-wide block
+// kernel. With `synthetic`, every block's byte is replaced by a random one in [120, 134] (the
+// reference reads the same bytes), so that a column promoted with its neighbouring block's scale
+// shows. Checked against the FP64 reference on (fast dYᵀ, block Xᵀ) values with fast mode's bound,
+// BF16 and FP32; num_sms 0 and 7 and a rerun bitwise equal; accumulate on the first result gives 2x.
+void check_k_block_form(const KProblem& P, const std::string& name, std::mt19937* synthetic) {
+  ref::FastBlockMatrix f = ref::rebase_fast_block128(P.qb, 1);
+  if (synthetic) {
+    std::uniform_int_distribution<int> u(120, 134);
+    const int64_t nrb = cdiv(P.k, 128);
+    for (size_t i = 0; i < f.scales.size(); ++i)
+      if (int64_t(i) % f.pitch < nrb) f.scales[i] = uint8_t(u(*synthetic));
+  }
+  DevBuf<uint8_t> bd(f.data.size()), bs(f.scales.size());
+  bd.upload(f.data);
+  bs.upload(f.scales);
+  MxOperand b = P.b_op();
+  b.fast_data = bd.p;
+  b.fast_scales = bs.p;
+  b.fast_scale_layout = FastScaleLayout::kBlock128;
+  std::vector<double> want, bound;
+  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(f), P, kFastModel, want, bound);
+  for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+    const std::string what = name + " wgrad, Xᵀ in 128x128 blocks, " + out_name(out);
+    const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -8) : 0.0;
+    std::vector<uint8_t> raw1, raw2, raw3;
+    const auto got = run_k(P, GemmMode::kFast, out, false, nullptr, &raw1, 0, 0, &b);
+    int64_t bad = 0;
+    double worst = 0;
+    std::ostringstream first;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
+      const double err = std::fabs(got[i] - want[i]);
+      if (tol > 0) worst = std::max(worst, err / tol);
+      if (!(err <= tol) && bad++ == 0) {
+        const int64_t e = int64_t(i) / (P.n * P.k), j = (int64_t(i) / P.k) % P.n, c = int64_t(i) % P.k;
+        first << "first mismatch at expert " << e << " row " << j << " col " << c << ": got " << got[i]
+              << ", want " << want[i] << " (tol " << tol << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
+    std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst);
+    run_k(P, GemmMode::kFast, out, false, nullptr, &raw2, 7, 0, &b);
+    EXPECT_TRUE(raw1 == raw2) << what << ": num_sms=7 differs from num_sms=0";
+    run_k(P, GemmMode::kFast, out, false, nullptr, &raw3, 0, 0, &b);
+    EXPECT_TRUE(raw1 == raw3) << what << ": rerun is not bitwise identical";
+    const auto twice = run_k(P, GemmMode::kFast, out, true, &raw1, nullptr, 0, 0, &b);
+    int64_t bad_acc = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want2 = out == GemmOutDtype::kFP32 ? double(float(got[i] + got[i])) : 2.0 * got[i];
+      if (!(twice[i] == want2)) ++bad_acc;
+    }
+    EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x";
+  }
+}
+
+// Cases: ragged and empty experts with K = 384 (k-tiles at 0 and 192: blocks 0|1 and 1|2); N, K
+// not multiples of 128 with one expert holding every token (K = 96: one block, the tile's second
+// block past K); K = 2880 (pitch 32, the last block of 64 rows) with heavy-tailed data; 64 experts.
+// Each with synthetic block scales and with the real ones (rebased from the MX copy).
+TEST_F(GemmGpu, WgradBlockScalesMatchReference) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  struct Case { int E; int64_t n, k; std::vector<int> counts; };
+  const std::vector<Case> cases = {
+      {6, 256, 384, {0, 300, 128, 0, 1, 520}},
+      {3, 160, 96, {0, 700, 0}},
+      {2, 128, 2880, {300, 200}},
+      {64, 128, 448, random_counts(rng_, 64, 0, 200)},
+  };
+  for (const Case& c : cases) {
+    KProblem P;
+    build_k(P, c.E, c.n, c.k, c.counts, c.k == 2880 ? Dist::kHeavyTailed : Dist::kGaussian, rng_);
+    const std::string name = "E=" + std::to_string(c.E) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
+    check_k_block_form(P, name + " synthetic scales", &rng_);
+    check_k_block_form(P, name, nullptr);
+  }
 }
 
 // ---- other fast-mode kernel paths ---------------------------------------------------------------
