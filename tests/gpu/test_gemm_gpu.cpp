@@ -566,6 +566,7 @@ struct KProblem : DeviceOperands {
   std::vector<int32_t> offsets;
   ref::MxMatrix qa, qb;    // dYᵀ [N, M_total], Xᵀ [K, M_total]
   ref::FastMatrix fa, fb;  // scales [M_total/128, N|K]
+  std::vector<uint16_t> dy_bf16, x_bf16;  // the unquantized inputs [M_total, N], [M_total, K]
   // exact mode's images token-blocked (dequantize_mxfp8_bf16_token_blocked; M_total % 128 == 0)
   std::unique_ptr<DevBuf<uint16_t>> a_image_blk, b_image_blk;
 };
@@ -587,6 +588,8 @@ void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& c
     }
   P.qa = ref::quantize_cols(dy.data(), P.m_total, n, ScaleMode::kRceil);
   P.qb = ref::quantize_cols(x.data(), P.m_total, k, ScaleMode::kRceil);
+  P.dy_bf16 = std::move(dy);
+  P.x_bf16 = std::move(x);
   P.fa = ref::rebase_fast(P.qa);
   P.fb = ref::rebase_fast(P.qb);
   P.upload(P.qa, P.fa, P.qb, P.fb, P.fb.scales, P.offsets);
@@ -722,21 +725,36 @@ TEST_F(GemmGpu, WgradManyExperts) {
 // reference reads the same bytes), so that a column promoted with its neighbouring block's scale
 // shows. Checked against the FP64 reference on (fast dYᵀ, block Xᵀ) values with fast mode's bound,
 // BF16 and FP32; num_sms 0 and 7 and a rerun bitwise equal; accumulate on the first result gives 2x.
-void check_k_block_form(const KProblem& P, const std::string& name, std::mt19937* synthetic) {
-  ref::FastBlockMatrix f = ref::rebase_fast_block128(P.qb, 1);
+struct KBlockB {
+  ref::FastBlockMatrix f;
+  std::unique_ptr<DevBuf<uint8_t>> data, scales;
+  MxOperand b;
+};
+KBlockB make_k_block_b(const KProblem& P, std::mt19937* synthetic) {
+  KBlockB B;
+  ref::FastBlockMatrix& f = B.f;
+  f = ref::rebase_fast_block128(P.qb, 1);
   if (synthetic) {
     std::uniform_int_distribution<int> u(120, 134);
     const int64_t nrb = cdiv(P.k, 128);
     for (size_t i = 0; i < f.scales.size(); ++i)
       if (int64_t(i) % f.pitch < nrb) f.scales[i] = uint8_t(u(*synthetic));
   }
-  DevBuf<uint8_t> bd(f.data.size()), bs(f.scales.size());
-  bd.upload(f.data);
-  bs.upload(f.scales);
-  MxOperand b = P.b_op();
-  b.fast_data = bd.p;
-  b.fast_scales = bs.p;
-  b.fast_scale_layout = FastScaleLayout::kBlock128;
+  B.data = std::make_unique<DevBuf<uint8_t>>(f.data.size());
+  B.scales = std::make_unique<DevBuf<uint8_t>>(f.scales.size());
+  B.data->upload(f.data);
+  B.scales->upload(f.scales);
+  B.b = P.b_op();
+  B.b.fast_data = B.data->p;
+  B.b.fast_scales = B.scales->p;
+  B.b.fast_scale_layout = FastScaleLayout::kBlock128;
+  return B;
+}
+
+void check_k_block_form(const KProblem& P, const std::string& name, std::mt19937* synthetic) {
+  const KBlockB B = make_k_block_b(P, synthetic);
+  const ref::FastBlockMatrix& f = B.f;
+  const MxOperand& b = B.b;
   std::vector<double> want, bound;
   k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(f), P, kFastModel, want, bound);
   for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
@@ -793,6 +811,45 @@ TEST_F(GemmGpu, WgradBlockScalesMatchReference) {
     const std::string name = "E=" + std::to_string(c.E) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
     check_k_block_form(P, name + " synthetic scales", &rng_);
     check_k_block_form(P, name, nullptr);
+  }
+}
+
+// Accuracy of wgrad's fast mode, with Xᵀ per row (the default) and in 128x128 blocks made from the
+// MX copy: within 1.1x of exact mode's error against the FP64 product of the unquantized inputs, on
+// the three data families (outlier channels are rows of Xᵀ, i.e. inside its blocks).
+TEST_F(GemmGpu, WgradFastAccuracyMatchesExact) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  for (Dist d : {Dist::kGaussian, Dist::kHeavyTailed, Dist::kOutlierChannels}) {
+    KProblem P;
+    build_k(P, 3, 256, 512, {512, 384, 300}, d, rng_);
+    std::vector<double> y_true(size_t(P.E * P.n * P.k), 0.0);
+    parallel_rows(P.n, [&](int64_t j0, int64_t j1) {
+      for (int e = 0; e < P.E; ++e)
+        for (int64_t t = P.offsets[e]; t < P.offsets[e + 1]; ++t)
+          for (int64_t j = j0; j < j1; ++j) {
+            const double g = ref::bf16_to_float(P.dy_bf16[size_t(t * P.n + j)]);
+            if (g == 0) continue;
+            double* row = &y_true[size_t((e * P.n + j) * P.k)];
+            for (int64_t i = 0; i < P.k; ++i) row[i] += g * ref::bf16_to_float(P.x_bf16[size_t(t * P.k + i)]);
+          }
+    });
+    const KBlockB B = make_k_block_b(P, nullptr);
+    const auto y_fast = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr);
+    const auto y_blk = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr, 0, 0, &B.b);
+    const auto y_exact = run_k(P, GemmMode::kExact, GemmOutDtype::kFP32, false, nullptr, nullptr);
+    double e_fast = 0, e_blk = 0, e_exact = 0, ref2 = 0;
+    for (size_t i = 0; i < y_true.size(); ++i) {
+      e_fast += (y_fast[i] - y_true[i]) * (y_fast[i] - y_true[i]);
+      e_blk += (y_blk[i] - y_true[i]) * (y_blk[i] - y_true[i]);
+      e_exact += (y_exact[i] - y_true[i]) * (y_exact[i] - y_true[i]);
+      ref2 += y_true[i] * y_true[i];
+    }
+    const double rf = std::sqrt(e_fast / ref2), rb = std::sqrt(e_blk / ref2), rx = std::sqrt(e_exact / ref2);
+    std::printf("[ wgrad %s ] rel. Frobenius error vs unquantized: fast %.6g, fast with Xᵀ in blocks %.6g, exact %.6g "
+                "(ratios %.4f, %.4f)\n", dist_name(d), rf, rb, rx, rf / rx, rb / rx);
+    EXPECT_LE(rf, 1.1 * rx) << dist_name(d) << ": wgrad fast mode error exceeds 1.1x exact mode error";
+    EXPECT_LE(rb, 1.1 * rx) << dist_name(d) << ": wgrad fast mode (Xᵀ in blocks) error exceeds 1.1x exact mode error";
   }
 }
 
