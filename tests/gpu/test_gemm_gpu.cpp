@@ -870,8 +870,8 @@ struct PathEnv {
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
   bool tma_store = true;   // MXMOE_GEMM_TMA_STORE (192 wide, m-grouped, BF16 out, no accumulate)
   bool k_order_tokens = true;  // MXMOE_GEMM_K_ORDER: tokens (largest expert first, default) or index
-  std::string k_raster = "auto";  // MXMOE_GEMM_K_RASTER: auto (default: exact group, fast nmajor), group,
-                                  // nmajor or a group width
+  std::string k_raster = "auto";  // MXMOE_GEMM_K_RASTER: auto (default: exact groups for experts of
+                                  // >= 16384 tokens, fast nmajor), auto:N, group, nmajor or a group width
 };
 const PathEnv kDefaultPath{};
 
@@ -1062,8 +1062,9 @@ TEST_F(GemmGpu, KGroupedExpertOrderBitwiseEqual) {
 }
 
 // The k-grouped tile order within an expert (MXMOE_GEMM_K_RASTER: the default by mode — exact
-// mode's groups of G n-tiles walked k-tile by k-tile, fast mode's n-major order — against n-major,
-// the computed groups and group widths 3 and 5, which leave short last groups for the n-tile
+// mode's groups of G n-tiles walked k-tile by k-tile for experts of >= 16384 tokens, n-major for the
+// rest (so n-major everywhere here), fast mode's n-major order — against n-major, the computed groups
+// for every expert, group widths 3 and 5 and groups for experts of >= 512 tokens only (auto:512), which leave short last groups for the n-tile
 // counts of tile_width_cases): only which CTA computes a tile changes, so the bytes must not. Both
 // modes, every tile width (fast 128 and 192, exact 256 and 128), BF16/FP32, accumulate (n-major),
 // grids 0 and 7 (7 CTAs: many tiles per CTA, the groups' order across CTAs). (Run 70: with grids 0,
@@ -1078,7 +1079,9 @@ TEST_F(GemmGpu, KGroupedRasterBitwiseEqual) {
   for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})
     expect_path_matches_default(mode == GemmMode::kFast ? "k raster nmajor, fast" : "k raster nmajor, exact", nmajor,
                                 {}, c.k, {0, 7}, true, rng_, mode);
-  for (const char* g : {"group", "3", "5"}) {
+  // "auto:512": groups only for the experts of at least 512 tokens (here 1500 and some of the random
+  // ones), n-major for the rest, in one launch.
+  for (const char* g : {"group", "3", "5", "auto:512"}) {
     PathEnv alt;
     alt.k_raster = g;
     for (int tile : {128, 192}) {

@@ -151,7 +151,8 @@ struct Params {
   int kdim;                 // reduced length: K (m-grouped) or M_total (k-grouped)
   union {                   // (one slot, so the struct's layout and the kernels' parameter loads stay as they were)
     int m_tiles_cap;        // m-grouped: M_total / 128
-    int k_raster_group;     // k-grouped: n-tiles per raster group within an expert (KGroupedScheduler); 0 = n-major
+    int k_raster_group;     // k-grouped: G | (min_chunks << 16): an expert with >= 128·min_chunks tokens is
+                            // walked in groups of G n-tiles, the others n-major (KGroupedScheduler)
   };
   bool accumulate;          // k-grouped: y += result (read, add, write; no atomics)
   bool sort_experts;        // k-grouped: walk the experts by token count, largest first (k_grouped_expert_order)
@@ -366,7 +367,8 @@ __device__ __forceinline__ void k_grouped_expert_order(const int32_t* s_off, con
 // k-tiles (rows of both operands: 128·G + kBlockN·#SM/G) instead of ~#SM/k-tiles n-tiles × every
 // k-tile (run 69: DSV3 gate-up exact at 8192 tokens an expert read 55 GB from DRAM for 5.9 GB of
 // operands, each wave streaming the expert's whole Xᵀ, 117 MB, through the L2). G = 0: n-major, k-tile
-// fastest (before session 9). Which CTA computes which tile changes, not what a tile computes.
+// fastest (before session 9). Only experts with at least 128·min_chunks tokens take the groups
+// (k_grouped_raster_group). Which CTA computes which tile changes, not what a tile computes.
 template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
 struct KGroupedScheduler {
   static_assert(kPair == 1 || kPair == 2, "pairs of k-tiles at most");
@@ -390,7 +392,9 @@ struct KGroupedScheduler {
     const int e = s_ord[slot];
     const int r = t - slot * per_e;
     int n_tile, k_tile;
-    const int g = kPair == 1 ? p->k_raster_group : 0;
+    const int t0 = min(s_off[e], p->kdim), t1 = min(max(s_off[e + 1], t0), p->kdim);
+    int g = kPair == 1 ? p->k_raster_group & 0xFFFF : 0;
+    if (t1 - t0 < (p->k_raster_group >> 16) * kBlockK) g = 0;  // a short expert: n-major
     if (g > 0) {
       const int group = r / (g * num_k_tiles), in = r - group * (g * num_k_tiles);
       const int width = min(g, num_n_tiles - group * g);  // n-tiles in this group (the last may be short)
@@ -401,7 +405,6 @@ struct KGroupedScheduler {
       k_tile = r - n_tile * num_k_tiles;
     }
     const int n0 = n_tile * kBlockM, k0 = k_tile * kBlockN;
-    const int t0 = min(s_off[e], p->kdim), t1 = min(max(s_off[e + 1], t0), p->kdim);
     Tile x;
     x.a_row = n0;
     x.b_row = k0;
@@ -1614,32 +1617,48 @@ inline bool block_scales_load_ldg(const char* fn) {
   detail::throw_arg(fn, "MXMOE_GEMM_BLOCK_SCALES_LOAD", std::string("'") + v + "'",
                     "environment variable: must be 'ldg' (default) or 'tma'");
 }
-// k-grouped: n-tiles per raster group within an expert (KGroupedScheduler), chosen so that the
-// `grid` tiles in flight span as few operand rows as they can: G ≈ sqrt(grid · block_n / 128)
-// minimises 128·G + block_n·grid/G (G = 16 for 132 SMs and 256-wide exact k-tiles, 14 for 192);
-// at most the n-tile count. Default by mode (run 70, docs/notes/gemm.md "Run 70"): exact mode walks
-// the groups (DeepSeek-V3 gate-up at 8192 tokens an expert, skewed: 0.89x -> 1.02x BF16; other cases
-// within -4%..+3%), fast mode the n-major order (the groups cost fast mode up to 7% there).
-// MXMOE_GEMM_K_RASTER (read per call) overrides both: "group" = G as above, "nmajor" = 0 (n-major,
-// k-tile fastest), a number = that G; unset or "auto" = the default by mode. Same results whatever
-// the order.
+// k-grouped: the tile order within an expert (Params::k_raster_group = G | (min_chunks << 16)). G n-tiles
+// per raster group, chosen so that the `grid` tiles in flight span as few operand rows as they can:
+// G ≈ sqrt(grid · block_n / 128) minimises 128·G + block_n·grid/G (G = 16 for 132 SMs and 256-wide
+// exact k-tiles, 14 for 192); at most the n-tile count. An expert takes the groups only when it holds
+// at least 128·min_chunks tokens, else the n-major order. Default by mode: exact mode groups for
+// experts of at least kExactRasterMinTokens = 16384 tokens (runs 70, 80: the groups win for the hot
+// experts of skewed routing, 1.05-1.14x at 8192 tokens an expert, n-major for experts of 8192 tokens,
+// 1.03-1.13x on the gate-up shapes), fast mode n-major everywhere (the groups cost fast mode up to 7%
+// on DeepSeek-V3, run 70; they gain 1.2x on Qwen3-235B gate-up at 8192, run 80: no rule yet).
+// MXMOE_GEMM_K_RASTER (read per call) overrides it: "group" = G for every expert, "nmajor" = n-major
+// everywhere, a number = that G for every expert, "auto:N" = G for experts of at least N tokens
+// (rounded up to whole 128-token chunks; both modes); unset or "auto" = the default by mode. Same
+// results whatever the order.
+inline constexpr int kExactRasterMinTokens = 16384;
 inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) {
   const int n_tiles = int((n + kBlockM - 1) / kBlockM);
   const char* v = std::getenv("MXMOE_GEMM_K_RASTER");
   int g = int(std::lround(std::sqrt(double(grid) * block_n / kBlockM)));
+  long min_tokens = 0;
+  const auto bad = [&]() {
+    throw Error(std::string("mxmoe: environment variable MXMOE_GEMM_K_RASTER = '") + v +
+                "': must be 'auto' (default), 'auto:N' (N tokens, 0..4194176), 'group', 'nmajor' or a number of "
+                "n-tiles in 0..65535");
+  };
   if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) {
     if (!exact) return 0;
+    min_tokens = kExactRasterMinTokens;
+  } else if (std::strncmp(v, "auto:", 5) == 0) {
+    char* end = nullptr;
+    min_tokens = std::strtol(v + 5, &end, 10);
+    if (end == v + 5 || *end != '\0' || min_tokens < 0 || min_tokens > 32767L * kBlockK) bad();
   } else if (std::strcmp(v, "nmajor") == 0) {
     return 0;
   } else if (std::strcmp(v, "group") != 0) {
     char* end = nullptr;
     const long x = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || x < 0 || x > 65535)
-      throw Error(std::string("mxmoe: environment variable MXMOE_GEMM_K_RASTER = '") + v +
-                  "': must be 'auto' (default), 'group', 'nmajor' or a number of n-tiles in 0..65535");
+    if (end == v || *end != '\0' || x < 0 || x > 65535) bad();
     g = int(x);
   }
-  return std::max(0, std::min(g, n_tiles));
+  g = std::max(0, std::min(g, n_tiles));
+  const int min_chunks = int((min_tokens + kBlockK - 1) / kBlockK);
+  return g == 0 ? 0 : g | (min_chunks << 16);
 }
 inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
   if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;
