@@ -11,11 +11,11 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers torch.ops.mxmoe.*)
 from . import _fake  # noqa: F401  (shape functions for torch.compile)
 from . import reference
-from .ops import (MoePlan, MxTensor, Quantized, bf16_image, block_weights, compute_padded_offsets, decode_down,
+from .ops import (MoePlan, MxBlockTensor, MxTensor, Quantized, bf16_image, block_weights, compute_padded_offsets, decode_down,
                   decode_fused_workspace, decode_gate_up, decode_router, decode_step_fused, dequantize, dequantize_fast, grouped_gemm, grouped_gemm_wgrad, moe_plan,
                   quantize, quantize_gather, quantize_grouped)
 
-__all__ = ["MoePlan", "MxTensor", "Quantized", "bf16_image", "block_weights", "compute_padded_offsets", "decode_down",
+__all__ = ["MoePlan", "MxBlockTensor", "MxTensor", "Quantized", "bf16_image", "block_weights", "compute_padded_offsets", "decode_down",
            "decode_fused_workspace", "decode_gate_up", "decode_router", "decode_step_fused", "dequantize", "dequantize_fast", "grouped_gemm", "grouped_gemm_wgrad",
            "moe_plan", "quantize", "quantize_gather", "quantize_grouped", "reference"]
 __version__ = "0.1.0"

@@ -32,15 +32,22 @@ _MODES = {"rceil": 0, "floor": 1}
 class MxTensor(NamedTuple):
     """One MX-quantized copy: data float8_e4m3fn [..., R, C], scales uint8 [..., R, C/32]; with the
     fast form also fast_data float8_e4m3fn [..., R, C] and fast_scales uint8 [..., ceil(C/128), R].
-    A fast-only copy (quantize(..., fast=True, plain=False)) has data = scales = None. fast_layout
-    "block128": the fast pair is the 128x128-block form made by block_weights()."""
+    A fast-only copy (quantize(..., fast=True, plain=False)) has data = scales = None."""
     data: Optional[torch.Tensor]
     scales: Optional[torch.Tensor]
     fast_data: Optional[torch.Tensor] = None
     fast_scales: Optional[torch.Tensor] = None
-    # "row" (the quantizers' fast form: one scale per row and 128-chunk) or "block128" (block_weights:
-    # one scale per 128x128 block, fast_scales [B, ceil(C/128), pitch]; grouped_gemm's b only).
-    fast_layout: str = "row"
+
+
+class MxBlockTensor(NamedTuple):
+    """Quantized weights with the 128x128-block fast form (block_weights): data float8_e4m3fn
+    [..., R, C] and scales uint8 [..., R, C/32] (the plain MX copy), fast_data float8_e4m3fn [..., R, C]
+    and fast_scales uint8 [B, ceil(C/128), pitch] (one scale per 128 rows x 128 columns of each
+    matrix; pitch = ceil(R/128) rounded up to 16). grouped_gemm's b only, fast mode."""
+    data: torch.Tensor
+    scales: torch.Tensor
+    fast_data: torch.Tensor
+    fast_scales: torch.Tensor
 
 
 class Quantized(NamedTuple):
@@ -163,17 +170,17 @@ def block_weights(w):
     rebase_mxfp8_fast_block128; gemm.h FastScaleLayout::kBlock128), for grouped_gemm's b in fast mode.
 
     w: MxTensor with its plain MX copy (data [E, N, K] or [N, K], scales [..., K/32]), e.g.
-    quantize(w).rowwise, or the column-wise copy for dgrad. Returns an MxTensor with the same plain
-    copy, fast_data float8_e4m3fn of data's shape and fast_scales uint8 [E, ceil(K/128), pitch] (one
-    E8M0 byte per 128 rows x 128 columns of each matrix; pitch = ceil(N/128) rounded up to 16), and
-    fast_layout "block128". Every element is re-expressed against its block's largest 32-block
+    quantize(w).rowwise, or the column-wise copy for dgrad. Returns an MxBlockTensor with the same
+    plain copy, fast_data float8_e4m3fn of data's shape and fast_scales uint8 [E, ceil(K/128), pitch]
+    (one E8M0 byte per 128 rows x 128 columns of each matrix; pitch = ceil(N/128) rounded up to 16).
+    Every element is re-expressed against its block's largest 32-block
     exponent (E4M3, round to nearest even; a NaN block poisons its whole 128x128 block). Measured
     (docs/notes/gemm.md, run 82): the fast GEMM 1.19-1.28x faster with it, the same error against
     the unquantized product to 4 digits. It departs from DESIGN §2's per-row fast form: opt-in."""
     if w.data is None or w.scales is None:
         raise ValueError("mxmoe.block_weights: argument 'w' has no plain MX copy (quantized with plain=False)")
     bd, bs = torch.ops.mxmoe.rebase_mxfp8_fast_block128(w.data, w.scales)
-    return MxTensor(w.data, w.scales, bd, bs, "block128")
+    return MxBlockTensor(w.data, w.scales, bd, bs)
 
 
 def bf16_image(t):
@@ -192,7 +199,7 @@ def grouped_gemm(a, b, offsets, fast=True, out_dtype=torch.bfloat16, out=None, a
 
     a: MxTensor of A [M_total, K] (rows sorted by expert, segments padded to 128 rows with zeros);
     b: MxTensor of B [E, N, K] (per-expert weights, quantize(w) of a 3-D tensor); in fast mode it may
-       carry the 128x128-block form (block_weights(b), fast_layout "block128");
+       carry the 128x128-block form (block_weights(b), an MxBlockTensor);
     offsets: int32 [E+1], device, multiples of 128, offsets[0] = 0, offsets[E] <= M_total.
     fast: True = fast mode (needs the fast forms; FP8 tensor cores, promotion every 128 of K),
           False = exact mode (BF16 tensor cores on the operands' BF16 images, one FP32 accumulator
@@ -206,10 +213,10 @@ def grouped_gemm(a, b, offsets, fast=True, out_dtype=torch.bfloat16, out=None, a
     """
     ad, as_ = _gemm_operand(a, fast, "a")
     bd, bs = _gemm_operand(b, fast, "b")
-    if getattr(a, "fast_layout", "row") != "row" and fast:
-        raise ValueError("mxmoe.grouped_gemm: argument 'a' must have the per-row fast form (fast_layout 'row'); "
-                         "only b may be in the 128x128-block form")
-    b_block = fast and getattr(b, "fast_layout", "row") == "block128"
+    if isinstance(a, MxBlockTensor):
+        raise ValueError("mxmoe.grouped_gemm: argument 'a' must be an MxTensor (the per-row fast form); "
+                         "only b may be in the 128x128-block form (MxBlockTensor)")
+    b_block = fast and isinstance(b, MxBlockTensor)
     if out is None:
         if accumulate:
             raise ValueError("mxmoe.grouped_gemm: argument 'accumulate' needs 'out'")

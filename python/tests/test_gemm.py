@@ -187,7 +187,7 @@ def test_m_grouped_block_weights(n, k):
     P = MProblem(4, n, k)
     what = f"m_grouped block n={n} k={k} counts={P.counts.tolist()} seed={seed}"
     bb = mxmoe.block_weights(P.b)
-    assert bb.fast_layout == "block128" and bb.fast_data.shape == P.b.data.shape
+    assert isinstance(bb, mxmoe.MxBlockTensor) and bb.fast_data.shape == P.b.data.shape
     assert tuple(bb.fast_scales.shape) == (4, (k + 127) // 128, ((n + 127) // 128 + 15) // 16 * 16)
     mx, blk = mxmoe.reference.dequantize(P.b.data, P.b.scales, torch.float64), deq_block(bb)
     unit = torch.pow(2.0, (bb.fast_scales[:, :, : (n + 127) // 128].to(torch.float64) - 127))
@@ -213,7 +213,8 @@ def test_m_grouped_block_weights(n, k):
         torch.ops.mxmoe.m_grouped_mxfp8_gemm_nt(P.a.fast_data, P.a.fast_scales, P.b.fast_data, P.b.fast_scales,
                                                 P.d_padded, True, None, 0, None, None, True)
     with pytest.raises(ValueError, match="'a'"):
-        mxmoe.grouped_gemm(bb._replace(fast_data=P.a.fast_data, fast_scales=P.a.fast_scales), bb, P.d_padded)
+        mxmoe.grouped_gemm(mxmoe.MxBlockTensor(P.a.data, P.a.scales, P.a.fast_data, P.a.fast_scales), bb,
+                           P.d_padded)
 
 
 def test_bf16_image_is_the_reference_rounding():
