@@ -48,7 +48,9 @@ its output must equal an independent PyTorch construction, torch_block_rebase, b
 different operand from mxmoe-fast's, so its output is not compared bitwise; it must pass the same
 verification, and both fast lines then show their relative Frobenius error against the BF16
 baseline in the last column (accuracy measured, not assumed), the blk line also its speed-up over
-mxmoe-fast.
+mxmoe-fast. With --wgrad it adds the same line to each wgrad case: Xᵀ [K, M] in 128x128 blocks (128
+rows of K x 128 tokens; rebase_mxfp8_fast_block128 with one matrix, made outside the timed region),
+checked against the BF16 baseline like the other lines.
 --tpe, --experts, --routing and --wgrad-only select cases for diagnostics (--experts replaces every
 shape's expert count; the shape lines say E=...).
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
@@ -109,9 +111,9 @@ def setup_lib(lib):
     lib.mxmoe_fast_block_scales_pitch.restype = i64
     lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
     lib.mxmoe_rebase_mxfp8_fast_block128.restype = i32
-    g = lib.mxmoe_k_grouped_mxfp8_gemm_nt
-    # ..., mode, out_dtype, accumulate, num_sms, image_layout, stream
-    g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, i32, vp]
+    g = lib.mxmoe_k_grouped_mxfp8_gemm_nt_layout
+    # ..., mode, out_dtype, accumulate, num_sms, image_layout, b_fast_scale_layout, stream
+    g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, i32, i32, vp]
     g.restype = i32
     lib.mxmoe_gemm_last_error.restype = ctypes.c_char_p
 
@@ -392,6 +394,16 @@ def mxmoe_variants(multicast_both, tile_both):
     return [(FAST, "mxmoe-fast", fast_env, None)] + alts + exact
 
 
+def annotate_fast_blk(table, shape, row):
+    """--fast-block: both fast lines of `shape` show their relative Frobenius error against the BF16
+    baseline (accuracy measured, not assumed), the blk line also its speed-up over mxmoe-fast."""
+    for line in table:
+        if line[0] == shape and line[1] in ("mxmoe-fast", "mxmoe-fast-blk"):
+            line[-1] = f"relfrob vs BF16 {row[line[1] + '_vs_bf16_relfrob']:.5f}" + (
+                f", x fast {row['mxmoe-fast_us'] / row['mxmoe-fast-blk_us']:.3f}" if line[1] == "mxmoe-fast-blk"
+                else "") + line[-1]
+
+
 def time_all(timer, timed):
     """{name: median us} of timed = [(name, env or None, fn)], timed in alternation (Timer.many)."""
     return dict(zip([name for name, _, _ in timed], timer.many([(env, fn) for _, env, fn in timed])))
@@ -548,13 +560,9 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
                        [ratio(t_bf16, t), ratio(t_fp8, t), ratio(t_tri, t)])
         del yv
     row["fast_vs_exact_relfrob"] = rel_frob(outs["mxmoe-fast"], outs["mxmoe-exact"], token_rows)
-    if FAST_BLOCK:  # accuracy of both fast forms against the BF16 baseline, and blk's speed-up over fast
+    if FAST_BLOCK:
         row["fast_blk_vs_fast_relfrob"] = rel_frob(outs["mxmoe-fast-blk"], outs["mxmoe-fast"], token_rows)
-        for line in table:
-            if line[0] == shape and line[1] in ("mxmoe-fast", "mxmoe-fast-blk"):
-                line[-1] = f"relfrob vs BF16 {row[line[1] + '_vs_bf16_relfrob']:.5f}" + (
-                    f", x fast {row['mxmoe-fast_us'] / row['mxmoe-fast-blk_us']:.3f}" if line[1] == "mxmoe-fast-blk"
-                    else "") + line[-1]
+        annotate_fast_blk(table, shape, row)
     t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
     exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
     results["rows"].append(row)
@@ -603,16 +611,27 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
                      (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact")]
     if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
         variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
+    b_forms = {ROW128: (b_fd, b_fs)}
+    if FAST_BLOCK:  # Xᵀ [K, M] in 128x128 blocks (128 rows of K x 128 tokens), by the library's rebase
+        blk_d = torch.empty_like(b_fd)
+        blk_s = torch.empty(M // 128, lib.mxmoe_fast_block_scales_pitch(K), dtype=torch.uint8, device="cuda")
+        if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(b_d), ptr(b_s), 1, K, M, ptr(blk_d), ptr(blk_s),
+                                                ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)) != 0:
+            raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
+        b_forms[BLOCK128] = (blk_d, blk_s)
+        variants.insert(1, (FAST, "mxmoe-fast-blk", None, None))
     # Every path once, its output checked; then the baseline and the paths timed in alternation.
     checked = {}
     for mode, mname, env, base in variants:
         rowimg = mname == "mxmoe-exact-rowimg"
         ai, bi, layout = (a_rimg, b_rimg, ROW_MAJOR) if rowimg else (a_img, b_img, TOKEN_BLOCKED)
+        blayout = BLOCK128 if mname == "mxmoe-fast-blk" else ROW128
 
-        def call(mode=mode, ai=ai, bi=bi, layout=layout):
-            rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt(
-                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(ai), ptr(b_d), ptr(b_s), ptr(b_fd),
-                ptr(b_fs), ptr(bi), M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0, layout,
+        def call(mode=mode, ai=ai, bi=bi, layout=layout, blayout=blayout):
+            bfd, bfs = b_forms[blayout]
+            rc = lib.mxmoe_k_grouped_mxfp8_gemm_nt_layout(
+                ptr(a_d), ptr(a_s), ptr(a_fd), ptr(a_fs), ptr(ai), ptr(b_d), ptr(b_s), ptr(bfd),
+                ptr(bfs), ptr(bi), M, E, N, K, ptr(offsets_dev), ptr(dw), mode, BF16_OUT, 0, 0, layout, blayout,
                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc != 0:
                 raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
@@ -633,6 +652,8 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
         record_variant(row, table, outs, dwv, mname, base, t, flops, err, ok, shape,
                        [f"{t_bf16 / t:.2f}", "n/a", "n/a"])
         del dwv
+    if FAST_BLOCK:
+        annotate_fast_blk(table, shape, row)
     t_deq = dequant_lines(timer, remake_images, img_parts, shape, row, table)
     exact_plus_dequant_line(row["mxmoe-exact_us"], t_deq, shape, flops, t_bf16, row, table)
     results["rows"].append(row)
@@ -660,7 +681,7 @@ def main():
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
     ap.add_argument("--fast-block", action="store_true",
-                    help="m-grouped: also time fast mode with B in 128x128 blocks (mxmoe-fast-blk, FastScaleLayout::kBlock128)")
+                    help="also time fast mode with B in 128x128 blocks (mxmoe-fast-blk, FastScaleLayout::kBlock128): the weights (m-grouped), Xᵀ (wgrad)")
     ap.add_argument("--tpe", default=None, help="comma-separated tokens-per-expert values (default 512,2048,8192)")
     ap.add_argument("--experts", type=int, default=None,
                     help="diagnostic: every shape with this many experts instead of its own (E in the shape name)")

@@ -29,7 +29,7 @@
 //     separate, bandwidth-bound call (3 bytes per element); callers reuse them across GEMMs where
 //     they can (a weight's image across steps, an activation's between forward and backward).
 //
-//   Fast mode, operand B of the m-grouped GEMM only, opt-in (MxOperand::fast_scale_layout =
+//   Fast mode, operand B of the m-grouped GEMM (and Xᵀ of the k-grouped one), opt-in (MxOperand::fast_scale_layout =
 //     FastScaleLayout::kBlock128; docs/notes/gemm.md "Session 10: 128x128 weight blocks in the
 //     kernel" and "Run 80": 1.19-1.28x the per-row form's speed on every model shape, the same
 //     error against the unquantized product to 4 digits; it departs from DESIGN §2's per-row form,
@@ -81,8 +81,11 @@ enum class GemmOutDtype : int {
 //     [e][c][j] scales rows [128j, min(128j + 128, N)) of expert e over K columns [128c, 128c + 128)
 //     (blocks never cross experts; the last one is shorter when N % 128 != 0; the pitch's padding
 //     bytes may be loaded but are never used). fast_data is then the block-rebased form (ref::rebase_fast_block128).
-//     Accepted only for operand b of m_grouped_mxfp8_gemm_nt in fast mode (the weights); operand a,
-//     the k-grouped GEMM, exact mode and the EP row entry reject it (mxmoe::Error naming
+//     Accepted in fast mode for operand b of m_grouped_mxfp8_gemm_nt (the weights) and for operand b
+//     of k_grouped_mxfp8_gemm_nt (Xᵀ [K, M_total]: blocks of 128 rows of K x 128 tokens, scales
+//     [M_total/128, fast_block_scales_pitch(K)], i.e. the layout above with one "expert" and the
+//     token chunks as its chunks; rebase_mxfp8_fast_block128 with batch 1, rows K, cols M_total makes
+//     it); operand a, exact mode and the EP row entry reject it (mxmoe::Error naming
 //     "<operand>.fast_scale_layout"), as does opts.fast_tile_n = 128 (the form runs 192 wide only).
 enum class FastScaleLayout : int {
   kRow128 = 0,
@@ -108,7 +111,7 @@ struct MxOperand {
   // "Token-blocked wgrad images"); the m-grouped GEMMs reject it. Read in exact mode only.
   ImageLayout image_layout = ImageLayout::kRowMajor;
   // How fast_scales (and with it fast_data) is formed (FastScaleLayout above). Read in fast mode;
-  // kBlock128 only for operand b of m_grouped_mxfp8_gemm_nt.
+  // kBlock128 only for operand b of m_grouped_mxfp8_gemm_nt and of k_grouped_mxfp8_gemm_nt.
   FastScaleLayout fast_scale_layout = FastScaleLayout::kRow128;
 };
 

@@ -71,17 +71,20 @@ int64_t mxmoe_fast_block_scales_pitch(int64_t n) { return mxmoe::fast_block_scal
 // BF16 images), dw [E, N, K]. image_layout (both images): 0 = row-major [rows, M_total]
 // (mxmoe_dequantize_mxfp8_bf16), 1 = token-blocked [M_total/128][rows][128]
 // (mxmoe_dequantize_mxfp8_bf16_token_blocked; gemm.h, ImageLayout).
-int mxmoe_k_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
-                                  const void* a_fast_data, const void* a_fast_scales,
-                                  const void* a_image, const void* b_data, const void* b_scales,
-                                  const void* b_fast_data, const void* b_fast_scales,
-                                  const void* b_image, int64_t m_total, int num_experts, int64_t n,
-                                  int64_t k, const void* offsets, void* dw, int mode, int out_dtype,
-                                  int accumulate, int num_sms, int image_layout, void* stream) {
+// b_fast_scale_layout (gemm.h FastScaleLayout): 0 = kRow128 (b_fast_scales [M_total/128, K]), 1 = kBlock128
+// (fast mode only: Xᵀ in 128x128 blocks, b_fast_scales [M_total/128, mxmoe_fast_block_scales_pitch(K)],
+// made by mxmoe_rebase_mxfp8_fast_block128 with batch 1, rows K, cols M_total).
+int mxmoe_k_grouped_mxfp8_gemm_nt_layout(const void* a_data, const void* a_scales, const void* a_fast_data,
+                                         const void* a_fast_scales, const void* a_image, const void* b_data,
+                                         const void* b_scales, const void* b_fast_data, const void* b_fast_scales,
+                                         const void* b_image, int64_t m_total, int num_experts, int64_t n, int64_t k,
+                                         const void* offsets, void* dw, int mode, int out_dtype, int accumulate,
+                                         int num_sms, int image_layout, int b_fast_scale_layout, void* stream) {
   return c_api_guarded([&] {
     mxmoe::MxOperand a = operand(a_data, a_scales, a_fast_data, a_fast_scales, a_image);
     mxmoe::MxOperand b = operand(b_data, b_scales, b_fast_data, b_fast_scales, b_image);
     a.image_layout = b.image_layout = static_cast<mxmoe::ImageLayout>(image_layout);
+    b.fast_scale_layout = static_cast<mxmoe::FastScaleLayout>(b_fast_scale_layout);
     mxmoe::GemmOptions opts;
     opts.mode = static_cast<mxmoe::GemmMode>(mode);
     opts.out_dtype = static_cast<mxmoe::GemmOutDtype>(out_dtype);
@@ -91,6 +94,19 @@ int mxmoe_k_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
     mxmoe::k_grouped_mxfp8_gemm_nt(a, b, m_total, num_experts, n, k,
                                    static_cast<const int32_t*>(offsets), dw, opts);
   });
+}
+
+// The same with Xᵀ's fast scales per row (b_fast_scale_layout 0); kept for existing callers.
+int mxmoe_k_grouped_mxfp8_gemm_nt(const void* a_data, const void* a_scales,
+                                  const void* a_fast_data, const void* a_fast_scales,
+                                  const void* a_image, const void* b_data, const void* b_scales,
+                                  const void* b_fast_data, const void* b_fast_scales,
+                                  const void* b_image, int64_t m_total, int num_experts, int64_t n,
+                                  int64_t k, const void* offsets, void* dw, int mode, int out_dtype,
+                                  int accumulate, int num_sms, int image_layout, void* stream) {
+  return mxmoe_k_grouped_mxfp8_gemm_nt_layout(a_data, a_scales, a_fast_data, a_fast_scales, a_image, b_data, b_scales,
+                                              b_fast_data, b_fast_scales, b_image, m_total, num_experts, n, k, offsets,
+                                              dw, mode, out_dtype, accumulate, num_sms, image_layout, 0, stream);
 }
 
 }  // extern "C"

@@ -299,8 +299,8 @@ TEST(GemmArgs, ImageLayoutChecks) {
   }
 }
 
-// MxOperand::fast_scale_layout (gemm.h): kBlock128 only for operand b of the m-grouped y entry in
-// fast mode, and not with opts.fast_tile_n = 128; everything else is named, before any CUDA call
+// MxOperand::fast_scale_layout (gemm.h): kBlock128 only for operand b of the m-grouped y entry and
+// of the k-grouped GEMM in fast mode, and not with opts.fast_tile_n = 128; everything else is named, before any CUDA call
 // (also for an empty problem, m_total = 0).
 TEST(GemmArgs, FastScaleLayoutChecks) {
   const FastScaleLayout blk = FastScaleLayout::kBlock128, bad = static_cast<FastScaleLayout>(3);
@@ -344,8 +344,11 @@ TEST(GemmArgs, FastScaleLayoutChecks) {
   // the EP row entry and the k-grouped GEMM: 1x128 scales only
   { Args x; x.b.fast_scale_layout = blk; expect_rows_throw_naming(x, reinterpret_cast<void* const*>(g_buf), "b.fast_scale_layout"); }
   { Args x; x.a.fast_scale_layout = blk; expect_k_throw_naming(x, "a.fast_scale_layout"); }
-  { Args x; x.b.fast_scale_layout = blk; expect_k_throw_naming(x, "b.fast_scale_layout"); }
-  { Args x; x.b.fast_scale_layout = blk; x.m_total = 0; expect_k_throw_naming(x, "b.fast_scale_layout"); }
+  { Args x; x.a.fast_scale_layout = blk; x.m_total = 0; expect_k_throw_naming(x, "a.fast_scale_layout"); }
+  // the k-grouped GEMM's b (Xᵀ) may be in blocks: fast mode, not 128 wide; a valid call gets as far as dw
+  { Args x; x.b.fast_scale_layout = blk; x.o.mode = GemmMode::kExact; expect_k_throw_naming(x, "b.fast_scale_layout"); }
+  { Args x; x.b.fast_scale_layout = blk; x.o.fast_tile_n = 128; x.y = g_buf; expect_k_throw_naming(x, "opts.fast_tile_n"); }
+  { Args x; x.b.fast_scale_layout = blk; x.y = nullptr; expect_k_throw_naming(x, "dw"); }
   try {  // the message says where the form is accepted
     Args x;
     x.a.fast_scale_layout = blk;

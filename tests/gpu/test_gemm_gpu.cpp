@@ -566,6 +566,7 @@ struct KProblem : DeviceOperands {
   std::vector<int32_t> offsets;
   ref::MxMatrix qa, qb;    // dYᵀ [N, M_total], Xᵀ [K, M_total]
   ref::FastMatrix fa, fb;  // scales [M_total/128, N|K]
+  std::vector<uint16_t> dy_bf16, x_bf16;  // the unquantized inputs [M_total, N], [M_total, K]
   // exact mode's images token-blocked (dequantize_mxfp8_bf16_token_blocked; M_total % 128 == 0)
   std::unique_ptr<DevBuf<uint16_t>> a_image_blk, b_image_blk;
 };
@@ -587,6 +588,8 @@ void build_k(KProblem& P, int E, int64_t n, int64_t k, const std::vector<int>& c
     }
   P.qa = ref::quantize_cols(dy.data(), P.m_total, n, ScaleMode::kRceil);
   P.qb = ref::quantize_cols(x.data(), P.m_total, k, ScaleMode::kRceil);
+  P.dy_bf16 = std::move(dy);
+  P.x_bf16 = std::move(x);
   P.fa = ref::rebase_fast(P.qa);
   P.fb = ref::rebase_fast(P.qb);
   P.upload(P.qa, P.fa, P.qb, P.fb, P.fb.scales, P.offsets);
@@ -622,7 +625,7 @@ void k_reference_with_bound(const std::vector<double>& da, const std::vector<dou
 // exact-mode image token-blocked (ImageLayout::kTokenBlocked) instead of row-major.
 std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bool accumulate,
                           const std::vector<uint8_t>* init, std::vector<uint8_t>* raw,
-                          int num_sms = 0, int blocked = 0) {
+                          int num_sms = 0, int blocked = 0, const MxOperand* b_override = nullptr) {
   const size_t elems = size_t(P.E * P.n * P.k);
   const size_t esz = out == GemmOutDtype::kFP32 ? 4 : 2;
   DevBuf<uint8_t> y(elems * esz, 0xFF);
@@ -632,7 +635,7 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
   o.out_dtype = out;
   o.num_sms = num_sms;
   o.accumulate = accumulate;
-  MxOperand a = P.a_op(), b = P.b_op();
+  MxOperand a = P.a_op(), b = b_override ? *b_override : P.b_op();
   if (blocked & 1) {
     a.image = bf16_ptr(P.a_image_blk->p);
     a.image_layout = ImageLayout::kTokenBlocked;
@@ -713,6 +716,141 @@ TEST_F(GemmGpu, WgradManyExperts) {
   KProblem P;
   build_k(P, 64, 128, 128, random_counts(rng_, 64, 0, 200), Dist::kOutlierChannels, rng_);
   check_k_all(P, "E=64");
+}
+
+// ---- k-grouped with Xᵀ in 128x128 blocks (FastScaleLayout::kBlock128 for operand b) ------------
+// Xᵀ [K, M_total] re-expressed per block of 128 rows of K x 128 tokens (ref::rebase_fast_block128
+// with one matrix: scales [M_total/128, fast_block_scales_pitch(K)]), run on the 192-wide block
+// kernel. With `synthetic`, every block's byte is replaced by a random one in [120, 134] (the
+// reference reads the same bytes), so that a column promoted with its neighbouring block's scale
+// shows. Checked against the FP64 reference on (fast dYᵀ, block Xᵀ) values with fast mode's bound,
+// BF16 and FP32; num_sms 0 and 7 and a rerun bitwise equal; accumulate on the first result gives 2x.
+struct KBlockB {
+  ref::FastBlockMatrix f;
+  std::unique_ptr<DevBuf<uint8_t>> data, scales;
+  MxOperand b;
+};
+KBlockB make_k_block_b(const KProblem& P, std::mt19937* synthetic) {
+  KBlockB B;
+  ref::FastBlockMatrix& f = B.f;
+  f = ref::rebase_fast_block128(P.qb, 1);
+  if (synthetic) {
+    std::uniform_int_distribution<int> u(120, 134);
+    const int64_t nrb = cdiv(P.k, 128);
+    for (size_t i = 0; i < f.scales.size(); ++i)
+      if (int64_t(i) % f.pitch < nrb) f.scales[i] = uint8_t(u(*synthetic));
+  }
+  B.data = std::make_unique<DevBuf<uint8_t>>(f.data.size());
+  B.scales = std::make_unique<DevBuf<uint8_t>>(f.scales.size());
+  B.data->upload(f.data);
+  B.scales->upload(f.scales);
+  B.b = P.b_op();
+  B.b.fast_data = B.data->p;
+  B.b.fast_scales = B.scales->p;
+  B.b.fast_scale_layout = FastScaleLayout::kBlock128;
+  return B;
+}
+
+void check_k_block_form(const KProblem& P, const std::string& name, std::mt19937* synthetic) {
+  const KBlockB B = make_k_block_b(P, synthetic);
+  const ref::FastBlockMatrix& f = B.f;
+  const MxOperand& b = B.b;
+  std::vector<double> want, bound;
+  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(f), P, kFastModel, want, bound);
+  for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
+    const std::string what = name + " wgrad, Xᵀ in 128x128 blocks, " + out_name(out);
+    const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -8) : 0.0;
+    std::vector<uint8_t> raw1, raw2, raw3;
+    const auto got = run_k(P, GemmMode::kFast, out, false, nullptr, &raw1, 0, 0, &b);
+    int64_t bad = 0;
+    double worst = 0;
+    std::ostringstream first;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
+      const double err = std::fabs(got[i] - want[i]);
+      if (tol > 0) worst = std::max(worst, err / tol);
+      if (!(err <= tol) && bad++ == 0) {
+        const int64_t e = int64_t(i) / (P.n * P.k), j = (int64_t(i) / P.k) % P.n, c = int64_t(i) % P.k;
+        first << "first mismatch at expert " << e << " row " << j << " col " << c << ": got " << got[i]
+              << ", want " << want[i] << " (tol " << tol << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
+    std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst);
+    run_k(P, GemmMode::kFast, out, false, nullptr, &raw2, 7, 0, &b);
+    EXPECT_TRUE(raw1 == raw2) << what << ": num_sms=7 differs from num_sms=0";
+    run_k(P, GemmMode::kFast, out, false, nullptr, &raw3, 0, 0, &b);
+    EXPECT_TRUE(raw1 == raw3) << what << ": rerun is not bitwise identical";
+    const auto twice = run_k(P, GemmMode::kFast, out, true, &raw1, nullptr, 0, 0, &b);
+    int64_t bad_acc = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want2 = out == GemmOutDtype::kFP32 ? double(float(got[i] + got[i])) : 2.0 * got[i];
+      if (!(twice[i] == want2)) ++bad_acc;
+    }
+    EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x";
+  }
+}
+
+// Cases: ragged and empty experts with K = 384 (k-tiles at 0 and 192: blocks 0|1 and 1|2); N, K
+// not multiples of 128 with one expert holding every token (K = 96: one block, the tile's second
+// block past K); K = 2880 (pitch 32, the last block of 64 rows) with heavy-tailed data; 64 experts.
+// Each with synthetic block scales and with the real ones (rebased from the MX copy).
+TEST_F(GemmGpu, WgradBlockScalesMatchReference) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  struct Case { int E; int64_t n, k; std::vector<int> counts; };
+  const std::vector<Case> cases = {
+      {6, 256, 384, {0, 300, 128, 0, 1, 520}},
+      {3, 160, 96, {0, 700, 0}},
+      {2, 128, 2880, {300, 200}},
+      {64, 128, 448, random_counts(rng_, 64, 0, 200)},
+  };
+  for (const Case& c : cases) {
+    KProblem P;
+    build_k(P, c.E, c.n, c.k, c.counts, c.k == 2880 ? Dist::kHeavyTailed : Dist::kGaussian, rng_);
+    const std::string name = "E=" + std::to_string(c.E) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
+    check_k_block_form(P, name + " synthetic scales", &rng_);
+    check_k_block_form(P, name, nullptr);
+  }
+}
+
+// Accuracy of wgrad's fast mode, with Xᵀ per row (the default) and in 128x128 blocks made from the
+// MX copy: within 1.1x of exact mode's error against the FP64 product of the unquantized inputs, on
+// the three data families (outlier channels are rows of Xᵀ, i.e. inside its blocks).
+TEST_F(GemmGpu, WgradFastAccuracyMatchesExact) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  for (Dist d : {Dist::kGaussian, Dist::kHeavyTailed, Dist::kOutlierChannels}) {
+    KProblem P;
+    build_k(P, 3, 256, 512, {512, 384, 300}, d, rng_);
+    std::vector<double> y_true(size_t(P.E * P.n * P.k), 0.0);
+    parallel_rows(P.n, [&](int64_t j0, int64_t j1) {
+      for (int e = 0; e < P.E; ++e)
+        for (int64_t t = P.offsets[e]; t < P.offsets[e + 1]; ++t)
+          for (int64_t j = j0; j < j1; ++j) {
+            const double g = ref::bf16_to_float(P.dy_bf16[size_t(t * P.n + j)]);
+            if (g == 0) continue;
+            double* row = &y_true[size_t((e * P.n + j) * P.k)];
+            for (int64_t i = 0; i < P.k; ++i) row[i] += g * ref::bf16_to_float(P.x_bf16[size_t(t * P.k + i)]);
+          }
+    });
+    const KBlockB B = make_k_block_b(P, nullptr);
+    const auto y_fast = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr);
+    const auto y_blk = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr, 0, 0, &B.b);
+    const auto y_exact = run_k(P, GemmMode::kExact, GemmOutDtype::kFP32, false, nullptr, nullptr);
+    double e_fast = 0, e_blk = 0, e_exact = 0, ref2 = 0;
+    for (size_t i = 0; i < y_true.size(); ++i) {
+      e_fast += (y_fast[i] - y_true[i]) * (y_fast[i] - y_true[i]);
+      e_blk += (y_blk[i] - y_true[i]) * (y_blk[i] - y_true[i]);
+      e_exact += (y_exact[i] - y_true[i]) * (y_exact[i] - y_true[i]);
+      ref2 += y_true[i] * y_true[i];
+    }
+    const double rf = std::sqrt(e_fast / ref2), rb = std::sqrt(e_blk / ref2), rx = std::sqrt(e_exact / ref2);
+    std::printf("[ wgrad %s ] rel. Frobenius error vs unquantized: fast %.6g, fast with Xᵀ in blocks %.6g, exact %.6g "
+                "(ratios %.4f, %.4f)\n", dist_name(d), rf, rb, rx, rf / rx, rb / rx);
+    EXPECT_LE(rf, 1.1 * rx) << dist_name(d) << ": wgrad fast mode error exceeds 1.1x exact mode error";
+    EXPECT_LE(rb, 1.1 * rx) << dist_name(d) << ": wgrad fast mode (Xᵀ in blocks) error exceeds 1.1x exact mode error";
+  }
 }
 
 // ---- other fast-mode kernel paths ---------------------------------------------------------------

@@ -37,7 +37,7 @@ inline void check_grouped_operand(const char* fn, const char* name, const MxOper
 }
 
 // MxOperand::fast_scale_layout (gemm.h): kRow128 everywhere; kBlock128 only where `block_ok` (operand b
-// of the m-grouped GEMM's y entry) and in fast mode. Checked for every operand whatever m_total, so a
+// of the m-grouped GEMM's y entry and of the k-grouped GEMM) and in fast mode. Checked for every operand whatever m_total, so a
 // misplaced kBlock128 is named even for an empty problem.
 inline void check_fast_scale_layout(const char* fn, const char* name, const MxOperand& x, GemmMode mode,
                                     bool block_ok) {
@@ -47,8 +47,8 @@ inline void check_fast_scale_layout(const char* fn, const char* name, const MxOp
     throw_arg(fn, arg.c_str(), to_str(int(x.fast_scale_layout)), "must be FastScaleLayout::kRow128 or kBlock128");
   if (!block_ok)
     throw_arg(fn, arg.c_str(), "kBlock128",
-              "128x128-block scales are accepted only for operand b (the weights) of m_grouped_mxfp8_gemm_nt; "
-              "use FastScaleLayout::kRow128 (the default)");
+              "128x128-block scales are accepted only for operand b of m_grouped_mxfp8_gemm_nt (the weights) and "
+              "of k_grouped_mxfp8_gemm_nt (Xᵀ); use FastScaleLayout::kRow128 (the default)");
   if (mode != GemmMode::kFast)
     throw_arg(fn, arg.c_str(), "kBlock128",
               "exact mode reads the BF16 image, not fast_scales: use FastScaleLayout::kRow128 with GemmMode::kExact");

@@ -269,6 +269,7 @@ struct MGroupedScheduler {
   const int32_t* s_off;
   const Params* p;
   int m_tile_begin, num_m_tiles, num_n_units, num_tiles, num_kc;
+  __device__ int b_rows() const { return p->n; }  // rows of one B matrix (the block form's row blocks)
 
   __device__ MGroupedScheduler(const int32_t* s_off_, const Params& p_) : s_off(s_off_), p(&p_) {
     m_tile_begin = s_off[0] / kBlockM;
@@ -374,6 +375,7 @@ struct KGroupedScheduler {
   const uint16_t* s_ord;  // the walk order of the experts (k_grouped_expert_order), after s_off in shared memory
   const Params* p;
   int num_n_tiles, num_k_tiles, num_tiles;
+  __device__ int b_rows() const { return p->k; }  // rows of Xᵀ (the block form's row blocks)
 
   __device__ KGroupedScheduler(const int32_t* s_off_, const Params& p_)
       : s_off(s_off_), s_ord(reinterpret_cast<const uint16_t*>(s_off_ + kMaxExperts + 1)), p(&p_) {
@@ -474,15 +476,15 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
     int b0 = 0, b = 0;
     bool b_used = false;
     if constexpr (kBlockB != BlockScalesB::kNone) {
-      b0 = x.sb_x / 128;  // sb_x = n0 (MGroupedScheduler)
+      b0 = x.sb_x / 128;  // sb_x = n0 (m-grouped) or k0 (k-grouped): the tile's first B row
       b = b0 + (lane & 1);
-      b_used = lane < 2 && b < (sched.p->n + 127) / 128;
+      b_used = lane < 2 && b < (sched.b_rows() + 127) / 128;
     }
     for (int c = 0; c < num_chunks; ++c) {
       uint32_t vb_block = 0;  // block form: this lane's byte (0 where unused)
       if constexpr (kBlockB == BlockScalesB::kLdg) {
-        const int64_t row = x.sb_y0 + c;  // e·ceil(K/128) + chunk
-        if (b_used) vb_block = __ldg(sched.p->b_block_scales + row * fast_block_scales_pitch_dev(sched.p->n) + b);
+        const int64_t row = x.sb_y0 + c;  // m-grouped e·ceil(K/128) + chunk; k-grouped the token chunk
+        if (b_used) vb_block = __ldg(sched.p->b_block_scales + row * fast_block_scales_pitch_dev(sched.b_rows()) + b);
       }
       device::mbarrier_wait_parity(&full[at.s], at.phase);  // acquire: TMA's scale bytes
       const uint8_t* sa8 = smem + L::kOffScaleA + at.s * L::kScaleA;              // [128] u8
@@ -586,9 +588,9 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
     int box_x = 0;
     bool second_box = false;
     if constexpr (kBlockB == BlockScalesB::kTma) {
-      const int b0 = x.sb_x / 128;  // sb_x = n0 (MGroupedScheduler)
-      box_x = b0 & ~15;             // box_x <= b0 < ceil(N/128) <= pitch (16 | both): box_x + 16 <= pitch
-      second_box = (b0 & 15) == 15 && b0 + 1 < (sched.p->n + 127) / 128;  // then box_x + 32 <= pitch
+      const int b0 = x.sb_x / 128;  // sb_x = the tile's first B row (n0, or k0 when k-grouped)
+      box_x = b0 & ~15;             // box_x <= b0 < ceil(rows/128) <= pitch (16 | both): box_x + 16 <= pitch
+      second_box = (b0 & 15) == 15 && b0 + 1 < (sched.b_rows() + 127) / 128;  // then box_x + 32 <= pitch
     }
     uint32_t tx_bytes = L::kTxBytes;
     if constexpr (kBlockB == BlockScalesB::kTma) tx_bytes += second_box ? 2 * kBlockScaleBox : kBlockScaleBox;
@@ -1318,7 +1320,7 @@ template <int kBlockN, int kNumStages, bool kOutF32, OutStore kOut, class Schedu
 __device__ __forceinline__ void math_fast_single_block(const Params& p, uint8_t* smem, const Scheduler& sched,
                                                        uint64_t* full, uint64_t* empty, uint64_t* ready,
                                                        const CUtensorMap* tm_y) {
-  static_assert(kBlockN == 192 && !Scheduler::kIsKGrouped, "block scales: m-grouped 128 x 192 tiles");
+  static_assert(kBlockN == 192, "block scales: 128 x 192 tiles");
   // Through a shuffle so that the compiler knows it is warp-uniform (descriptors in uniform regs).
   const int math_wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128 - 1, 0);  // 0, 1
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -1347,7 +1349,7 @@ __device__ __forceinline__ void math_fast_single_block(const Params& p, uint8_t*
     const Tile x = sched.tile(t);
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) tot[i] = 0.0f;
-    if (x.sb_x % 128 == 0)  // sb_x = n0 (MGroupedScheduler): n0 % 128 is 0 or 64
+    if (x.sb_x % 128 == 0)  // sb_x = n0 or k0, a multiple of 192: % 128 is 0 or 64
       reduce_tile(x.num_chunks, std::integral_constant<int, 128 / 8>{});
     else
       reduce_tile(x.num_chunks, std::integral_constant<int, 64 / 8>{});
@@ -1420,8 +1422,8 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                 "the TMA-store and row epilogues: wide tiles (fast 192, exact 256)");
   static_assert(kOut != OutStore::kRows || (!kOutF32 && !kKGrouped), "the row epilogue: m-grouped BF16");
   constexpr bool kBlockScalesB = kBlockB != BlockScalesB::kNone;
-  static_assert(!kBlockScalesB || (!kKGrouped && kPipelined && kBlockN == 192 && !kMulticast && kOut != OutStore::kRows),
-                "B block scales: m-grouped, 192-wide fast mode, direct or TMA-store epilogue");
+  static_assert(!kBlockScalesB || (kPipelined && kBlockN == 192 && !kMulticast && kOut != OutStore::kRows),
+                "B block scales: 192-wide fast mode, direct or TMA-store epilogue");
   constexpr int kClusterSize = kMulticast ? 2 : 1;
   using L = SmemLayout<kBlockN, kNumStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>(), kBlockScalesB>;
   using L0 = SmemLayout<kBlockN, kNumStages, kExact, false, 0, kBlockScalesB>;  // what producer() and math_*() index with
@@ -1582,7 +1584,7 @@ struct KernelPath {
   bool multicast = false;
   bool tma_store = false;  // set by the launchers (use_tma_store)
   bool rows = false;       // the row epilogue (OutStore::kRows): set by the EP layer's entry only
-  bool block_scales_b = false;  // B's fast scales in 128x128 blocks (block_n 192): m-grouped y entry only
+  bool block_scales_b = false;  // B's fast scales in 128x128 blocks (block_n 192): block_scales_path
   bool block_scales_ldg = true;  // ... read by the decoder from global memory, else TMA (block_scales_load_ldg)
 };
 
@@ -1642,6 +1644,21 @@ inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) 
 inline bool use_tma_store(const KernelPath& path, bool exact, bool out_f32, bool accumulate) {
   if (path.block_n != (exact ? kConfigExactWideBlockN : kConfigWideBlockN) || (!out_f32 && accumulate)) return false;
   return tma_store_requested();
+}
+
+// Fast mode with B in 128x128 blocks (FastScaleLayout::kBlock128, checked by the caller): the 192-wide
+// block kernel whatever MXMOE_GEMM_TILE / MXMOE_GEMM_MULTICAST say (opts.fast_tile_n must be 0 or 192),
+// the block bytes loaded as MXMOE_GEMM_BLOCK_SCALES_LOAD says, the TMA-store epilogue where it applies.
+inline KernelPath block_scales_path(const char* fn, const GemmOptions& opts) {
+  if (opts.fast_tile_n == 128)
+    detail::throw_arg(fn, "opts.fast_tile_n", "128",
+                      "must be 0 or 192 with b.fast_scale_layout = kBlock128 (that form runs on 128 x 192 tiles only)");
+  KernelPath path;
+  path.block_n = kConfigWideBlockN;
+  path.block_scales_b = true;
+  path.block_scales_ldg = block_scales_load_ldg(fn);  // MXMOE_GEMM_BLOCK_SCALES_LOAD
+  path.tma_store = use_tma_store(path, false, opts.out_dtype == GemmOutDtype::kFP32, opts.accumulate);
+  return path;
 }
 
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
@@ -1842,15 +1859,15 @@ void dispatch_grouped(const char* fn, bool exact, bool out_f32, const KernelPath
                                                                      stream, tm_y);
       return;
     }
-    if (path.block_scales_b) {  // checked by the caller: fast mode, block_n 192
-      if (path.block_scales_ldg)
-        launch_by_output<kW, false, false, BlockScalesB::kLdg>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa,
-                                                               tm_sb, p, grid, stream, tm_y);
-      else
-        launch_by_output<kW, false, false, BlockScalesB::kTma>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa,
-                                                               tm_sb, p, grid, stream, tm_y);
-      return;
-    }
+  }
+  if (path.block_scales_b) {  // checked by the caller: fast mode, block_n 192
+    if (path.block_scales_ldg)
+      launch_by_output<kW, false, kKGrouped, BlockScalesB::kLdg>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa,
+                                                                 tm_sb, p, grid, stream, tm_y);
+    else
+      launch_by_output<kW, false, kKGrouped, BlockScalesB::kTma>(fn, out_f32, path.tma_store, false, tm_a, tm_b, tm_sa,
+                                                                 tm_sb, p, grid, stream, tm_y);
+    return;
   }
   const auto launch = [&](auto width, auto exact_mode) {
     launch_by_output<decltype(width)::value, decltype(exact_mode)::value, kKGrouped>(

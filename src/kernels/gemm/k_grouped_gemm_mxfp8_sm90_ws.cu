@@ -21,8 +21,8 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
                              void* dw, const GemmOptions& opts) {
   // ---- argument checks: no CUDA call before all of them pass ----
   detail::check_grouped_common(kFn, num_experts, n, k, m_total, offsets, opts);
-  detail::check_fast_scale_layout(kFn, "a", a, opts.mode, false);  // activations/gradients: 1x128 only
-  detail::check_fast_scale_layout(kFn, "b", b, opts.mode, false);
+  detail::check_fast_scale_layout(kFn, "a", a, opts.mode, false);  // dYᵀ: 1x128 only
+  detail::check_fast_scale_layout(kFn, "b", b, opts.mode, true);   // Xᵀ: 1x128 or 128x128 blocks
   if (int64_t(num_experts) * k > (int64_t(1) << 30))
     detail::throw_arg(kFn, "k", detail::to_str(k), "num_experts * k must be < 2^30");
   detail::check_not_null(kFn, "dw", dw);
@@ -39,12 +39,18 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   if (exact && m_total > (int64_t(1) << 30))  // TMA coordinates are int32 bytes: 2 per token
     detail::throw_arg(kFn, "m_total", detail::to_str(m_total), "exact mode needs m_total <= 2^30");
 
-  // ---- tensor maps (no offsets read) and launch ----
-  const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
-  gemm_sm90::KernelPath path = gemm_sm90::choose_kernel_path(
-      exact, opts.fast_tile_n != 0 ? opts.fast_tile_n : gemm_sm90::k_grouped_fast_block_n(k));
+  // ---- tensor maps (no offsets read) and launch (the path first: its checks precede any CUDA call) ----
+  const bool block_b = b.fast_scale_layout == FastScaleLayout::kBlock128;  // fast mode (checked)
   const bool out_f32 = opts.out_dtype == GemmOutDtype::kFP32;
-  path.tma_store = gemm_sm90::use_tma_store(path, exact, out_f32, opts.accumulate);
+  gemm_sm90::KernelPath path;
+  if (block_b) {  // Xᵀ in 128x128 blocks (128 rows of K x 128 tokens): the 192-wide block kernel
+    path = gemm_sm90::block_scales_path(kFn, opts);
+  } else {
+    path = gemm_sm90::choose_kernel_path(
+        exact, opts.fast_tile_n != 0 ? opts.fast_tile_n : gemm_sm90::k_grouped_fast_block_n(k));
+    path.tma_store = gemm_sm90::use_tma_store(path, exact, out_f32, opts.accumulate);
+  }
+  const int grid = gemm_sm90::persistent_grid(kFn, opts.num_sms);
   const bool multicast = path.multicast;  // 2-CTA clusters sharing dYᵀ
   const int block_n = path.block_n;      // k-tile width (rows of Xᵀ)
   const int64_t num_tc = m_total / kBlockK;  // 128-token chunks
@@ -62,8 +68,11 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(kFn, a.fast_scales, num_tc, n, n, 1, kBlockM,
                                           CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, 128] of [M/128, N]
-    tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_tc, k, k, 1, block_n,
-                                          CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n] of [M/128, K]
+    if (!block_b)
+      tm_sb = detail::make_tensor_map_2d_u8(kFn, b.fast_scales, num_tc, k, k, 1, block_n,
+                                            CU_TENSOR_MAP_SWIZZLE_NONE);  // [1, block_n] of [M/128, K]
+    else if (!path.block_scales_ldg)  // kTma: [1, 16] boxes of [M/128, pitch(K)]; kLdg reads p.b_block_scales
+      tm_sb = gemm_sm90::block_scales_map(kFn, b.fast_scales, 1, num_tc, k);
   }
   gemm_sm90::Params p{};
   p.offsets = offsets;
@@ -77,6 +86,7 @@ void k_grouped_mxfp8_gemm_nt(const MxOperand& a, const MxOperand& b, int64_t m_t
   p.sort_experts = gemm_sm90::k_grouped_sort_experts();
   p.a_blocked = a_blocked;
   p.b_blocked = b_blocked;
+  p.b_block_scales = block_b && path.block_scales_ldg ? b.fast_scales : nullptr;
   // the TMA-store epilogue's map of dW [E, N, K] (unused otherwise)
   const CUtensorMap tm_y = path.tma_store ? gemm_sm90::out_tma_map(kFn, dw, out_f32, num_experts, n, k) : tm_a;
   gemm_sm90::dispatch_grouped<true>(kFn, exact, out_f32, path, tm_a, tm_b, tm_sa, tm_sb, p, grid, opts.stream, tm_y);

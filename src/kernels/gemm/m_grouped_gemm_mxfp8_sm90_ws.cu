@@ -41,14 +41,8 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
     if (opts.accumulate) throw_arg(fn, "opts.accumulate", "true", "must be false (rows are stored, not added)");
     path.block_n = exact ? gemm_sm90::kConfigExactWideBlockN : gemm_sm90::kConfigWideBlockN;
     path.rows = true;
-  } else if (block_b) {  // 128x128 weight blocks: the 192-wide kernel only, nothing from the environment
-    if (opts.fast_tile_n == 128)
-      throw_arg(fn, "opts.fast_tile_n", "128",
-                "must be 0 or 192 with b.fast_scale_layout = kBlock128 (that form runs on 128 x 192 tiles only)");
-    path.block_n = gemm_sm90::kConfigWideBlockN;
-    path.block_scales_b = true;
-    path.block_scales_ldg = gemm_sm90::block_scales_load_ldg(fn);  // MXMOE_GEMM_BLOCK_SCALES_LOAD
-    path.tma_store = gemm_sm90::use_tma_store(path, false, out_f32, opts.accumulate);
+  } else if (block_b) {  // 128x128 weight blocks: the 192-wide block kernel
+    path = gemm_sm90::block_scales_path(fn, opts);
   } else {
     path = gemm_sm90::choose_kernel_path(exact, opts.fast_tile_n != 0 ? opts.fast_tile_n
                                                                        : gemm_sm90::kConfigFastBlockN);

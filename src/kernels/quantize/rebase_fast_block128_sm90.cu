@@ -25,6 +25,9 @@
 // tests/cpu/test_quantize_args.cpp. Bench: bench/bench_gemm.py --fast-block makes the GEMM's operand
 // with it and checks it bitwise against an independent PyTorch construction.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "device/mx_convert.cuh"
 #include "host/check.h"
@@ -33,9 +36,9 @@
 namespace mxmoe {
 namespace {
 
-constexpr int kThreads = 256;                         // 128 rows x 2 halves of a chunk
+constexpr int kThreads = 256;                         // a 128 x 128 block, 64 bytes a thread
 constexpr int kBlocksPerChunk = kFastChunk / kMxBlock;  // 4
-static_assert(kThreads == 2 * kFastBlockRows, "one thread per (row, half chunk)");
+static_assert(kThreads == 2 * kFastBlockRows, "64 bytes a thread");
 
 __device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t emax) {
   if (emax == kE8M0Nan) return make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
@@ -44,54 +47,109 @@ __device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t em
                     dev::e4m3x4_rebase(q.w, pw));
 }
 
-// grid (chunks, row blocks, batch)
-__global__ void __launch_bounds__(kThreads)
-rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, int64_t rows,
-                            int64_t cols, int64_t pitch, uint8_t* __restrict__ block_data,
-                            uint8_t* __restrict__ block_scales) {
-  __shared__ uint32_t warp_max[kThreads / 32];
-  const int64_t nblk = cols / kMxBlock, nchunks = gridDim.x;
-  const int64_t c = blockIdx.x, j = blockIdx.y, b = blockIdx.z;
-  const int r = threadIdx.x / 2, half = threadIdx.x % 2;
-  const int64_t row = j * kFastBlockRows + r;  // within the matrix
-  const int64_t blk0 = c * kBlocksPerChunk + 2 * half;
-  const bool row_ok = row < rows;
-  const bool ok0 = row_ok && blk0 < nblk, ok1 = row_ok && blk0 + 1 < nblk;
-  const int64_t grow = b * rows + row;  // row of the flat [batch · rows, cols] tensor
-  const uint4* src = reinterpret_cast<const uint4*>(data + grow * cols + blk0 * kMxBlock);
-  uint4 q[4];
-  uint32_t s0 = 0, s1 = 0;
-  if (ok0) {
-    q[0] = __ldg(src);
-    q[1] = __ldg(src + 1);
-    s0 = __ldg(scales + grow * nblk + blk0);
-  }
-  if (ok1) {
-    q[2] = __ldg(src + 2);
-    q[3] = __ldg(src + 3);
-    s1 = __ldg(scales + grow * nblk + blk0 + 1);
-  }
-  // 0 for the blocks a thread does not own: byte 0 never raises the maximum (like an all-zero block).
-  const uint32_t wm = __reduce_max_sync(0xFFFFFFFFu, s0 > s1 ? s0 : s1);
+// The block's maximum scale byte, from every thread's bytes (0 where it owns none): a warp max, then
+// one shared-memory word per warp.
+__device__ __forceinline__ uint32_t block_max(uint32_t mine, uint32_t* warp_max) {
+  const uint32_t wm = __reduce_max_sync(0xFFFFFFFFu, mine);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = wm;
   __syncthreads();
   uint32_t emax = warp_max[0];
 #pragma unroll
   for (int w = 1; w < kThreads / 32; ++w) emax = emax > warp_max[w] ? emax : warp_max[w];
-  uint4* dst = reinterpret_cast<uint4*>(block_data + grow * cols + blk0 * kMxBlock);
-  if (ok0) {
-    dst[0] = rebase_x16(q[0], s0, emax);
-    dst[1] = rebase_x16(q[1], s0, emax);
-  }
-  if (ok1) {
-    dst[2] = rebase_x16(q[2], s1, emax);
-    dst[3] = rebase_x16(q[3], s1, emax);
-  }
-  uint8_t* srow = block_scales + (b * nchunks + c) * pitch;
+  return emax;
+}
+
+// The block's scale byte, and the pitch's padding bytes once per (matrix, chunk) row (by the CTA of
+// the last row block).
+__device__ __forceinline__ void store_block_scale(uint8_t* block_scales, int64_t pitch, uint32_t emax) {
+  const int64_t c = blockIdx.x, j = blockIdx.y, b = blockIdx.z;
+  uint8_t* srow = block_scales + (b * gridDim.x + c) * pitch;
   if (threadIdx.x == 0) srow[j] = uint8_t(emax);
-  // The pitch's padding bytes, once per (matrix, chunk) row: by the CTA of the last row block.
   if (j == int64_t(gridDim.y) - 1)
     for (int64_t p = gridDim.y + threadIdx.x; p < pitch; p += kThreads) srow[p] = 0;
+}
+
+// grid (chunks, row blocks, batch). kPieces (MXMOE_REBASE_WALK=pieces): thread t owns the 16-byte
+// piece t % 8 of rows t / 8 + 32 i (i < 4), so that each load and store instruction of a warp covers
+// 4 whole 128-byte row segments (4 sectors each); otherwise (rows, run 81's) thread t owns 64 bytes
+// of row t / 2, and each instruction touches 32 sectors half.
+template <bool kPieces>
+__global__ void __launch_bounds__(kThreads)
+rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, int64_t rows,
+                            int64_t cols, int64_t pitch, uint8_t* __restrict__ block_data,
+                            uint8_t* __restrict__ block_scales) {
+  __shared__ uint32_t warp_max[kThreads / 32];
+  const int64_t nblk = cols / kMxBlock;
+  const int64_t c = blockIdx.x, j = blockIdx.y, b = blockIdx.z;
+  if constexpr (kPieces) {
+    constexpr int kRowsPerThread = kFastBlockRows / (kThreads / 8);  // 4
+    const int piece = threadIdx.x % 8, r0 = threadIdx.x / 8;
+    const int64_t blk = c * kBlocksPerChunk + piece / 2;  // this piece's 32-block
+    uint4 q[kRowsPerThread];
+    uint32_t s[kRowsPerThread];
+    bool ok[kRowsPerThread];
+    uint32_t mine = 0;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int64_t row = j * kFastBlockRows + r0 + 32 * i;
+      ok[i] = row < rows && blk < nblk;
+      const int64_t grow = b * rows + row;
+      s[i] = 0;
+      if (ok[i]) {
+        q[i] = __ldg(reinterpret_cast<const uint4*>(data + grow * cols + c * kFastChunk + 16 * piece));
+        s[i] = __ldg(scales + grow * nblk + blk);
+      }
+      mine = mine > s[i] ? mine : s[i];
+    }
+    const uint32_t emax = block_max(mine, warp_max);
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int64_t grow = b * rows + j * kFastBlockRows + r0 + 32 * i;
+      if (ok[i])
+        *reinterpret_cast<uint4*>(block_data + grow * cols + c * kFastChunk + 16 * piece) = rebase_x16(q[i], s[i], emax);
+    }
+    store_block_scale(block_scales, pitch, emax);
+  } else {
+    const int r = threadIdx.x / 2, half = threadIdx.x % 2;
+    const int64_t row = j * kFastBlockRows + r;  // within the matrix
+    const int64_t blk0 = c * kBlocksPerChunk + 2 * half;
+    const bool row_ok = row < rows;
+    const bool ok0 = row_ok && blk0 < nblk, ok1 = row_ok && blk0 + 1 < nblk;
+    const int64_t grow = b * rows + row;  // row of the flat [batch · rows, cols] tensor
+    const uint4* src = reinterpret_cast<const uint4*>(data + grow * cols + blk0 * kMxBlock);
+    uint4 q[4];
+    uint32_t s0 = 0, s1 = 0;
+    if (ok0) {
+      q[0] = __ldg(src);
+      q[1] = __ldg(src + 1);
+      s0 = __ldg(scales + grow * nblk + blk0);
+    }
+    if (ok1) {
+      q[2] = __ldg(src + 2);
+      q[3] = __ldg(src + 3);
+      s1 = __ldg(scales + grow * nblk + blk0 + 1);
+    }
+    // 0 for the blocks a thread does not own: byte 0 never raises the maximum (like an all-zero block).
+    const uint32_t emax = block_max(s0 > s1 ? s0 : s1, warp_max);
+    uint4* dst = reinterpret_cast<uint4*>(block_data + grow * cols + blk0 * kMxBlock);
+    if (ok0) {
+      dst[0] = rebase_x16(q[0], s0, emax);
+      dst[1] = rebase_x16(q[1], s0, emax);
+    }
+    if (ok1) {
+      dst[2] = rebase_x16(q[2], s1, emax);
+      dst[3] = rebase_x16(q[3], s1, emax);
+    }
+    store_block_scale(block_scales, pitch, emax);
+  }
+}
+
+// MXMOE_REBASE_WALK (read per call): "pieces" or "rows" (the thread-to-bytes mapping above); unset = pieces.
+bool rebase_walk_pieces(const char* fn) {
+  const char* v = std::getenv("MXMOE_REBASE_WALK");
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "pieces") == 0) return true;
+  if (std::strcmp(v, "rows") == 0) return false;
+  detail::throw_arg(fn, "MXMOE_REBASE_WALK", std::string("'") + v + "'", "environment variable: must be 'pieces' or 'rows'");
 }
 
 }  // namespace
@@ -123,7 +181,12 @@ void rebase_mxfp8_fast_block128(const uint8_t* data, const uint8_t* scales, int6
   const auto* o1 = block_scales + batch * nchunks * pitch;
   if (o0 < s1 && s0 < o1) throw_arg(fn, "block_scales", to_str(static_cast<const void*>(o0)), "must not overlap scales");
   const dim3 grid{unsigned(nchunks), unsigned(nrb), unsigned(batch)};
-  rebase_fast_block128_kernel<<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data, block_scales);
+  if (rebase_walk_pieces(fn))
+    rebase_fast_block128_kernel<true><<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data,
+                                                                      block_scales);
+  else
+    rebase_fast_block128_kernel<false><<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data,
+                                                                       block_scales);
   MXMOE_CHECK_LAUNCH(fn);
 }
 

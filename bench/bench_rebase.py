@@ -1,0 +1,92 @@
+"""rebase_mxfp8_fast_block128 (include/mxmoe/quantize.h): the 128x128-block fast form of the weights
+made from their plain MX copy, on the models' expert weights in both directions (the forward GEMM's
+W [E, N, K] and the dgrad GEMM's Wᵀ [E, K, N]), against the device-to-device copy bandwidth measured
+in the same run.
+
+Each line: shape, time (us, median, L2 flushed before every rep), GB/s (bytes read + written: 1 + 1/32
+read and 1 written per element, block scales included) and % of copy, for each thread-to-bytes
+mapping of the kernel (MXMOE_REBASE_WALK: pieces, the default, and rows), timed in alternation. The
+two mappings' outputs must be bitwise equal and equal to an independent PyTorch construction
+(bench_gemm.torch_block_rebase, itself checked against the definition by bench_gemm).
+Usage: python3 bench/bench_rebase.py [--json out.json] [--reps 15] [--shapes Qwen3-30B,...]
+"""
+import argparse
+import ctypes
+
+import torch
+
+from common import Timer, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr, require_gpu, write_json
+from bench_gemm import quant_rows_chunked, torch_block_rebase
+
+# (model, E, hidden, intermediate): W1 [E, 2I, H], W2 [E, H, I]
+MODELS = [("Qwen3-30B", 128, 2048, 768), ("Qwen3-235B", 128, 4096, 1536), ("DSV3-EP8", 32, 7168, 2048)]
+WALKS = ["pieces", "rows"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--shapes", default=None, help="comma-separated model names")
+    args = ap.parse_args()
+    require_gpu()
+    lib = load_lib()
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
+    lib.mxmoe_rebase_mxfp8_fast_block128.restype = ctypes.c_int
+    lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
+    lib.mxmoe_fast_block_scales_pitch.restype = i64
+    lib.mxmoe_last_error.restype = ctypes.c_char_p
+    timer = Timer(reps=args.reps)
+    copy = copy_bandwidth(timer)
+    print(f"{device_info()}; device-to-device copy {copy:.0f} GB/s (read + write)", flush=True)
+    keep = set(args.shapes.split(",")) if args.shapes else None
+    table, results = [], {"copy_gbs": copy, "rows": []}
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for model, E, H, I in MODELS:
+        if keep and model not in keep:
+            continue
+        for what, N, K in [("W1", 2 * I, H), ("W1ᵀ", H, 2 * I), ("W2", H, I), ("W2ᵀ", I, H)]:
+            w = (torch.randn(E * N, K, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+            d, s, _, _ = quant_rows_chunked(w)
+            del w
+            pitch = lib.mxmoe_fast_block_scales_pitch(N)
+            outs = {wk: (torch.empty_like(d), torch.empty(E, (K + 127) // 128, pitch, dtype=torch.uint8,
+                                                          device="cuda")) for wk in WALKS}
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+            def call(wk):
+                bd, bs = outs[wk]
+                if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(d), ptr(s), E, N, K, ptr(bd), ptr(bs), stream) != 0:
+                    raise RuntimeError(lib.mxmoe_last_error().decode())
+            items = []
+            for wk in WALKS:
+                env = {"MXMOE_REBASE_WALK": wk}
+                with kernel_env(env):
+                    call(wk)
+                items.append((env, lambda wk=wk: call(wk)))
+            want_d, want_s = torch_block_rebase(d, s, E, N, K, pitch)
+            ok = all(torch.equal(outs[wk][0], want_d) and torch.equal(outs[wk][1], want_s) for wk in WALKS)
+            times = timer.many(items)
+            nbytes = E * N * K * (2 + 1 / 32) + E * ((K + 127) // 128) * pitch
+            shape = f"{model} {what} [{E}, {N}, {K}]"
+            row = {"shape": shape, "ok": ok}
+            line = [shape]
+            for wk, t in zip(WALKS, times):
+                gbs = nbytes / (t * 1e-6) / 1e9
+                row[f"{wk}_us"], row[f"{wk}_gbs"] = t, gbs
+                line += [f"{t:.1f}", f"{gbs:.0f} ({100 * gbs / copy:.1f}%)"]
+            line.append("yes" if ok else "NO")
+            table.append(line)
+            results["rows"].append(row)
+    print_table("rebase_mxfp8_fast_block128 (128x128-block fast form of the weights)",
+                ["shape", "pieces us", "pieces GB/s (% copy)", "rows us", "rows GB/s (% copy)", "bitwise = torch"],
+                table)
+    if args.json:
+        write_json(args.json, results)
+    if not all(r["ok"] for r in results["rows"]):
+        raise SystemExit("bench_rebase: an output differs from the PyTorch block form")
+
+
+if __name__ == "__main__":
+    main()
