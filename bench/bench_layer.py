@@ -1,5 +1,5 @@
 """MoE training layer benchmark: mxmoe's MXFP8 layer (forward, forward + backward; fast and exact
-GEMM modes) against a plain-PyTorch BF16 layer (torch._grouped_mm, index operations, autograd),
+GEMM modes, on request fast with 128x128-block weights) against a plain-PyTorch BF16 layer (torch._grouped_mm, index operations, autograd),
 in this process and run, on Qwen3-30B-A3B and DeepSeek-V3 EP8-local shapes at T = 16384 tokens,
 uniform and skewed routing.
 
@@ -8,7 +8,11 @@ x baseline (fwd+bwd) | peak memory GB | output check. The baseline's routing log
 mxmoe's, so both route the same tokens to the same experts up to FP32 ties; mxmoe's output and
 dx are checked against the baseline's within MXFP8's error (relative Frobenius < 0.1).
 Writes --json and a PNG chart next to it. Usage: python3 bench/bench_layer.py [--json OUT.json] [--quick]
-[--shapes NAME,...] [--modes fast,exact] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
+[--shapes NAME,...] [--modes fast,exact[,fast-blk]] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
+--modes fast-blk (not in the default list) adds the fast mode with 128x128-block weights
+(MoeLayerConfig::weight_fast_layout = kBlock128: the weights quantized to plain MX, rebased per
+128x128 block, and the four weight GEMMs on the block form; docs/notes/layer.md "Block-form weights"),
+timed in the same alternation and checked against the baseline the same way as the other modes.
 --variant adds, per mode, a row of mxmoe run with those environment variables set (e.g.
 MXMOE_GEMM_TILE=192), in the same process, for A/B comparisons against the default row.
 --kernels also prints, per mxmoe row, the GPU time of every kernel of one step (torch.profiler's
@@ -34,6 +38,8 @@ SHAPES = [("Qwen3-30B-A3B", 2048, 768, 128, 8, 0, 1.0), ("DSV3-EP8-local", 7168,
 def setup(lib):
     vp, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.mxmoe_layer_create.argtypes = [i32, i32, i32, i32, i32, i32, i32, f32, vp, i32, i64, ctypes.POINTER(vp)]
+    lib.mxmoe_layer_create_ex.argtypes = [i32, i32, i32, i32, i32, i32, i32, f32, vp, i32, i64, i32,
+                                          ctypes.POINTER(vp)]
     lib.mxmoe_layer_destroy.argtypes = [vp]
     lib.mxmoe_layer_workspace_bytes.argtypes = [vp]
     lib.mxmoe_layer_workspace_bytes.restype = i64
@@ -108,7 +114,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="T = 4096, uniform routing only")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of: " + ", ".join(s[0] for s in SHAPES))
-    ap.add_argument("--modes", default="fast,exact", help="comma-separated subset of: fast, exact")
+    ap.add_argument("--modes", default="fast,exact",
+                    help="comma-separated subset of: fast, exact, fast-blk (fast with 128x128-block weights)")
     ap.add_argument("--kernels", action="store_true", help="per-kernel GPU times of one step (torch.profiler)")
     ap.add_argument("--variant", action="append", default=[],
                     help="ENV=VAL[,ENV=VAL...]: also run each mode with these environment variables set")
@@ -120,10 +127,10 @@ def main():
         if unknown:
             sys.exit(f"bench_layer: unknown --shapes {unknown}; known: {[s[0] for s in SHAPES]}")
         shapes = [s for s in SHAPES if s[0] in want]
-    mode_ids = {"fast": 0, "exact": 1}
+    mode_ids = {"fast": (0, 0), "exact": (1, 0), "fast-blk": (0, 1)}  # (GEMM mode, weight_fast_layout)
     modes = args.modes.split(",")
     if any(m not in mode_ids for m in modes):
-        sys.exit(f"bench_layer: --modes takes fast and/or exact, got {args.modes!r}")
+        sys.exit(f"bench_layer: --modes takes a subset of {list(mode_ids)}, got {args.modes!r}")
     variants = [None]  # None: the environment as it is
     for v in args.variant:
         pairs = [kv.split("=", 1) for kv in v.split(",")]
@@ -172,17 +179,19 @@ def main():
             base_dx = params[0].grad.clone()
             base_peak = torch.cuda.max_memory_allocated() / 1e9
 
-            # ---- mxmoe, fast and exact: every row's layer made and checked first, then the baseline
+            # ---- mxmoe, fast and exact (and fast-blk): every row's layer made and checked first, then the baseline
             # and all rows timed in alternation (Timer.many: rep r of every call before rep r + 1, so
             # a drift of the GPU's clocks over the run affects every row alike)
-            def make_impl(mode, mname, env):
+            def make_impl(mode_layout, mname, env):
+                mode, layout = mode_layout
                 if env:
                     mname += " [" + ",".join(f"{a}={b}" for a, b in env.items()) + "]"
                 im = {"name": mname, "env": env}
                 with kernel_env(env):  # read by the library per call (getenv)
                     h = ctypes.c_void_p()
-                    check(lib, lib.mxmoe_layer_create(H, I, E, k, scoring, 1, 1, scaling,
-                                                      ptr(bias) if scoring == 1 else None, mode, T, ctypes.byref(h)))
+                    check(lib, lib.mxmoe_layer_create_ex(H, I, E, k, scoring, 1, 1, scaling,
+                                                         ptr(bias) if scoring == 1 else None, mode, T, layout,
+                                                         ctypes.byref(h)))
                     im["h"] = h
                     out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
                     dx = torch.empty_like(out)

@@ -50,6 +50,25 @@ int mxmoe_dequantize_mxfp8_bf16_token_blocked(const void* data, const void* scal
 int mxmoe_rebase_mxfp8_fast_block128(const void* data, const void* scales, int64_t batch, int64_t rows,
                                      int64_t cols, void* block_data, void* block_scales, void* stream);
 
+/* The MoE training layer (mxmoe/moe_layer.h; src/host/c_api_layer.cc), an opaque handle.
+ * scoring: 0 softmax, 1 sigmoid; mode: 0 fast, 1 exact; bias: FP32 [E] device pointer or null;
+ * weight_fast_layout (MoeLayerConfig::weight_fast_layout): 0 = per-row fast weights (kRow128),
+ * 1 = 128x128-block fast weights (kBlock128; fast mode only). mxmoe_layer_create = _ex with 0. */
+int mxmoe_layer_create_ex(int hidden, int inter, int experts, int top_k, int scoring, int n_groups,
+                          int topk_groups, float scaling, const float* bias, int mode, int64_t max_tokens,
+                          int weight_fast_layout, void** handle);
+int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scoring, int n_groups, int topk_groups,
+                       float scaling, const float* bias, int mode, int64_t max_tokens, void** handle);
+int mxmoe_layer_destroy(void* handle);
+int64_t mxmoe_layer_workspace_bytes(void* handle);
+int mxmoe_layer_forward(void* handle, const void* x, int64_t tokens, const void* wr, const void* w1, const void* w2,
+                        void* out, void* stream);
+int mxmoe_layer_backward(void* handle, const void* dout, const void* x, const void* wr, void* dx, void* dwr,
+                         void* dw1, void* dw2, void* stream);
+int mxmoe_layer_set_profiling(void* handle, int on);
+/* Stage times of the last profiled step: up to max_stages; names '\n'-separated into names. */
+int mxmoe_layer_stage_times(void* handle, char* names, int names_len, float* ms, int max_stages, int* count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,12 @@ struct EpMoeLayerConfig {
   RouterParams routing;             // as MoeLayerConfig (renormalised routing only has a backward)
   GemmMode mode = GemmMode::kFast;
   int64_t max_tokens = 0;           // per rank
+  // MoeLayerConfig::weight_fast_layout's counterpart, kRow128 only: kBlock128 is rejected
+  // (mxmoe::Error naming cfg.weight_fast_layout), because GEMM2 and the W1 dgrad write their rows
+  // through the fused combine's row-scatter GEMM entry, which reads per-row fast scales only. (Where
+  // it would be legal, GEMM1 and the W2 dgrad, the weights would then differ from the single-GPU
+  // layer's, and with them the bits this layer promises to share with MoeLayer.)
+  FastScaleLayout weight_fast_layout = FastScaleLayout::kRow128;
 };
 
 class EpMoeLayer {

@@ -11,7 +11,8 @@
 // Inputs (device, row-major, 16-byte aligned): x BF16 [T, H]; BF16 master weights wr [E, H],
 // w1 [E, 2I, H] (rows [0, I) gate, [I, 2I) up), w2 [E, H, I]; out BF16 [T, H].
 // Requirements (checked at construction / call, mxmoe::Error naming the argument): H and I
-// multiples of 32; 1 <= E <= 512; 1 <= top_k <= min(32, E); 1 <= T <= max_tokens.
+// multiples of 32; 1 <= E <= 512; 1 <= top_k <= min(32, E); 1 <= T <= max_tokens;
+// weight_fast_layout kRow128, or kBlock128 in fast mode.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +46,23 @@ struct MoeLayerConfig {
   // the router's part of dX is computed inside the un-permute in the fixed-order kernel's order in
   // both settings; dWr is a fixed-order sum in both.)
   bool batch_invariant_router = false;
+  // Fast form of the expert weights the m-grouped GEMMs read as operand b (gemm.h FastScaleLayout):
+  // the four weight operands, i.e. GEMM1 and GEMM2 with the row-wise copies of W1 and W2 and the two
+  // dgrad GEMMs with the column-wise copies. kRow128 (default): DESIGN §2's per-row fast form,
+  // written by the quantizer. kBlock128: each step quantizes the weights to plain MX both ways
+  // (quantize_mxfp8), then re-expresses each of the four copies per 128x128 block in place
+  // (rebase_mxfp8_fast_block128: one extra read + write of the FP8 weights per copy), and the four
+  // GEMMs run on the 128 x 192 tile with one scale byte per block (docs/notes/gemm.md "Run 80":
+  // 1.19-1.28x the per-row form's speed on every model shape; docs/notes/layer.md "Block-form
+  // weights (session 11)"). A deviation from DESIGN §2's per-row form (a block's rows share the
+  // largest exponent of the block, so elements far below it lose more bits), hence opt-in; its
+  // error against the FP64 reference is checked with the fast mode's bounds in
+  // tests/gpu/test_moe_layer_gpu.cpp (MoeLayerGpu.BlockWeights*). Workspace: the block scales and
+  // the plain copies' scales instead of the per-row fast scales, net +3/128 byte per weight element
+  // of the four copies (2·3·E·I·H elements; DeepSeek-V3 EP8-local, E = 32: +66 MB). Fast mode only:
+  // kBlock128 with GemmMode::kExact throws mxmoe::Error naming cfg.weight_fast_layout. Applies to
+  // the weights the layer quantizes; pre-quantized MxWeights carry their own layout per operand.
+  FastScaleLayout weight_fast_layout = FastScaleLayout::kRow128;
 };
 
 // A weight tensor [E, N, K] already quantized both ways, as quantize_mxfp8(w, E, N, K, &row, &col)
@@ -52,7 +70,12 @@ struct MoeLayerConfig {
 // colwise = MX of W[e]ᵀ ([E, K, N], fast scales [E, ceil(N/128), K]) for the dgrad GEMM. The layer's
 // GEMM mode reads the matching form: fast_data + fast_scales; in exact mode the BF16 image when
 // given (e.g. made once with dequantize_mxfp8_bf16 and reused across steps), else data + scales,
-// from which the layer makes the image before each GEMM.
+// from which the layer makes the image before each GEMM. Fast mode also takes any of the four
+// operands in the 128x128-block form (fast_scale_layout = FastScaleLayout::kBlock128, whatever
+// cfg.weight_fast_layout says): fast_data from rebase_mxfp8_fast_block128 (quantize.h) of that
+// copy, fast_scales E8M0 [E, ceil(K/128), fast_block_scales_pitch(N)] for a copy [E, N, K]
+// (rowwise: N = the weight's rows; colwise [E, K, N]: its columns), both 16-byte aligned.
+// Exact mode rejects kBlock128 (mxmoe::Error naming "<w1|w2>.<rowwise|colwise>.fast_scale_layout").
 struct MxWeights {
   MxOperand rowwise, colwise;
 };

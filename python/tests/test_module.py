@@ -41,7 +41,10 @@ def rel_err(got, want):
 
 
 def make_pair(cfg, mode="fast", **kw):
-    """MoE and ReferenceMoE with the same weights, on the GPU."""
+    """MoE and ReferenceMoE with the same weights, on the GPU. mode "fast-blk": fast mode with
+    128x128-block weights (weight_blocks=True)."""
+    if mode == "fast-blk":
+        mode, kw = "fast", dict(kw, weight_blocks=True)
     moe = mxmoe.torch.MoE(**cfg, mode=mode, device=DEV, **kw)
     ref = mxmoe.torch.ReferenceMoE(**cfg, device=DEV)
     ref.load_state_dict(moe.state_dict())
@@ -108,6 +111,24 @@ def test_config_errors_name_the_argument():
         MoE(256, 128, 8, 2, max_tokens=0, device="meta")
     with pytest.raises(BAD, match=r"argument 'layer'"):
         torch.ops.mxmoe.moe_layer_info(-5)
+    with pytest.raises(BAD, match=r"argument 'weight_blocks'"):
+        MoE(256, 128, 8, 2, mode="exact", weight_blocks=True, device="meta")
+    with pytest.raises(BAD, match=r"argument 'weight_blocks'"):
+        MoE(256, 128, 8, 2, weight_blocks=1, device="meta")
+    with pytest.raises(BAD, match=r"argument 'weight_blocks'"):
+        torch.ops.mxmoe.moe_layer_create(256, 128, 8, 2, fast=False, weight_blocks=True)
+
+
+@pytest.mark.ext
+def test_weight_blocks_survive_copies():
+    """weight_blocks=True reaches the layer's config and the copies' (deepcopy, pickle); the old
+    create signature (without weight_blocks) still works."""
+    m = mxmoe.torch.MoE(256, 128, 8, 2, weight_blocks=True, device="meta")
+    assert m._handle.config["weight_blocks"] is True and "weight_blocks=True" in repr(m)
+    for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(mxmoe.torch.MoE(256, 128, 8, 2, weight_blocks=True)))):
+        assert c._handle.config["weight_blocks"] is True and c._handle.layer_id != m._handle.layer_id
+    old = torch.ops.mxmoe.moe_layer_create(256, 128, 8, 2)
+    torch.ops.mxmoe.moe_layer_destroy(old)
 
 
 @pytest.mark.ext
@@ -187,7 +208,7 @@ def test_reference_grouped_mm_equals_loop_on_cpu(routing):
 # ---- on the GPU ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fast", "exact"])
+@pytest.mark.parametrize("mode", ["fast", "exact", "fast-blk"])
 @pytest.mark.parametrize("routing", ["softmax", "sigmoid_grouped"])
 def test_matches_reference(routing, mode):
     seed = fresh_seed()
@@ -249,6 +270,25 @@ def test_deterministic_and_backward_of_an_older_forward():
     assert torch.equal(xa.grad.float(), a[1]), "dx of an older forward differs"
     assert torch.equal(moe.w2.grad.float(), a[4]), "dw2 of an older forward differs"
     yb.backward(d2)  # and the newer one still works afterwards
+
+
+@pytest.mark.gpu
+def test_weight_blocks_deterministic():
+    """128x128-block weights: bitwise equal reruns of forward and backward (and a result that is
+    the block form's own: close to the per-row fast layer's, within the module tolerance)."""
+    fresh_seed()
+    cfg = CONFIGS["sigmoid_grouped"]  # I = 192: W1's 2I = 384 rows, col(W2)'s 192 rows, K = 192
+    blk = mxmoe.torch.MoE(**cfg, device=DEV, weight_blocks=True)
+    row = mxmoe.torch.MoE(**cfg, device=DEV)
+    row.load_state_dict(blk.state_dict())
+    x, d = (torch.randn(700, cfg["hidden"], device=DEV).to(torch.bfloat16) for _ in range(2))
+    a = fwd_bwd(blk, x, d)
+    b = fwd_bwd(blk, x, d)
+    r = fwd_bwd(row, x, d)
+    for name, u, v, w in zip(("out", "dx", "drouter", "dw1", "dw2"), a, b, r):
+        assert torch.equal(u, v), f"rerun: {name} differs"
+        e = rel_err(u, w)
+        assert e < TOL, f"{name}: block vs per-row fast relative Frobenius error {e:.4f} >= {TOL}"
 
 
 @pytest.mark.gpu

@@ -5,15 +5,16 @@
 #include <string>
 
 #include "host/c_api_guard.h"
+#include "mxmoe/c_api.h"
 #include "mxmoe/moe_layer.h"
 
 using mxmoe::detail::c_api_guarded;
 
 extern "C" {
 
-// scoring: 0 softmax, 1 sigmoid; mode: 0 fast, 1 exact; bias: FP32 [E] device pointer or null.
-int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scoring, int n_groups, int topk_groups,
-                       float scaling, const float* bias, int mode, int64_t max_tokens, void** handle) {
+int mxmoe_layer_create_ex(int hidden, int inter, int experts, int top_k, int scoring, int n_groups,
+                          int topk_groups, float scaling, const float* bias, int mode, int64_t max_tokens,
+                          int weight_fast_layout, void** handle) {
   return c_api_guarded([&] {
     mxmoe::MoeLayerConfig c;
     c.hidden = hidden;
@@ -27,8 +28,15 @@ int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scorin
     c.routing.bias = bias;
     c.mode = static_cast<mxmoe::GemmMode>(mode);
     c.max_tokens = max_tokens;
+    c.weight_fast_layout = static_cast<mxmoe::FastScaleLayout>(weight_fast_layout);
     *handle = new mxmoe::MoeLayer(c);
   });
+}
+
+int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scoring, int n_groups, int topk_groups,
+                       float scaling, const float* bias, int mode, int64_t max_tokens, void** handle) {
+  return mxmoe_layer_create_ex(hidden, inter, experts, top_k, scoring, n_groups, topk_groups, scaling, bias, mode,
+                               max_tokens, 0, handle);
 }
 
 int mxmoe_layer_destroy(void* handle) {

@@ -80,6 +80,29 @@ MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols
   return b;
 }
 
+MxBuf mx_block_buf(Carver& c, int64_t batch, int64_t rows, int64_t cols) {
+  MxBuf b;
+  b.data = b.fast = c.take(size_t(batch * rows * cols));
+  b.scales = c.take(size_t(batch * rows * cols / 32));
+  b.fast_scales = c.take(size_t(batch * cdiv(cols, 128) * fast_block_scales_pitch(rows)));
+  b.fast_layout = FastScaleLayout::kBlock128;
+  return b;
+}
+
+void check_weight_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep) {
+  const char* arg = "cfg.weight_fast_layout";
+  if (layout == FastScaleLayout::kRow128) return;
+  if (layout != FastScaleLayout::kBlock128)
+    throw_arg(fn, arg, to_str(int(layout)), "must be FastScaleLayout::kRow128 or kBlock128");
+  if (ep)
+    throw_arg(fn, arg, "kBlock128",
+              "the EP layer supports FastScaleLayout::kRow128 only (its GEMM2 and W1 dgrad write through the "
+              "row-scatter GEMM entry, which reads per-row fast scales); use MoeLayer for 128x128-block weights");
+  if (mode != GemmMode::kFast)
+    throw_arg(fn, arg, "kBlock128",
+              "128x128-block weights are a fast-mode form: use GemmMode::kFast, or kRow128 with GemmMode::kExact");
+}
+
 MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const {
   return mx_buf(c, mode, batch, rows, cols);
 }
@@ -88,10 +111,14 @@ void ExpertBlock::carve(Carver& c) {
   const int64_t H = hidden, I = inter, E = experts;
   x_row = mx(c, 1, cap, H);
   x_col = mx(c, 1, H, cap);
-  w1_row = mx(c, E, 2 * I, H);
-  w1_col = mx(c, E, H, 2 * I);
-  w2_row = mx(c, E, H, I);
-  w2_col = mx(c, E, I, H);
+  const bool blocks = weight_layout == FastScaleLayout::kBlock128;  // fast mode (checked by the layers)
+  auto weight = [&](int64_t rows, int64_t cols) {
+    return blocks ? mx_block_buf(c, E, rows, cols) : mx(c, E, rows, cols);
+  };
+  w1_row = weight(2 * I, H);
+  w1_col = weight(H, 2 * I);
+  w2_row = weight(H, I);
+  w2_col = weight(I, H);
   gu = c.take_n<__nv_bfloat16>(size_t(cap * 2 * I));
   hact = c.take_n<__nv_bfloat16>(size_t(cap * I));
   h_row = mx(c, 1, cap, I);
@@ -129,6 +156,15 @@ void ExpertBlock::quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16*
   const MxOut w1r = w1_row.out(), w1c = w1_col.out(), w2r = w2_row.out(), w2c = w2_col.out();
   quantize_mxfp8(w1, experts, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
   quantize_mxfp8(w2, experts, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+  if (weight_layout == FastScaleLayout::kBlock128) {  // each copy [experts, rows, cols], in place
+    auto rebase = [&](const MxBuf& b, int64_t rows, int64_t cols) {
+      rebase_mxfp8_fast_block128(b.data, b.scales, experts, rows, cols, b.fast, b.fast_scales, stream);
+    };
+    rebase(w1_row, 2 * I, H);
+    rebase(w1_col, H, 2 * I);
+    rebase(w2_row, H, I);
+    rebase(w2_col, I, H);
+  }
   w1r_op = w1_row.operand();
   w1c_op = w1_col.operand();
   w2r_op = w2_row.operand();
@@ -139,7 +175,7 @@ void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, co
                           void* const* y_rows) const {
   const int64_t H = hidden, I = inter;
   const int32_t* rows_used = padded_offsets + experts;
-  GemmOptions go;
+  GemmOptions go;  // fast_tile_n 0, the library's choice: 192 wide, which block-form weights need
   go.mode = mode;
   go.stream = stream;
   // GEMM1: GU [cap, 2I] = x_p · W1[e]ᵀ

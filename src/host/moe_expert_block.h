@@ -23,11 +23,21 @@
 
 namespace mxmoe::detail {
 
-// An MX copy in a workspace: data, scales, fast data, fast scales.
+// An MX copy in a workspace: data, scales, fast data, fast scales. fast_layout kBlock128 (weights,
+// MoeLayerConfig::weight_fast_layout): the quantizer writes the plain pair (out() gives only that),
+// rebase_mxfp8_fast_block128 makes the fast pair from it (fast == data: in place).
 struct MxBuf {
   uint8_t *data = nullptr, *scales = nullptr, *fast = nullptr, *fast_scales = nullptr;
-  MxOut out() const { return MxOut{data, scales, fast, fast_scales}; }
-  MxOperand operand() const { return MxOperand{data, scales, fast, fast_scales}; }
+  FastScaleLayout fast_layout = FastScaleLayout::kRow128;
+  MxOut out() const {
+    if (fast_layout == FastScaleLayout::kBlock128) return MxOut{data, scales, nullptr, nullptr};
+    return MxOut{data, scales, fast, fast_scales};
+  }
+  MxOperand operand() const {
+    MxOperand o{data, scales, fast, fast_scales};
+    o.fast_scale_layout = fast_layout;
+    return o;
+  }
 };
 
 // Carves pieces of a workspace (256-byte aligned); with base == nullptr it only measures.
@@ -54,6 +64,16 @@ class Carver {
 // form, data [batch, rows, cols] + scales [batch, ceil(cols/128), rows]; exact: plain MX). The
 // quantizers write only the pair that is given.
 MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols);
+
+// A weight copy [batch, rows, cols] in the 128x128-block fast form (fast mode): the plain pair,
+// data [batch, rows, cols] + scales [batch, rows, cols/32], which the block rebase overwrites in
+// place (fast = data), and the block scales [batch, ceil(cols/128), fast_block_scales_pitch(rows)].
+MxBuf mx_block_buf(Carver& c, int64_t batch, int64_t rows, int64_t cols);
+
+// MoeLayerConfig::weight_fast_layout against the GEMM mode (kBlock128: fast mode only); `ep`: the
+// EP layer, which rejects kBlock128 (its GEMM2 and W1 dgrad may write through the row-scatter
+// entry, which reads per-row scales only). Throws mxmoe::Error naming cfg.weight_fast_layout.
+void check_weight_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep);
 
 // A routing plan's buffers (moe_plan.h) for `tokens` tokens of top_k slots over `experts` experts
 // with `capacity` padded rows, and moe_plan's scratch (ws, ws_bytes).
@@ -93,6 +113,9 @@ struct ExpertBlock {
   int64_t cap = 0, hidden = 0, inter = 0;  // padded rows (multiple of 128), H, I
   int experts = 0;                        // experts held here
   GemmMode mode = GemmMode::kFast;
+  // Fast form of w1_row, w1_col, w2_row, w2_col (MoeLayerConfig::weight_fast_layout; kBlock128 in
+  // fast mode only, with the y entry of the m-grouped GEMM: forward/backward's y_rows/dxp_rows null).
+  FastScaleLayout weight_layout = FastScaleLayout::kRow128;
   // X rows in the padded expert layout, both ways (the caller's gather-quantizer writes them)
   MxBuf x_row, x_col;
   MxBuf w1_row, w1_col, w2_row, w2_col, h_row, h_col, dy_row, dy_col, dgu_row, dgu_col;
@@ -117,8 +140,9 @@ struct ExpertBlock {
   MxBuf mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const;
   void carve(Carver& c);  // every buffer above (cap, hidden, inter, experts, mode set before)
 
-  // Quantize BF16 master weights w1 [experts, 2I, H], w2 [experts, H, I] both ways; the operands
-  // of the next forward/backward become these copies.
+  // Quantize BF16 master weights w1 [experts, 2I, H], w2 [experts, H, I] both ways (kBlock128: to
+  // plain MX, then each copy rebased to the block form in place); the operands of the next
+  // forward/backward become these copies.
   void quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16* w2, cudaStream_t stream);
   // GEMM1 → SwiGLU + quantize → GEMM2: y [cap, H] from x_row (rows of expert e in
   // [padded_offsets[e], padded_offsets[e+1]); rows at or beyond padded_offsets[experts] untouched).

@@ -51,6 +51,7 @@ struct MoeLayer::Impl {
     blk.inter = cfg.inter;
     blk.experts = int(E);
     blk.mode = cfg.mode;
+    blk.weight_layout = cfg.weight_fast_layout;
     blk.carve(c);
     dw = c.take_n<float>(size_t(T * k));
     router.max_tokens = T;
@@ -78,6 +79,7 @@ MoeLayer::MoeLayer(const MoeLayerConfig& cfg) : impl_(new Impl) {
       throw_arg(fn, "cfg.max_tokens", to_str(cfg.max_tokens), "must be in [1, 2^24]");
     if (cfg.mode != GemmMode::kFast && cfg.mode != GemmMode::kExact)
       throw_arg(fn, "cfg.mode", to_str(int(cfg.mode)), "must be GemmMode::kFast or GemmMode::kExact");
+    detail::check_weight_fast_layout(fn, cfg.mode, cfg.weight_fast_layout, false);
     impl_->cfg = cfg;
     impl_->cap = moe_plan_capacity(cfg.max_tokens, cfg.routing.top_k, cfg.num_experts);
     impl_->bytes = impl_->carve(nullptr);
@@ -107,9 +109,15 @@ void check_forward_inputs(const char* fn, const MoeLayerConfig& c, const __nv_bf
 }
 
 // A pre-quantized weight operand must carry the pair the GEMM mode reads, 16-byte aligned; in exact
-// mode a BF16 image (then used as it is) instead of data + scales will do.
+// mode a BF16 image (then used as it is) instead of data + scales will do. Fast scales per row or
+// per 128x128 block (fast mode only; either layout's rows are 16-byte multiples, so the same checks).
 void check_weight_operand(const char* fn, const std::string& name, const MxOperand& o, GemmMode mode) {
   const bool fast = mode == GemmMode::kFast;
+  const std::string layout = name + ".fast_scale_layout";
+  if (o.fast_scale_layout != FastScaleLayout::kRow128 && o.fast_scale_layout != FastScaleLayout::kBlock128)
+    throw_arg(fn, layout.c_str(), to_str(int(o.fast_scale_layout)), "must be FastScaleLayout::kRow128 or kBlock128");
+  if (!fast && o.fast_scale_layout == FastScaleLayout::kBlock128)
+    throw_arg(fn, layout.c_str(), "kBlock128", "exact mode reads data + scales or the BF16 image: use kRow128");
   if (!fast && o.image != nullptr) {
     detail::check_aligned(fn, (name + ".image").c_str(), o.image, 16);
     return;
@@ -149,7 +157,9 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
   // 5. weights, both directions, one pass each (unless given pre-quantized)
   if (quantize_weights) {
     m.blk.quantize_weights(w1, w2, stream);
-    m.mark("quantize W1, W2 (both ways)", stream);
+    m.mark(m.blk.weight_layout == FastScaleLayout::kBlock128 ? "quantize W1, W2 (both ways) + 128x128-block rebase"
+                                                             : "quantize W1, W2 (both ways)",
+           stream);
   }
   // 6-8. GEMM1, SwiGLU + quantize, GEMM2
   m.blk.forward(m.plan.padded_offsets, stream, m.marker(stream));

@@ -647,6 +647,9 @@ bool bad_setups(const World& w, int index) {
   bad.inter = w.rank == w.size - 1 ? 100 : 64;  // the last rank's inter is not a multiple of 32
   ok &= expect_throw_everywhere(w, "the last rank's cfg.inter = 100", bad, *comm,
                                 w.rank == w.size - 1 ? "cfg.inter" : "rejected its arguments");
+  bad = lc;  // 128x128-block weights: MoeLayer only (moe_expert_block.h check_weight_fast_layout)
+  bad.weight_fast_layout = mxmoe::FastScaleLayout::kBlock128;
+  ok &= expect_throw_everywhere(w, "cfg.weight_fast_layout = kBlock128", bad, *comm, "cfg.weight_fast_layout");
   if (w.size > 1) {
     bad = lc;
     bad.inter = w.rank == 0 ? 64 : 96;

@@ -48,9 +48,13 @@ namespace {
 
 // One layer configuration: GPU forward + backward against the MX reference (and forward against
 // the unquantized FP64 layer), in the given GEMM modes. skewed: a few hot experts take most tokens
-// (some experts stay empty).
-void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> modes, bool skewed, std::mt19937& rng) {
-  SCOPED_TRACE("T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
+// (some experts stay empty). weights: MoeLayerConfig::weight_fast_layout (kBlock128: fast mode only;
+// checked against the per-row fast reference with the same bounds, i.e. the block form must cost
+// no more accuracy than the bounds' margin over the per-row form's measured errors).
+void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> modes, bool skewed, std::mt19937& rng,
+                    FastScaleLayout weights = FastScaleLayout::kRow128) {
+  const bool blocks = weights == FastScaleLayout::kBlock128;
+  SCOPED_TRACE(std::string(blocks ? "128x128-block weights " : "") + "T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
                " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) +
                (c.routing == ref::Routing::kSigmoidGrouped ? " sigmoid-grouped" : " softmax") +
                (skewed ? " skewed" : " uniform"));
@@ -112,6 +116,7 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
       cfg.routing.scaling_factor = float(c.route_scale);
     }
     cfg.mode = mode;
+    cfg.weight_fast_layout = weights;
     cfg.max_tokens = T + 17;  // the workspace may be larger than the step
     MoeLayer layer(cfg);
     auto bf = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
@@ -193,7 +198,7 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     std::printf("layer-case-errors seed %u T=%lld E=%lld k=%d%s%s %s: out %.5f exact %.5f dw %.5f dx %.5f dW1 %.5f "
                 "dW2 %.5f dWr %.5f\n",
                 fresh_seed(), (long long)T, (long long)E, c.top_k, sigmoid ? " sigmoid" : "", skewed ? " skewed" : "",
-                mode == GemmMode::kFast ? "fast" : "exact", e_out, e_exact, e_dw, e_dx, e_dw1, e_dw2, e_dwr);
+                mode == GemmMode::kExact ? "exact" : blocks ? "fast-blk" : "fast", e_out, e_exact, e_dw, e_dx, e_dw1, e_dw2, e_dwr);
     EXPECT_LT(rel_f(dwt, g.dw), kVsMxRef);
     EXPECT_LT(rel_err(ddx.download(), g.dx), kVsMxRef);
     EXPECT_LT(rel_f(ddw1.download(), g.dw1), kVsMxRef);
@@ -246,6 +251,24 @@ TEST(MoeLayerGpu, RoutingCases) {
   ds.topk_groups = 4;
   ds.route_scale = 2.5;
   run_layer_case(ds, {GemmMode::kFast}, false, rng);
+}
+
+// weight_fast_layout = kBlock128 (moe_layer.h): forward + backward (out, dw, dx, dW1, dW2, dWr) against the
+// fast-mode MX reference with the fast-mode bounds, and bitwise reruns (run_layer_case). Shapes with
+// partial 128-blocks both ways: I = 96 (W2's K = 96, col(W2)'s 96 rows), 2I = 192 (W1's second row block
+// of 64 rows, col(W1)'s K = 192); then H = 256, I = 128 (whole blocks) and DeepSeek-style routing.
+TEST(MoeLayerGpu, BlockWeightsForwardBackwardMatchFastReference) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  constexpr FastScaleLayout kBlock = FastScaleLayout::kBlock128;
+  run_layer_case(layer_config(200, 256, 128, 8, 2), {GemmMode::kFast}, false, rng, kBlock);
+  run_layer_case(layer_config(300, 256, 96, 16, 8), {GemmMode::kFast}, true, rng, kBlock);  // skewed: empty experts
+  ref::MoeConfig ds = layer_config(160, 128, 64, 64, 8);
+  ds.routing = ref::Routing::kSigmoidGrouped;
+  ds.n_groups = 8;
+  ds.topk_groups = 4;
+  ds.route_scale = 2.5;
+  run_layer_case(ds, {GemmMode::kFast}, false, rng, kBlock);
 }
 
 TEST(MoeLayerGpu, RejectsBadConfiguration) {
@@ -496,4 +519,67 @@ TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
       EXPECT_NE(std::string(e.what()).find("w1.colwise"), std::string::npos) << e.what();
     }
   }
+}
+
+// Pre-quantized weights in the 128x128-block form (MxWeights, fast_scale_layout = kBlock128): made by the
+// caller with quantize_mxfp8 (plain MX) + rebase_mxfp8_fast_block128 into separate buffers, they give the
+// bits of the layer's own block-form quantization (weight_fast_layout = kBlock128), also through a layer
+// configured kRow128 (the operands carry their layout). Exact mode and a misaligned block-scale pointer
+// are rejected by name.
+TEST(MoeLayerGpu, PreQuantizedBlockWeightsGiveTheSameBits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 200, H = 256, I = 96, E = 8;
+  MoeLayerConfig cfg_blk = small_layer(H, I, E, 2, T);
+  cfg_blk.weight_fast_layout = FastScaleLayout::kBlock128;
+  MoeLayer blk(cfg_blk), row(small_layer(H, I, E, 2, T)), exact(small_layer(H, I, E, 2, T, GemmMode::kExact));
+  const StepInputs in(T, H, I, E, rng);
+  DevBuf<uint16_t> x{size_t(T * H)}, out_a{size_t(T * H)}, out_b{size_t(T * H)}, dx_a{size_t(T * H)},
+      dx_b{size_t(T * H)};
+  DevBuf<float> dwr{in.wr.n}, dw1_a{in.w1.n}, dw1_b{in.w1.n}, dw2_a{in.w2.n}, dw2_b{in.w2.n};
+  x.upload(rand_bf16(x.n, 1.0, rng));
+  // One weight [E, N, K] both ways: plain MX, then each copy's block form (rows x cols of the copy).
+  struct Q {
+    DevBuf<uint8_t> rd, rs, rbd, rbs, cd, cs, cbd, cbs;
+    Q(const DevBuf<uint16_t>& w, int64_t E, int64_t N, int64_t K)
+        : rd{size_t(E * N * K)}, rs{size_t(E * N * K / 32)}, rbd{size_t(E * N * K)},
+          rbs{size_t(E * ((K + 127) / 128) * fast_block_scales_pitch(N))}, cd{size_t(E * N * K)},
+          cs{size_t(E * N * K / 32)}, cbd{size_t(E * N * K)},
+          cbs{size_t(E * ((N + 127) / 128) * fast_block_scales_pitch(K))} {
+      const MxOut r{rd.p, rs.p, nullptr, nullptr}, col{cd.p, cs.p, nullptr, nullptr};
+      quantize_mxfp8(c(w), E, N, K, &r, &col);
+      rebase_mxfp8_fast_block128(rd.p, rs.p, E, N, K, rbd.p, rbs.p);
+      rebase_mxfp8_fast_block128(cd.p, cs.p, E, K, N, cbd.p, cbs.p);
+    }
+    MxWeights weights() const {
+      MxWeights w{MxOperand{rd.p, rs.p, rbd.p, rbs.p}, MxOperand{cd.p, cs.p, cbd.p, cbs.p}};
+      w.rowwise.fast_scale_layout = w.colwise.fast_scale_layout = FastScaleLayout::kBlock128;
+      return w;
+    }
+  };
+  const Q q1(in.w1, E, 2 * I, H), q2(in.w2, E, H, I);
+  blk.forward(c(x), T, c(in.wr), c(in.w1), c(in.w2), m(out_a));
+  blk.backward(c(in.dout), c(x), c(in.wr), m(dx_a), dwr.p, dw1_a.p, dw2_a.p);
+  for (MoeLayer* l : {&blk, &row}) {
+    SCOPED_TRACE(l == &blk ? "layer with weight_fast_layout = kBlock128" : "layer with weight_fast_layout = kRow128");
+    l->forward(c(x), T, c(in.wr), q1.weights(), q2.weights(), m(out_b));
+    l->backward(c(in.dout), c(x), c(in.wr), m(dx_b), dwr.p, dw1_b.p, dw2_b.p);
+    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(out_a.download(), out_b.download());
+    EXPECT_EQ(dx_a.download(), dx_b.download());
+    EXPECT_EQ(dw1_a.download(), dw1_b.download());
+    EXPECT_EQ(dw2_a.download(), dw2_b.download());
+  }
+  auto expect_rejects = [&](MoeLayer& l, const MxWeights& w1, const char* what) {
+    try {
+      l.forward(c(x), T, c(in.wr), w1, q2.weights(), m(out_b));
+      ADD_FAILURE() << "no error naming " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_rejects(exact, q1.weights(), "w1.rowwise.fast_scale_layout");
+  MxWeights bad = q1.weights();
+  bad.colwise.fast_scales += 8;
+  expect_rejects(row, bad, "w1.colwise.fast_scales");
 }
