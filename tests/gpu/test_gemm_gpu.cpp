@@ -52,6 +52,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -652,46 +653,57 @@ std::vector<double> run_k(const KProblem& P, GemmMode mode, GemmOutDtype out, bo
   return v;
 }
 
+// One k-grouped configuration (mode, output type, operand b: P's own when null) against (want, bound):
+// every element within its tolerance (BF16 output: plus the final rounding), bitwise equal on a rerun
+// and at each grid of `grids`, accumulate on top of the first result exactly 2x.
+void expect_k_run(const KProblem& P, const std::string& what, GemmMode mode, GemmOutDtype out,
+                  const std::vector<double>& want, const std::vector<double>& bound, const MxOperand* b = nullptr,
+                  std::initializer_list<int> grids = {}) {
+  const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -8) : 0.0;
+  std::vector<uint8_t> raw1, raw2;
+  const auto got = run_k(P, mode, out, false, nullptr, &raw1, 0, 0, b);
+  int64_t bad = 0;
+  double worst = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
+    const double err = std::fabs(got[i] - want[i]);
+    if (tol > 0) worst = std::max(worst, err / tol);
+    if (!(err <= tol) && bad++ == 0) {
+      const int64_t e = int64_t(i) / (P.n * P.k), j = (int64_t(i) / P.k) % P.n, c = int64_t(i) % P.k;
+      first << "first mismatch at expert " << e << " row " << j << " col " << c << ": got " << got[i]
+            << ", want " << want[i] << " (tol " << tol << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
+  std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst);
+  run_k(P, mode, out, false, nullptr, &raw2, 0, 0, b);
+  EXPECT_TRUE(raw1 == raw2) << what << ": rerun is not bitwise identical";
+  for (int sms : grids) {
+    run_k(P, mode, out, false, nullptr, &raw2, sms, 0, b);
+    EXPECT_TRUE(raw1 == raw2) << what << ": num_sms=" << sms << " differs from num_sms=0";
+  }
+  // Accumulate: dW += result, starting from the first result: doubles it (exact in FP32 and BF16
+  // arithmetic up to one rounding of the sum).
+  const auto twice = run_k(P, mode, out, true, &raw1, nullptr, 0, 0, b);
+  int64_t bad_acc = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double want2 = out == GemmOutDtype::kFP32 ? double(float(got[i] + got[i])) : 2.0 * got[i];
+    if (!(twice[i] == want2)) ++bad_acc;
+  }
+  EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x";
+}
+
 void check_k_all(const KProblem& P, const std::string& name) {
   std::vector<double> y_exact, b_exact, y_fast, b_fast;
   k_reference_with_bound(image_values(P.qa), image_values(P.qb), P, kExactModel, y_exact, b_exact);
   k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(P.fb), P, kFastModel, y_fast, b_fast);
-  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact}) {
+  for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})
     for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
-      const std::string what = name + " wgrad " + mode_name(mode) + " " + out_name(out);
-      const auto& want = mode == GemmMode::kFast ? y_fast : y_exact;
-      const auto& bound = mode == GemmMode::kFast ? b_fast : b_exact;
-      const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -8) : 0.0;
-      std::vector<uint8_t> raw1, raw2;
-      const auto got = run_k(P, mode, out, false, nullptr, &raw1);
-      int64_t bad = 0;
-      double worst = 0;
-      std::ostringstream first;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
-        const double err = std::fabs(got[i] - want[i]);
-        if (tol > 0) worst = std::max(worst, err / tol);
-        if (!(err <= tol) && bad++ == 0) {
-          const int64_t e = int64_t(i) / (P.n * P.k), j = (int64_t(i) / P.k) % P.n, c = int64_t(i) % P.k;
-          first << "first mismatch at expert " << e << " row " << j << " col " << c << ": got "
-                << got[i] << ", want " << want[i] << " (tol " << tol << ")";
-        }
-      }
-      EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
-      std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst);
-      run_k(P, mode, out, false, nullptr, &raw2);
-      EXPECT_TRUE(raw1 == raw2) << what << ": rerun is not bitwise identical";
-      // Accumulate: dW += result, starting from the first result: doubles it (exact in FP32 and
-      // BF16 arithmetic up to one rounding of the sum).
-      const auto twice = run_k(P, mode, out, true, &raw1, nullptr);
-      int64_t bad_acc = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double want2 = out == GemmOutDtype::kFP32 ? double(float(got[i] + got[i])) : 2.0 * got[i];
-        if (!(twice[i] == want2)) ++bad_acc;
-      }
-      EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x";
+      const bool fast = mode == GemmMode::kFast;
+      expect_k_run(P, name + " wgrad " + mode_name(mode) + " " + out_name(out), mode, out, fast ? y_fast : y_exact,
+                   fast ? b_fast : b_exact);
     }
-  }
 }
 
 TEST_F(GemmGpu, WgradEmptyAndRaggedExperts) {
@@ -753,42 +765,11 @@ KBlockB make_k_block_b(const KProblem& P, std::mt19937* synthetic) {
 
 void check_k_block_form(const KProblem& P, const std::string& name, std::mt19937* synthetic) {
   const KBlockB B = make_k_block_b(P, synthetic);
-  const ref::FastBlockMatrix& f = B.f;
-  const MxOperand& b = B.b;
   std::vector<double> want, bound;
-  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(f), P, kFastModel, want, bound);
-  for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32}) {
-    const std::string what = name + " wgrad, Xᵀ in 128x128 blocks, " + out_name(out);
-    const double out_rel = out == GemmOutDtype::kBF16 ? std::ldexp(1.0, -8) : 0.0;
-    std::vector<uint8_t> raw1, raw2, raw3;
-    const auto got = run_k(P, GemmMode::kFast, out, false, nullptr, &raw1, 0, 0, &b);
-    int64_t bad = 0;
-    double worst = 0;
-    std::ostringstream first;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double tol = bound[i] + out_rel * (std::fabs(want[i]) + bound[i]);
-      const double err = std::fabs(got[i] - want[i]);
-      if (tol > 0) worst = std::max(worst, err / tol);
-      if (!(err <= tol) && bad++ == 0) {
-        const int64_t e = int64_t(i) / (P.n * P.k), j = (int64_t(i) / P.k) % P.n, c = int64_t(i) % P.k;
-        first << "first mismatch at expert " << e << " row " << j << " col " << c << ": got " << got[i]
-              << ", want " << want[i] << " (tol " << tol << ")";
-      }
-    }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " bad elements; " << first.str();
-    std::printf("[ %s ] worst |err|/tol = %.3g\n", what.c_str(), worst);
-    run_k(P, GemmMode::kFast, out, false, nullptr, &raw2, 7, 0, &b);
-    EXPECT_TRUE(raw1 == raw2) << what << ": num_sms=7 differs from num_sms=0";
-    run_k(P, GemmMode::kFast, out, false, nullptr, &raw3, 0, 0, &b);
-    EXPECT_TRUE(raw1 == raw3) << what << ": rerun is not bitwise identical";
-    const auto twice = run_k(P, GemmMode::kFast, out, true, &raw1, nullptr, 0, 0, &b);
-    int64_t bad_acc = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double want2 = out == GemmOutDtype::kFP32 ? double(float(got[i] + got[i])) : 2.0 * got[i];
-      if (!(twice[i] == want2)) ++bad_acc;
-    }
-    EXPECT_EQ(bad_acc, 0) << what << ": accumulate did not give exactly 2x";
-  }
+  k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(B.f), P, kFastModel, want, bound);
+  for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32})
+    expect_k_run(P, name + " wgrad, Xᵀ in 128x128 blocks, " + out_name(out), GemmMode::kFast, out, want, bound, &B.b,
+                 {7});
 }
 
 // Cases: ragged and empty experts with K = 384 (k-tiles at 0 and 192: blocks 0|1 and 1|2); N, K
