@@ -8,8 +8,8 @@ x baseline (fwd+bwd) | peak memory GB | output check. The baseline's routing log
 mxmoe's, so both route the same tokens to the same experts up to FP32 ties; mxmoe's output and
 dx are checked against the baseline's within MXFP8's error (relative Frobenius < 0.1).
 Writes --json and a PNG chart next to it. Usage: python3 bench/bench_layer.py [--json OUT.json] [--quick]
-[--shapes NAME,...] [--modes fast,exact[,fast-blk]] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
---modes fast-blk (not in the default list) adds the fast mode with 128x128-block weights
+[--shapes NAME,...] [--modes fast,exact,fast-blk] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
+The mode fast-blk (in the default list since run 84; opt-in in the library) is the fast mode with 128x128-block weights
 (MoeLayerConfig::weight_fast_layout = kBlock128: the weights quantized to plain MX, rebased per
 128x128 block, and the four weight GEMMs on the block form; docs/notes/layer.md "Block-form weights"),
 timed in the same alternation and checked against the baseline the same way as the other modes.
@@ -114,7 +114,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="T = 4096, uniform routing only")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of: " + ", ".join(s[0] for s in SHAPES))
-    ap.add_argument("--modes", default="fast,exact",
+    ap.add_argument("--modes", default="fast,exact,fast-blk",
                     help="comma-separated subset of: fast, exact, fast-blk (fast with 128x128-block weights)")
     ap.add_argument("--kernels", action="store_true", help="per-kernel GPU times of one step (torch.profiler)")
     ap.add_argument("--variant", action="append", default=[],
