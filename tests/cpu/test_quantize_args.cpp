@@ -5,7 +5,6 @@
 #include <string>
 
 #include "common/arg_test_util.h"
-#include "common/scoped_env.h"
 #include "mxmoe/c_api.h"
 #include "mxmoe/dequantize.h"
 #include "mxmoe/quantize.h"
@@ -13,7 +12,6 @@
 using namespace mxmoe;
 using mxmoe::test::expect_error_naming;
 using mxmoe::test::fake;
-using mxmoe::test::ScopedEnv;
 
 namespace {
 
@@ -155,8 +153,6 @@ TEST(QuantizeArgs, RebaseBlock128RejectsBadArguments) {
   expect_error_naming([&] { f(d, s, 2, 256, 128, bd, fake<uint8_t>(0x30801 - 16), nullptr); }, "block_scales");
   // rows == 0: nothing to do (no CUDA call).
   EXPECT_NO_THROW(f(nullptr, nullptr, 1, 0, 128, nullptr, nullptr, nullptr));
-  const ScopedEnv env("MXMOE_REBASE_WALK", "cols");  // the thread mapping: pieces or rows
-  expect_error_naming([&] { f(d, s, 2, 256, 128, bd, bs, nullptr); }, "MXMOE_REBASE_WALK");
 }
 
 // The token-blocked image (ImageLayout::kTokenBlocked): the same checks, plus cols % 128 == 0 and

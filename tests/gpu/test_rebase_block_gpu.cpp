@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include "common/gpu_test_util.h"
-#include "common/scoped_env.h"
 #include "mxmoe/mx_format.h"
 #include "mxmoe/quantize.h"
 #include "ref/mx_ref.h"
@@ -89,13 +88,9 @@ class RebaseBlockGpu : public ::testing::Test {
 // Random codes under random scales over the whole byte range (so exponent gaps beyond 2^-126 flush
 // to zero; scale 0xFF included), NaN-poisoned and all-zero blocks, in shapes whose last row block is short (rows % 128
 // != 0), whose last chunk is short (cols = 2880, 96), a single row, a pitch above 16, and many blocks.
-// Both thread-to-bytes mappings (MXMOE_REBASE_WALK=pieces, the default, and rows).
 TEST_F(RebaseBlockGpu, RandomCodesAndScales) {
   MXMOE_REQUIRE_GPU();
   SCOPED_TRACE(::testing::Message() << "seed " << fresh_seed());
-  for (const char* walk : {"pieces", "rows"}) {
-  const ScopedEnv env("MXMOE_REBASE_WALK", walk);
-  SCOPED_TRACE(walk);
   expect_rebase_matches(random_mx(3 * 200, 2880, rng_, 0, 255, true), 3, "3 x 200 x 2880, all scales");
   expect_rebase_matches(random_mx(2 * 128, 128, rng_, 0, 255, true), 2, "2 x 128 x 128");
   expect_rebase_matches(random_mx(1, 96, rng_, 0, 255, false), 1, "1 x 1 x 96");
@@ -103,7 +98,6 @@ TEST_F(RebaseBlockGpu, RandomCodesAndScales) {
   expect_rebase_matches(random_mx(2 * 2100, 256, rng_, 110, 135, false), 2, "2 x 2100 x 256 (pitch 32)");
   // Many blocks (1024: more than the SMs hold at once).
   expect_rebase_matches(random_mx(8 * 1000, 2048, rng_, 100, 150, true), 8, "8 x 1000 x 2048 (1024 blocks)");
-  }
 }
 
 // Real weights: the reference quantizer's MX copy of heavy-tailed and outlier-channel data at a

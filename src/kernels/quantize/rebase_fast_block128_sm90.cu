@@ -6,9 +6,9 @@
 // aligned), block_scales E8M0 [batch, ceil(cols/128), pitch] with pitch = fast_block_scales_pitch(rows)
 // (the bytes past ceil(rows/128) in each (matrix, chunk) row written as 0).
 //
-// One CTA of 256 threads per block (matrix b, row block j, 128-chunk c): thread t owns row 128j + t/2
-// and the two 32-blocks 2(t%2), 2(t%2) + 1 of the chunk (64 bytes). It loads its 64 data bytes and its
-// two scale bytes first (all loads of the block in flight at once), then the CTA takes the maximum
+// One CTA of 256 threads per block (matrix b, row block j, 128-chunk c): thread t owns 16-byte piece
+// t % 8 of four rows of the block (see the kernel). It loads its 64 data bytes and their four scale
+// bytes first (all loads of the block in flight at once), then the CTA takes the maximum
 // scale byte (a warp max, then one shared-memory word per warp): E = max over the block's 32-blocks of
 // their scale bytes, where 0xFF (NaN) wins and poisons the block, and an all-zero 32-block (byte 0)
 // never raises it — exactly ref::rebase_span's rule. Each code is then rebased against E with the row
@@ -17,17 +17,14 @@
 // Rows past the matrix's last row (its last block is shorter when rows % 128 != 0) and 32-blocks past
 // cols (the last chunk has fewer than four when cols % 128 != 0) are neither read nor written.
 // Roofline: memory-bound; 2 bytes moved per element (+ 1/32 read), one block per CTA, 16 KB in flight
-// per CTA. Registers: 40, no dynamic shared memory. Run 81: 2.29-2.53 TB/s (54-59% of copy). A
+// per CTA. Run 84 (bench/bench_rebase.py): 3.9-4.2 TB/s = 93-98% of copy on the models' weights. A
 // persistent variant (grid = resident CTAs, the next block's loads issued before this block's barrier
-// and stores; 60 registers) was slower in run 82: 1.96-2.06 TB/s.
+// and stores) was slower in run 82.
 // Tests: tests/gpu/test_rebase_block_gpu.cpp (bitwise against ref::rebase_fast_block128, including NaN
 // and all-zero blocks, rows % 128 != 0 and cols = 2880); argument checks in
 // tests/cpu/test_quantize_args.cpp. Bench: bench/bench_gemm.py --fast-block makes the GEMM's operand
 // with it and checks it bitwise against an independent PyTorch construction.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "device/mx_convert.cuh"
 #include "host/check.h"
@@ -69,11 +66,11 @@ __device__ __forceinline__ void store_block_scale(uint8_t* block_scales, int64_t
     for (int64_t p = gridDim.y + threadIdx.x; p < pitch; p += kThreads) srow[p] = 0;
 }
 
-// grid (chunks, row blocks, batch). kPieces (MXMOE_REBASE_WALK=pieces): thread t owns the 16-byte
-// piece t % 8 of rows t / 8 + 32 i (i < 4), so that each load and store instruction of a warp covers
-// 4 whole 128-byte row segments (4 sectors each); otherwise (rows, run 81's) thread t owns 64 bytes
-// of row t / 2, and each instruction touches 32 sectors half.
-template <bool kPieces>
+// grid (chunks, row blocks, batch). Thread t owns the 16-byte piece t % 8 of rows t / 8 + 32 i
+// (i < 4) of the block, so that each load and store instruction of a warp covers 4 whole 128-byte
+// row segments (4 sectors each). Run 84: 93-98% of copy on the models' weights; run 81's mapping
+// (thread t owning 64 bytes of row t / 2: each instruction touched 32 sectors, half of each) ran at
+// 55-60%.
 __global__ void __launch_bounds__(kThreads)
 rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, int64_t rows,
                             int64_t cols, int64_t pitch, uint8_t* __restrict__ block_data,
@@ -81,75 +78,33 @@ rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __r
   __shared__ uint32_t warp_max[kThreads / 32];
   const int64_t nblk = cols / kMxBlock;
   const int64_t c = blockIdx.x, j = blockIdx.y, b = blockIdx.z;
-  if constexpr (kPieces) {
-    constexpr int kRowsPerThread = kFastBlockRows / (kThreads / 8);  // 4
-    const int piece = threadIdx.x % 8, r0 = threadIdx.x / 8;
-    const int64_t blk = c * kBlocksPerChunk + piece / 2;  // this piece's 32-block
-    uint4 q[kRowsPerThread];
-    uint32_t s[kRowsPerThread];
-    bool ok[kRowsPerThread];
-    uint32_t mine = 0;
+  constexpr int kRowsPerThread = kFastBlockRows / (kThreads / 8);  // 4
+  const int piece = threadIdx.x % 8, r0 = threadIdx.x / 8;
+  const int64_t blk = c * kBlocksPerChunk + piece / 2;  // this piece's 32-block
+  uint4 q[kRowsPerThread];
+  uint32_t s[kRowsPerThread];
+  bool ok[kRowsPerThread];
+  uint32_t mine = 0;  // 0 where a thread owns nothing: byte 0 never raises the maximum (an all-zero block)
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int64_t row = j * kFastBlockRows + r0 + 32 * i;
-      ok[i] = row < rows && blk < nblk;
-      const int64_t grow = b * rows + row;
-      s[i] = 0;
-      if (ok[i]) {
-        q[i] = __ldg(reinterpret_cast<const uint4*>(data + grow * cols + c * kFastChunk + 16 * piece));
-        s[i] = __ldg(scales + grow * nblk + blk);
-      }
-      mine = mine > s[i] ? mine : s[i];
-    }
-    const uint32_t emax = block_max(mine, warp_max);
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int64_t grow = b * rows + j * kFastBlockRows + r0 + 32 * i;
-      if (ok[i])
-        *reinterpret_cast<uint4*>(block_data + grow * cols + c * kFastChunk + 16 * piece) = rebase_x16(q[i], s[i], emax);
-    }
-    store_block_scale(block_scales, pitch, emax);
-  } else {
-    const int r = threadIdx.x / 2, half = threadIdx.x % 2;
-    const int64_t row = j * kFastBlockRows + r;  // within the matrix
-    const int64_t blk0 = c * kBlocksPerChunk + 2 * half;
-    const bool row_ok = row < rows;
-    const bool ok0 = row_ok && blk0 < nblk, ok1 = row_ok && blk0 + 1 < nblk;
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t row = j * kFastBlockRows + r0 + 32 * i;  // within the matrix
+    ok[i] = row < rows && blk < nblk;
     const int64_t grow = b * rows + row;  // row of the flat [batch · rows, cols] tensor
-    const uint4* src = reinterpret_cast<const uint4*>(data + grow * cols + blk0 * kMxBlock);
-    uint4 q[4];
-    uint32_t s0 = 0, s1 = 0;
-    if (ok0) {
-      q[0] = __ldg(src);
-      q[1] = __ldg(src + 1);
-      s0 = __ldg(scales + grow * nblk + blk0);
+    s[i] = 0;
+    if (ok[i]) {
+      q[i] = __ldg(reinterpret_cast<const uint4*>(data + grow * cols + c * kFastChunk + 16 * piece));
+      s[i] = __ldg(scales + grow * nblk + blk);
     }
-    if (ok1) {
-      q[2] = __ldg(src + 2);
-      q[3] = __ldg(src + 3);
-      s1 = __ldg(scales + grow * nblk + blk0 + 1);
-    }
-    // 0 for the blocks a thread does not own: byte 0 never raises the maximum (like an all-zero block).
-    const uint32_t emax = block_max(s0 > s1 ? s0 : s1, warp_max);
-    uint4* dst = reinterpret_cast<uint4*>(block_data + grow * cols + blk0 * kMxBlock);
-    if (ok0) {
-      dst[0] = rebase_x16(q[0], s0, emax);
-      dst[1] = rebase_x16(q[1], s0, emax);
-    }
-    if (ok1) {
-      dst[2] = rebase_x16(q[2], s1, emax);
-      dst[3] = rebase_x16(q[3], s1, emax);
-    }
-    store_block_scale(block_scales, pitch, emax);
+    mine = mine > s[i] ? mine : s[i];
   }
-}
-
-// MXMOE_REBASE_WALK (read per call): "pieces" or "rows" (the thread-to-bytes mapping above); unset = pieces.
-bool rebase_walk_pieces(const char* fn) {
-  const char* v = std::getenv("MXMOE_REBASE_WALK");
-  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "pieces") == 0) return true;
-  if (std::strcmp(v, "rows") == 0) return false;
-  detail::throw_arg(fn, "MXMOE_REBASE_WALK", std::string("'") + v + "'", "environment variable: must be 'pieces' or 'rows'");
+  const uint32_t emax = block_max(mine, warp_max);
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t grow = b * rows + j * kFastBlockRows + r0 + 32 * i;
+    if (ok[i])
+      *reinterpret_cast<uint4*>(block_data + grow * cols + c * kFastChunk + 16 * piece) = rebase_x16(q[i], s[i], emax);
+  }
+  store_block_scale(block_scales, pitch, emax);
 }
 
 }  // namespace
@@ -181,12 +136,7 @@ void rebase_mxfp8_fast_block128(const uint8_t* data, const uint8_t* scales, int6
   const auto* o1 = block_scales + batch * nchunks * pitch;
   if (o0 < s1 && s0 < o1) throw_arg(fn, "block_scales", to_str(static_cast<const void*>(o0)), "must not overlap scales");
   const dim3 grid{unsigned(nchunks), unsigned(nrb), unsigned(batch)};
-  if (rebase_walk_pieces(fn))
-    rebase_fast_block128_kernel<true><<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data,
-                                                                      block_scales);
-  else
-    rebase_fast_block128_kernel<false><<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data,
-                                                                       block_scales);
+  rebase_fast_block128_kernel<<<grid, kThreads, 0, stream>>>(data, scales, rows, cols, pitch, block_data, block_scales);
   MXMOE_CHECK_LAUNCH(fn);
 }
 
