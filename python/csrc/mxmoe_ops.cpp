@@ -501,7 +501,8 @@ struct KGroupedShape {
 // a = dYᵀ fp8 [N, M]; b = Xᵀ fp8 [K, M]; scales per mode (fast: a [M/128, N], b [M/128, K];
 // exact: a [N, M/32], b [K, M/32]); offsets int32 [E+1].
 KGroupedShape check_k_grouped(Checker& c, const Tensor& a, const Tensor& a_scales, const Tensor& b,
-                              const Tensor& b_scales, const Tensor& offsets, bool fast) {
+                              const Tensor& b_scales, const Tensor& offsets, bool fast, bool b_block) {
+  c.value(!b_block || fast, "b_block", b_block, "needs fast=True (the block form is a fast-mode operand)");
   c.device_of("a", a);
   c.dim("a", a, 2);
   c.dim("b", b, 2);
@@ -517,7 +518,10 @@ KGroupedShape check_k_grouped(Checker& c, const Tensor& a, const Tensor& a_scale
   c.value(e >= 1 && e <= mxmoe::kMaxGemmExperts, "offsets.shape[0]", offsets.size(0),
           "must be E + 1 with 1 <= E <= " + std::to_string(mxmoe::kMaxGemmExperts));
   check_operand(c, "a", a, "a_scales", a_scales, fast, {m / 128, n}, {n, m / 32});
-  check_operand(c, "b", b, "b_scales", b_scales, fast, {m / 128, k}, {k, m / 32});
+  if (b_block)  // Xᵀ in 128x128 blocks (rebase_mxfp8_fast_block128 of the [K, M_total] copy): [1, M/128, pitch(K)]
+    check_operand(c, "b", b, "b_scales", b_scales, fast, {1, m / 128, mxmoe::fast_block_scales_pitch(k)}, {});
+  else
+    check_operand(c, "b", b, "b_scales", b_scales, fast, {m / 128, k}, {k, m / 32});
   return {m, n, k, e};
 }
 
@@ -541,10 +545,10 @@ Images k_grouped_images(Checker& c, const Tensor& a, const Tensor& a_scales, con
 
 void run_k_grouped(const char* op, const Tensor& a, const Tensor& a_scales, const Tensor& b,
                    const Tensor& b_scales, const Images& img, const Tensor& offsets, const KGroupedShape& s,
-                   const Tensor& out, bool fast, bool accumulate, int64_t num_sms) {
+                   const Tensor& out, bool fast, bool accumulate, int64_t num_sms, bool b_block) {
   const mxmoe::GemmOptions opts = gemm_options(op, a, out, fast, accumulate, num_sms);
   const c10::cuda::CUDAGuard guard(a.device());
-  mxmoe::MxOperand oa = operand(a, a_scales, img.a, fast), ob = operand(b, b_scales, img.b, fast);
+  mxmoe::MxOperand oa = operand(a, a_scales, img.a, fast), ob = operand(b, b_scales, img.b, fast, b_block);
   if (img.a_blocked) oa.image_layout = mxmoe::ImageLayout::kTokenBlocked;
   if (img.b_blocked) ob.image_layout = mxmoe::ImageLayout::kTokenBlocked;
   call_api([&] {
@@ -560,13 +564,14 @@ void run_k_grouped(const char* op, const Tensor& a, const Tensor& a_scales, cons
 Tensor k_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                const Tensor& b_scales, const Tensor& offsets, bool fast,
                                std::optional<ScalarType> out_dtype, int64_t num_sms,
-                               const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
+                               const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image,
+                               bool b_block) {
   const char* op = "k_grouped_mxfp8_gemm_nt";
   Checker c{op};
-  const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
+  const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast, b_block);
   Tensor dw = new_gemm_out(c, a, out_dtype, {s.e, s.n, s.k}, num_sms);
   const Images img = k_grouped_images(c, a, a_scales, a_image, b, b_scales, b_image, fast);
-  run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, dw, fast, false, num_sms);
+  run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, dw, fast, false, num_sms, b_block);
   return dw;
 }
 
@@ -574,13 +579,14 @@ Tensor k_grouped_mxfp8_gemm_nt(const Tensor& a, const Tensor& a_scales, const Te
 void k_grouped_mxfp8_gemm_nt_out(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                                  const Tensor& b_scales, const Tensor& offsets, const Tensor& out,
                                  bool fast, bool accumulate, int64_t num_sms,
-                                 const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image) {
+                                 const std::optional<Tensor>& a_image, const std::optional<Tensor>& b_image,
+                                 bool b_block) {
   const char* op = "k_grouped_mxfp8_gemm_nt_out";
   Checker c{op};
-  const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast);
+  const KGroupedShape s = check_k_grouped(c, a, a_scales, b, b_scales, offsets, fast, b_block);
   check_gemm_out(c, out, {s.e, s.n, s.k}, num_sms);
   const Images img = k_grouped_images(c, a, a_scales, a_image, b, b_scales, b_image, fast);
-  run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms);
+  run_k_grouped(op, a, a_scales, b, b_scales, img, offsets, s, out, fast, accumulate, num_sms, b_block);
 }
 
 // ---- warp decode -----------------------------------------------------------------------------
@@ -860,10 +866,10 @@ TORCH_LIBRARY(mxmoe, m) {
         "Tensor? a_image=None, Tensor? b_image=None, bool b_block=False) -> ()");
   m.def("k_grouped_mxfp8_gemm_nt(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
         "Tensor offsets, bool fast=True, ScalarType? out_dtype=None, int num_sms=0, "
-        "Tensor? a_image=None, Tensor? b_image=None) -> Tensor");
+        "Tensor? a_image=None, Tensor? b_image=None, bool b_block=False) -> Tensor");
   m.def("k_grouped_mxfp8_gemm_nt_out(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, "
         "Tensor offsets, Tensor(a!) out, bool fast=True, bool accumulate=False, int num_sms=0, "
-        "Tensor? a_image=None, Tensor? b_image=None) -> ()");
+        "Tensor? a_image=None, Tensor? b_image=None, bool b_block=False) -> ()");
   m.def("decode_router(Tensor x, Tensor router_w, int top_k, bool sigmoid=False, "
         "bool renormalize=True, int n_groups=1, int topk_groups=1, float scaling_factor=1.0, "
         "Tensor? bias=None) -> (Tensor topk_ids, Tensor topk_weights)");

@@ -100,13 +100,13 @@ def _m_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate
 
 @torch.library.register_fake("mxmoe::k_grouped_mxfp8_gemm_nt")
 def _k_grouped(a, a_scales, b, b_scales, offsets, fast=True, out_dtype=None, num_sms=0, a_image=None,
-               b_image=None):
+               b_image=None, b_block=False):
     return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=out_dtype or torch.bfloat16)
 
 
 @torch.library.register_fake("mxmoe::k_grouped_mxfp8_gemm_nt_out")
 def _k_grouped_out(a, a_scales, b, b_scales, offsets, out, fast=True, accumulate=False, num_sms=0, a_image=None,
-                   b_image=None):
+                   b_image=None, b_block=False):
     return None
 
 

@@ -170,7 +170,8 @@ def block_weights(w):
     rebase_mxfp8_fast_block128; gemm.h FastScaleLayout::kBlock128), for grouped_gemm's b in fast mode.
 
     w: MxTensor with its plain MX copy (data [E, N, K] or [N, K], scales [..., K/32]), e.g.
-    quantize(w).rowwise, or the column-wise copy for dgrad. Returns an MxBlockTensor with the same
+    quantize(w).rowwise, or the column-wise copy for dgrad; also a column-wise activation copy
+    [K, M_total] for grouped_gemm_wgrad's x_t (fast_scales then [1, M_total/128, pitch(K)]). Returns an MxBlockTensor with the same
     plain copy, fast_data float8_e4m3fn of data's shape and fast_scales uint8 [E, ceil(K/128), pitch]
     (one E8M0 byte per 128 rows x 128 columns of each matrix; pitch = ceil(N/128) rounded up to 16).
     Every element is re-expressed against its block's largest 32-block
@@ -233,7 +234,8 @@ def grouped_gemm_wgrad(dy_t, x_t, offsets, fast=True, out_dtype=torch.bfloat16, 
 
     dy_t: column-wise MxTensor of dY [M_total, N] (data [N, M_total], blocks of 32 along tokens);
     x_t: column-wise MxTensor of X [M_total, K] (data [K, M_total]); e.g. quantize(...).colwise or
-    quantize_grouped(..., colwise=True).colwise.
+    quantize_grouped(..., colwise=True).colwise; in fast mode also its 128x128-block form,
+    block_weights(x_t) (blocks of 128 rows of K x 128 tokens; gemm.h, run 83: 1.26-1.49x faster).
     offsets: int32 [E+1], device, token segment bounds, multiples of 128 (pad tokens zero).
     dy_t_image, x_t_image: exact mode's images of the two (bf16_image, row-major), made by the op when
     not given — then token-blocked (dequantize.h: a 128-token window of every row contiguous; same
@@ -242,13 +244,17 @@ def grouped_gemm_wgrad(dy_t, x_t, offsets, fast=True, out_dtype=torch.bfloat16, 
     """
     ad, as_ = _gemm_operand(dy_t, fast, "dy_t")
     bd, bs = _gemm_operand(x_t, fast, "x_t")
+    if isinstance(dy_t, MxBlockTensor):
+        raise ValueError("mxmoe.grouped_gemm_wgrad: argument 'dy_t' must be an MxTensor (the per-row fast form); "
+                         "only x_t may be in the 128x128-block form (MxBlockTensor)")
+    b_block = fast and isinstance(x_t, MxBlockTensor)
     if out is None:
         if accumulate:
             raise ValueError("mxmoe.grouped_gemm_wgrad: argument 'accumulate' needs 'out'")
         return torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt(ad, as_, bd, bs, offsets, fast, out_dtype, num_sms,
-                                                      dy_t_image, x_t_image)
+                                                      dy_t_image, x_t_image, b_block)
     torch.ops.mxmoe.k_grouped_mxfp8_gemm_nt_out(ad, as_, bd, bs, offsets, out, fast, accumulate, num_sms,
-                                                dy_t_image, x_t_image)
+                                                dy_t_image, x_t_image, b_block)
     return out
 
 

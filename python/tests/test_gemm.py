@@ -217,6 +217,33 @@ def test_m_grouped_block_weights(n, k):
                            P.d_padded)
 
 
+@pytest.mark.parametrize("n,k", [(256, 384), (96, 160)])
+def test_k_grouped_block_x(n, k):
+    """grouped_gemm_wgrad with x_t in the 128x128-block form (block_weights of the column-wise copy:
+    blocks of 128 rows of K x 128 tokens): within fast mode's bound of the FP64 product of the values
+    it reads; bitwise on a rerun; dy_t in the block form is rejected."""
+    seed = fresh_seed()
+    P = KProblem(4, n, k)
+    what = f"k_grouped block x n={n} k={k} counts={P.counts.tolist()} seed={seed}"
+    xb = mxmoe.block_weights(P.b)
+    assert tuple(xb.fast_scales.shape) == (1, P.m_total // 128, ((k + 127) // 128 + 15) // 16 * 16)
+    db = deq_block(mxmoe.MxBlockTensor(xb.data[None], xb.scales[None], xb.fast_data[None], xb.fast_scales))[0]
+    da = deq(P.a, True)
+    want = torch.zeros(P.experts, n, k, dtype=torch.float64, device=DEV)
+    bound = torch.zeros_like(want)
+    for e in range(P.experts):
+        t0, t1 = int(P.padded[e]), int(P.padded[e + 1])
+        if t1 > t0:
+            want[e], bound[e] = dot_with_bound(da[:, t0:t1], db[:, t0:t1], True)
+    dw = mxmoe.grouped_gemm_wgrad(P.a, xb, P.d_padded, fast=True, out_dtype=torch.float32)
+    worst = assert_within(dw, want, bound, what)
+    print(f"{what}: worst |err|/tol = {worst:.3g}")
+    assert_bytes_equal(mxmoe.grouped_gemm_wgrad(P.a, xb, P.d_padded, fast=True, out_dtype=torch.float32), dw,
+                       f"{what}: rerun")
+    with pytest.raises(ValueError, match="'dy_t'"):
+        mxmoe.grouped_gemm_wgrad(mxmoe.block_weights(P.a), xb, P.d_padded)
+
+
 def test_bf16_image_is_the_reference_rounding():
     """bf16_image = the MX values rounded to bfloat16 (reference.dequantize in float64, then torch's
     round to nearest even), bit for bit: quantized data, and random codes under every finite scale
