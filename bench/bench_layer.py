@@ -1,5 +1,5 @@
 """MoE training layer benchmark: mxmoe's MXFP8 layer (forward, forward + backward; fast and exact
-GEMM modes, on request fast with 128x128-block weights) against a plain-PyTorch BF16 layer (torch._grouped_mm, index operations, autograd),
+GEMM modes, fast with 128x128-block operands) against a plain-PyTorch BF16 layer (torch._grouped_mm, index operations, autograd),
 in this process and run, on Qwen3-30B-A3B and DeepSeek-V3 EP8-local shapes at T = 16384 tokens,
 uniform and skewed routing.
 
@@ -8,11 +8,15 @@ x baseline (fwd+bwd) | peak memory GB | output check. The baseline's routing log
 mxmoe's, so both route the same tokens to the same experts up to FP32 ties; mxmoe's output and
 dx are checked against the baseline's within MXFP8's error (relative Frobenius < 0.1).
 Writes --json and a PNG chart next to it. Usage: python3 bench/bench_layer.py [--json OUT.json] [--quick]
-[--shapes NAME,...] [--modes fast,exact,fast-blk] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
-The mode fast-blk (in the default list since run 84; opt-in in the library) is the fast mode with 128x128-block weights
-(MoeLayerConfig::weight_fast_layout = kBlock128: the weights quantized to plain MX, rebased per
-128x128 block, and the four weight GEMMs on the block form; docs/notes/layer.md "Block-form weights"),
-timed in the same alternation and checked against the baseline the same way as the other modes.
+[--shapes NAME,...] [--modes fast,exact,fast-blk,fast-wblk] [--variant ENV=VAL[,ENV=VAL...]]... [--kernels]
+The mode fast-blk (in the default list since run 84; opt-in in the library) is the fast mode with both
+128x128-block forms: the weights (MoeLayerConfig::weight_fast_layout = kBlock128: quantized to plain MX,
+rebased per 128x128 block, the four weight GEMMs on the block form) and the wgrad activations
+(activation_fast_layout = kBlock128: the column-wise copies of x and Hact rebased per 128 rows x 128
+tokens, the two wgrad GEMMs on the block form); docs/notes/layer.md "Block-form weights". Until
+session 11's last commits fast-blk meant the weights alone: that is now fast-wblk (not in the default
+list; --modes fast,fast-wblk,fast-blk compares the three in one run). Every mode is timed in the same
+alternation and checked against the baseline the same way.
 --variant adds, per mode, a row of mxmoe run with those environment variables set (e.g.
 MXMOE_GEMM_TILE=192), in the same process, for A/B comparisons against the default row.
 --kernels also prints, per mxmoe row, the GPU time of every kernel of one step (torch.profiler's
@@ -38,7 +42,7 @@ SHAPES = [("Qwen3-30B-A3B", 2048, 768, 128, 8, 0, 1.0), ("DSV3-EP8-local", 7168,
 def setup(lib):
     vp, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.mxmoe_layer_create.argtypes = [i32, i32, i32, i32, i32, i32, i32, f32, vp, i32, i64, ctypes.POINTER(vp)]
-    lib.mxmoe_layer_create_ex.argtypes = [i32, i32, i32, i32, i32, i32, i32, f32, vp, i32, i64, i32,
+    lib.mxmoe_layer_create_ex.argtypes = [i32, i32, i32, i32, i32, i32, i32, f32, vp, i32, i64, i32, i32,
                                           ctypes.POINTER(vp)]
     lib.mxmoe_layer_destroy.argtypes = [vp]
     lib.mxmoe_layer_workspace_bytes.argtypes = [vp]
@@ -115,7 +119,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="T = 4096, uniform routing only")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of: " + ", ".join(s[0] for s in SHAPES))
     ap.add_argument("--modes", default="fast,exact,fast-blk",
-                    help="comma-separated subset of: fast, exact, fast-blk (fast with 128x128-block weights)")
+                    help="comma-separated subset of: fast, exact, fast-blk (fast with 128x128-block weights and "
+                         "wgrad activations), fast-wblk (fast with 128x128-block weights only)")
     ap.add_argument("--kernels", action="store_true", help="per-kernel GPU times of one step (torch.profiler)")
     ap.add_argument("--variant", action="append", default=[],
                     help="ENV=VAL[,ENV=VAL...]: also run each mode with these environment variables set")
@@ -127,7 +132,8 @@ def main():
         if unknown:
             sys.exit(f"bench_layer: unknown --shapes {unknown}; known: {[s[0] for s in SHAPES]}")
         shapes = [s for s in SHAPES if s[0] in want]
-    mode_ids = {"fast": (0, 0), "exact": (1, 0), "fast-blk": (0, 1)}  # (GEMM mode, weight_fast_layout)
+    # (GEMM mode, weight_fast_layout, activation_fast_layout)
+    mode_ids = {"fast": (0, 0, 0), "exact": (1, 0, 0), "fast-blk": (0, 1, 1), "fast-wblk": (0, 1, 0)}
     modes = args.modes.split(",")
     if any(m not in mode_ids for m in modes):
         sys.exit(f"bench_layer: --modes takes a subset of {list(mode_ids)}, got {args.modes!r}")
@@ -183,7 +189,7 @@ def main():
             # and all rows timed in alternation (Timer.many: rep r of every call before rep r + 1, so
             # a drift of the GPU's clocks over the run affects every row alike)
             def make_impl(mode_layout, mname, env):
-                mode, layout = mode_layout
+                mode, layout, act_layout = mode_layout
                 if env:
                     mname += " [" + ",".join(f"{a}={b}" for a, b in env.items()) + "]"
                 im = {"name": mname, "env": env}
@@ -191,7 +197,7 @@ def main():
                     h = ctypes.c_void_p()
                     check(lib, lib.mxmoe_layer_create_ex(H, I, E, k, scoring, 1, 1, scaling,
                                                          ptr(bias) if scoring == 1 else None, mode, T, layout,
-                                                         ctypes.byref(h)))
+                                                         act_layout, ctypes.byref(h)))
                     im["h"] = h
                     out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
                     dx = torch.empty_like(out)

@@ -53,10 +53,12 @@ int mxmoe_rebase_mxfp8_fast_block128(const void* data, const void* scales, int64
 /* The MoE training layer (mxmoe/moe_layer.h; src/host/c_api_layer.cc), an opaque handle.
  * scoring: 0 softmax, 1 sigmoid; mode: 0 fast, 1 exact; bias: FP32 [E] device pointer or null;
  * weight_fast_layout (MoeLayerConfig::weight_fast_layout): 0 = per-row fast weights (kRow128),
- * 1 = 128x128-block fast weights (kBlock128; fast mode only). mxmoe_layer_create = _ex with 0. */
+ * 1 = 128x128-block fast weights (kBlock128; fast mode only); activation_fast_layout
+ * (MoeLayerConfig::activation_fast_layout, the wgrad GEMMs' Xᵀ and Hactᵀ): the same two values.
+ * mxmoe_layer_create = _ex with 0, 0. */
 int mxmoe_layer_create_ex(int hidden, int inter, int experts, int top_k, int scoring, int n_groups,
                           int topk_groups, float scaling, const float* bias, int mode, int64_t max_tokens,
-                          int weight_fast_layout, void** handle);
+                          int weight_fast_layout, int activation_fast_layout, void** handle);
 int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scoring, int n_groups, int topk_groups,
                        float scaling, const float* bias, int mode, int64_t max_tokens, void** handle);
 int mxmoe_layer_destroy(void* handle);

@@ -56,6 +56,11 @@ struct EpMoeLayerConfig {
   // it would be legal, GEMM1 and the W2 dgrad, the weights would then differ from the single-GPU
   // layer's, and with them the bits this layer promises to share with MoeLayer.)
   FastScaleLayout weight_fast_layout = FastScaleLayout::kRow128;
+  // MoeLayerConfig::activation_fast_layout's counterpart, kRow128 only: kBlock128 is rejected
+  // (mxmoe::Error naming cfg.activation_fast_layout). Not for a kernel reason: the wgrad GEMMs are
+  // MoeLayer's, but the block rebase of this layer's dispatched x is not wired, and the
+  // multi-GPU tests have not run with it.
+  FastScaleLayout activation_fast_layout = FastScaleLayout::kRow128;
 };
 
 class EpMoeLayer {

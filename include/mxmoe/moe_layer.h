@@ -12,7 +12,7 @@
 // w1 [E, 2I, H] (rows [0, I) gate, [I, 2I) up), w2 [E, H, I]; out BF16 [T, H].
 // Requirements (checked at construction / call, mxmoe::Error naming the argument): H and I
 // multiples of 32; 1 <= E <= 512; 1 <= top_k <= min(32, E); 1 <= T <= max_tokens;
-// weight_fast_layout kRow128, or kBlock128 in fast mode.
+// weight_fast_layout and activation_fast_layout kRow128, or kBlock128 in fast mode.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +63,26 @@ struct MoeLayerConfig {
   // kBlock128 with GemmMode::kExact throws mxmoe::Error naming cfg.weight_fast_layout. Applies to
   // the weights the layer quantizes; pre-quantized MxWeights carry their own layout per operand.
   FastScaleLayout weight_fast_layout = FastScaleLayout::kRow128;
+  // Fast form of the activations the two wgrad GEMMs (k_grouped_mxfp8_gemm_nt) read as operand b:
+  // the column-wise copies of X (dW1 = Σ dGUᵀ·X, b = Xᵀ [H, cap]) and of Hact (dW2 = Σ dYᵀ·Hact,
+  // b = Hactᵀ [I, cap]), cap = capacity(). kRow128 (default): DESIGN §2's per-row fast form, written
+  // by the quantizer. kBlock128: the gather-quantize of x and the quantize after SwiGLU write those
+  // two copies as plain MX (their row-wise copies stay fast-only; one call per tensor, which then
+  // runs on the quantizer's register-store kernel, quantize_mxfp8_sm90.cu), and each is re-expressed
+  // per 128x128 block (128 rows x 128 tokens) in place right after its quantization
+  // (rebase_mxfp8_fast_block128 with batch 1 over all cap columns: one extra read + write of the
+  // copy; the forward's "permute + quantize x" and "SwiGLU + quantize" stages include it and say so).
+  // The wgrad GEMMs then run on the 128 x 192 block tile (docs/notes/gemm.md "Run 83": 1.26-1.49x the
+  // per-row form's speed, the same error; docs/notes/layer.md "Block-form weights (session 11)").
+  // Forward outputs, dx, dw and dWr are unchanged bit for bit; only dW1 and dW2 change. A deviation
+  // from DESIGN §2's per-row form (a block's rows share the largest exponent of the block), hence
+  // opt-in; its error against the FP64 reference is checked with the fast mode's bounds in
+  // tests/gpu/test_moe_layer_gpu.cpp (MoeLayerGpu.BlockWeights*). Workspace: the plain copies' scales
+  // and the block scales instead of the per-row fast scales, net +3/128 byte per element of the two
+  // copies ((H + I)·cap elements; DeepSeek-V3 EP8-local at T = 16384: +29 MB). Fast mode only:
+  // kBlock128 with GemmMode::kExact throws mxmoe::Error naming cfg.activation_fast_layout.
+  // Independent of weight_fast_layout.
+  FastScaleLayout activation_fast_layout = FastScaleLayout::kRow128;
 };
 
 // A weight tensor [E, N, K] already quantized both ways, as quantize_mxfp8(w, E, N, K, &row, &col)

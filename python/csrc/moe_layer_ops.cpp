@@ -97,7 +97,7 @@ std::shared_ptr<Slot> find_slot(const char* op, int64_t id) {
 
 int64_t moe_layer_create(int64_t hidden, int64_t inter, int64_t experts, int64_t top_k, bool sigmoid,
                          int64_t n_groups, int64_t topk_groups, double scaling, bool fast,
-                         int64_t max_tokens, bool weight_blocks) {
+                         int64_t max_tokens, bool weight_blocks, bool activation_blocks) {
   Checker c{"moe_layer_create"};
   c.value(hidden >= 32 && hidden % 32 == 0 && hidden <= 65536, "hidden", hidden,
           "must be a multiple of 32 in [32, 65536] (MX blocks of 32 run along it)");
@@ -111,6 +111,9 @@ int64_t moe_layer_create(int64_t hidden, int64_t inter, int64_t experts, int64_t
   // MoeLayerConfig::weight_fast_layout = kBlock128 (128x128-block fast weights) is a fast-mode form.
   TORCH_CHECK_VALUE(!weight_blocks || fast, "mxmoe.moe_layer_create: argument 'weight_blocks' = True: "
                     "128x128-block weights are a fast-mode form (fast=False reads BF16 images)");
+  // MoeLayerConfig::activation_fast_layout = kBlock128 (the wgrad GEMMs' Xᵀ, Hactᵀ in 128x128 blocks) likewise.
+  TORCH_CHECK_VALUE(!activation_blocks || fast, "mxmoe.moe_layer_create: argument 'activation_blocks' = True: "
+                    "128x128-block wgrad activations are a fast-mode form (fast=False reads BF16 images)");
   TORCH_CHECK_VALUE(std::isfinite(scaling), "mxmoe.moe_layer_create: argument 'scaling' = ", scaling,
                     ": must be finite");
   if (!sigmoid) {
@@ -144,6 +147,8 @@ int64_t moe_layer_create(int64_t hidden, int64_t inter, int64_t experts, int64_t
   cfg.routing.bias = nullptr;
   cfg.mode = fast ? mxmoe::GemmMode::kFast : mxmoe::GemmMode::kExact;
   cfg.weight_fast_layout = weight_blocks ? mxmoe::FastScaleLayout::kBlock128 : mxmoe::FastScaleLayout::kRow128;
+  cfg.activation_fast_layout =
+      activation_blocks ? mxmoe::FastScaleLayout::kBlock128 : mxmoe::FastScaleLayout::kRow128;
   cfg.max_tokens = max_tokens;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -316,7 +321,8 @@ std::vector<int64_t> moe_layer_info(int64_t layer) {
 // argument, as the other ops do.
 TORCH_LIBRARY_FRAGMENT(mxmoe, m) {
   m.def("moe_layer_create(int hidden, int inter, int experts, int top_k, bool sigmoid=False, int n_groups=1, "
-        "int topk_groups=1, float scaling=1.0, bool fast=True, int max_tokens=4096, bool weight_blocks=False) -> int",
+        "int topk_groups=1, float scaling=1.0, bool fast=True, int max_tokens=4096, bool weight_blocks=False, "
+        "bool activation_blocks=False) -> int",
         &mxmoe_torch::moe_layer_create);
   m.def("moe_layer_destroy(int layer) -> ()", &mxmoe_torch::moe_layer_destroy);
   m.def("moe_layer_last_routing(int layer) -> (Tensor topk_ids, Tensor topk_weights)",

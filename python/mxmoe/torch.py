@@ -16,7 +16,12 @@ tensor cores on the operands' BF16 images, made right before each GEMM, one FP32
 all of K); the router runs in FP32 from the BF16 inputs. ``weight_blocks=True`` (fast mode only)
 gives the four weight operands of those GEMMs the 128x128-block fast form (one scale per 128x128
 block instead of per row and 128-chunk; 1.19-1.28x faster GEMMs, measured error the same;
-``MoeLayerConfig::weight_fast_layout``, docs/notes/layer.md "Block-form weights"). Routing:
+``MoeLayerConfig::weight_fast_layout``, docs/notes/layer.md "Block-form weights").
+``activation_blocks=True`` (fast mode only) does the same for the two weight-gradient GEMMs' other
+operand, the column-wise copies of x and of the SwiGLU output (one scale per 128 rows x 128 tokens;
+those GEMMs 1.26-1.49x faster in isolation; an extra pass over the two copies each step; only the
+weight gradients change; ``MoeLayerConfig::activation_fast_layout``). Both depart from the per-row
+fast form of DESIGN §2, hence off by default. Routing:
 
 * ``"softmax"`` (Qwen3, Mixtral): top-k of the logits, weights = softmax probabilities of the
   chosen experts renormalised to sum to 1.
@@ -145,8 +150,9 @@ class _MoEBase(nn.Module):
              f"routing={self.routing!r}")
         if self.routing == "sigmoid":
             s += f", n_groups={self.n_groups}, topk_groups={self.topk_groups}, scaling={self.scaling}"
-        if getattr(self, "weight_blocks", False):
-            s += ", weight_blocks=True"
+        for flag in ("weight_blocks", "activation_blocks"):
+            if getattr(self, flag, False):
+                s += f", {flag}=True"
         return s
 
     def _flatten(self, x):
@@ -191,24 +197,28 @@ class MoE(_MoEBase):
     docstring. Arguments: hidden H, intermediate I (per expert), experts E, top_k; routing
     'softmax' | 'sigmoid' (with n_groups, topk_groups, scaling); mode 'fast' | 'exact' (the MXFP8
     GEMM mode); max_tokens: the workspace's size in tokens per call (grows on demand); device, dtype
-    of the parameters (BF16 by default); weight_blocks: 128x128-block fast weights (mode 'fast' only;
-    see the module docstring). H and I multiples of 32; 1 <= E <= 512; 1 <= top_k <= min(32, E)."""
+    of the parameters (BF16 by default); weight_blocks: 128x128-block fast weights; activation_blocks:
+    128x128-block fast wgrad activations (both mode 'fast' only; see the module docstring). H and I
+    multiples of 32; 1 <= E <= 512; 1 <= top_k <= min(32, E)."""
 
     def __init__(self, hidden, intermediate, experts, top_k, routing="softmax", n_groups=1, topk_groups=1,
-                 scaling=1.0, mode="fast", max_tokens=4096, device=None, dtype=torch.bfloat16, weight_blocks=False):
+                 scaling=1.0, mode="fast", max_tokens=4096, device=None, dtype=torch.bfloat16, weight_blocks=False,
+                 activation_blocks=False):
         super().__init__(hidden, intermediate, experts, top_k, routing, n_groups, topk_groups, scaling, mode,
                          max_tokens, device, dtype)
-        if not isinstance(weight_blocks, bool):
-            raise TypeError(f"mxmoe.torch.MoE: argument 'weight_blocks' must be a bool, got {weight_blocks!r}")
-        if weight_blocks and mode != "fast":
-            raise ValueError("mxmoe.torch.MoE: argument 'weight_blocks' = True needs mode='fast' (128x128-block "
-                             f"weights are a fast-mode form), got mode={mode!r}")
-        self.weight_blocks = weight_blocks
+        for name, v, what in (("weight_blocks", weight_blocks, "weights"),
+                              ("activation_blocks", activation_blocks, "wgrad activations")):
+            if not isinstance(v, bool):
+                raise TypeError(f"mxmoe.torch.MoE: argument '{name}' must be a bool, got {v!r}")
+            if v and mode != "fast":
+                raise ValueError(f"mxmoe.torch.MoE: argument '{name}' = True needs mode='fast' (128x128-block "
+                                 f"{what} are a fast-mode form), got mode={mode!r}")
+        self.weight_blocks, self.activation_blocks = weight_blocks, activation_blocks
         self._handle = _LayerHandle({
             "hidden": hidden, "inter": intermediate, "experts": experts, "top_k": top_k,
             "sigmoid": routing == "sigmoid", "n_groups": n_groups, "topk_groups": topk_groups,
             "scaling": float(scaling), "fast": mode == "fast", "max_tokens": int(max_tokens),
-            "weight_blocks": weight_blocks})
+            "weight_blocks": weight_blocks, "activation_blocks": activation_blocks})
 
     def forward(self, x):
         x2 = self._flatten(x)

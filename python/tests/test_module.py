@@ -42,8 +42,11 @@ def rel_err(got, want):
 
 def make_pair(cfg, mode="fast", **kw):
     """MoE and ReferenceMoE with the same weights, on the GPU. mode "fast-blk": fast mode with
-    128x128-block weights (weight_blocks=True)."""
+    128x128-block weights and wgrad activations (weight_blocks=True, activation_blocks=True), as
+    bench_layer.py's mode of that name; "fast-wblk": the block weights alone."""
     if mode == "fast-blk":
+        mode, kw = "fast", dict(kw, weight_blocks=True, activation_blocks=True)
+    elif mode == "fast-wblk":
         mode, kw = "fast", dict(kw, weight_blocks=True)
     moe = mxmoe.torch.MoE(**cfg, mode=mode, device=DEV, **kw)
     ref = mxmoe.torch.ReferenceMoE(**cfg, device=DEV)
@@ -117,17 +120,29 @@ def test_config_errors_name_the_argument():
         MoE(256, 128, 8, 2, weight_blocks=1, device="meta")
     with pytest.raises(BAD, match=r"argument 'weight_blocks'"):
         torch.ops.mxmoe.moe_layer_create(256, 128, 8, 2, fast=False, weight_blocks=True)
+    with pytest.raises(BAD, match=r"argument 'activation_blocks'"):
+        MoE(256, 128, 8, 2, mode="exact", activation_blocks=True, device="meta")
+    with pytest.raises(BAD, match=r"argument 'activation_blocks'"):
+        MoE(256, 128, 8, 2, activation_blocks="yes", device="meta")
+    with pytest.raises(BAD, match=r"argument 'activation_blocks'"):
+        torch.ops.mxmoe.moe_layer_create(256, 128, 8, 2, fast=False, activation_blocks=True)
 
 
 @pytest.mark.ext
 def test_weight_blocks_survive_copies():
-    """weight_blocks=True reaches the layer's config and the copies' (deepcopy, pickle); the old
-    create signature (without weight_blocks) still works."""
-    m = mxmoe.torch.MoE(256, 128, 8, 2, weight_blocks=True, device="meta")
-    assert m._handle.config["weight_blocks"] is True and "weight_blocks=True" in repr(m)
-    for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(mxmoe.torch.MoE(256, 128, 8, 2, weight_blocks=True)))):
-        assert c._handle.config["weight_blocks"] is True and c._handle.layer_id != m._handle.layer_id
+    """weight_blocks=True and activation_blocks=True reach the layer's config and the copies'
+    (deepcopy, pickle), each on its own; the old create signature (without them) still works."""
+    for flags in ({"weight_blocks": True}, {"activation_blocks": True},
+                  {"weight_blocks": True, "activation_blocks": True}):
+        m = mxmoe.torch.MoE(256, 128, 8, 2, device="meta", **flags)
+        for k in ("weight_blocks", "activation_blocks"):
+            assert m._handle.config[k] is flags.get(k, False) and (f"{k}=True" in repr(m)) == (k in flags), flags
+        for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(mxmoe.torch.MoE(256, 128, 8, 2, **flags)))):
+            assert c._handle.config == m._handle.config and c._handle.layer_id != m._handle.layer_id, flags
+            assert (c.weight_blocks, c.activation_blocks) == (m.weight_blocks, m.activation_blocks), flags
     old = torch.ops.mxmoe.moe_layer_create(256, 128, 8, 2)
+    torch.ops.mxmoe.moe_layer_destroy(old)
+    old = torch.ops.mxmoe.moe_layer_create(256, 128, 8, 2, weight_blocks=True)  # session 11's signature
     torch.ops.mxmoe.moe_layer_destroy(old)
 
 
@@ -208,7 +223,7 @@ def test_reference_grouped_mm_equals_loop_on_cpu(routing):
 # ---- on the GPU ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fast", "exact", "fast-blk"])
+@pytest.mark.parametrize("mode", ["fast", "exact", "fast-blk", "fast-wblk"])
 @pytest.mark.parametrize("routing", ["softmax", "sigmoid_grouped"])
 def test_matches_reference(routing, mode):
     seed = fresh_seed()
@@ -274,21 +289,30 @@ def test_deterministic_and_backward_of_an_older_forward():
 
 @pytest.mark.gpu
 def test_weight_blocks_deterministic():
-    """128x128-block weights: bitwise equal reruns of forward and backward (and a result that is
-    the block form's own: close to the per-row fast layer's, within the module tolerance)."""
+    """128x128-block weights, alone and with 128x128-block wgrad activations: bitwise equal reruns
+    of forward and backward (and a result that is the block forms' own: close to the per-row fast
+    layer's, within the module tolerance). The activation blocks change dw1 and dw2 only: out, dx
+    and drouter are bitwise those of the weights-only layer."""
     fresh_seed()
     cfg = CONFIGS["sigmoid_grouped"]  # I = 192: W1's 2I = 384 rows, col(W2)'s 192 rows, K = 192
     blk = mxmoe.torch.MoE(**cfg, device=DEV, weight_blocks=True)
+    both = mxmoe.torch.MoE(**cfg, device=DEV, weight_blocks=True, activation_blocks=True)
     row = mxmoe.torch.MoE(**cfg, device=DEV)
     row.load_state_dict(blk.state_dict())
+    both.load_state_dict(blk.state_dict())
     x, d = (torch.randn(700, cfg["hidden"], device=DEV).to(torch.bfloat16) for _ in range(2))
-    a = fwd_bwd(blk, x, d)
-    b = fwd_bwd(blk, x, d)
     r = fwd_bwd(row, x, d)
-    for name, u, v, w in zip(("out", "dx", "drouter", "dw1", "dw2"), a, b, r):
-        assert torch.equal(u, v), f"rerun: {name} differs"
-        e = rel_err(u, w)
-        assert e < TOL, f"{name}: block vs per-row fast relative Frobenius error {e:.4f} >= {TOL}"
+    a = fwd_bwd(blk, x, d)
+    for label, m in (("weight blocks", blk), ("weight + activation blocks", both)):
+        g = fwd_bwd(m, x, d)
+        h = fwd_bwd(m, x, d)
+        for name, u, v, w in zip(("out", "dx", "drouter", "dw1", "dw2"), g, h, r):
+            assert torch.equal(u, v), f"{label}, rerun: {name} differs"
+            e = rel_err(u, w)
+            assert e < TOL, f"{label}, {name}: block vs per-row fast relative Frobenius error {e:.4f} >= {TOL}"
+        if m is both:
+            for name, u, v in zip(("out", "dx", "drouter"), g, a):
+                assert torch.equal(u, v), f"activation blocks changed {name}"
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ extern "C" {
 
 int mxmoe_layer_create_ex(int hidden, int inter, int experts, int top_k, int scoring, int n_groups,
                           int topk_groups, float scaling, const float* bias, int mode, int64_t max_tokens,
-                          int weight_fast_layout, void** handle) {
+                          int weight_fast_layout, int activation_fast_layout, void** handle) {
   return c_api_guarded([&] {
     mxmoe::MoeLayerConfig c;
     c.hidden = hidden;
@@ -29,6 +29,7 @@ int mxmoe_layer_create_ex(int hidden, int inter, int experts, int top_k, int sco
     c.mode = static_cast<mxmoe::GemmMode>(mode);
     c.max_tokens = max_tokens;
     c.weight_fast_layout = static_cast<mxmoe::FastScaleLayout>(weight_fast_layout);
+    c.activation_fast_layout = static_cast<mxmoe::FastScaleLayout>(activation_fast_layout);
     *handle = new mxmoe::MoeLayer(c);
   });
 }
@@ -36,7 +37,7 @@ int mxmoe_layer_create_ex(int hidden, int inter, int experts, int top_k, int sco
 int mxmoe_layer_create(int hidden, int inter, int experts, int top_k, int scoring, int n_groups, int topk_groups,
                        float scaling, const float* bias, int mode, int64_t max_tokens, void** handle) {
   return mxmoe_layer_create_ex(hidden, inter, experts, top_k, scoring, n_groups, topk_groups, scaling, bias, mode,
-                               max_tokens, 0, handle);
+                               max_tokens, 0, 0, handle);
 }
 
 int mxmoe_layer_destroy(void* handle) {

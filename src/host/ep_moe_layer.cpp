@@ -59,6 +59,7 @@ void check_local(const EpMoeLayerConfig& cfg, const EpComm& comm) {
   if (cfg.mode != GemmMode::kFast && cfg.mode != GemmMode::kExact)
     throw_arg(kFn, "cfg.mode", to_str(int(cfg.mode)), "must be GemmMode::kFast or GemmMode::kExact");
   detail::check_weight_fast_layout(kFn, cfg.mode, cfg.weight_fast_layout, true);
+  detail::check_activation_fast_layout(kFn, cfg.mode, cfg.activation_fast_layout, true);
   if (!cfg.routing.renormalize)
     throw_arg(kFn, "cfg.routing.renormalize", "false", "only renormalised routing weights have a backward");
   alignas(16) static int32_t probe_ids[4];

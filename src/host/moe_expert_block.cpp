@@ -89,18 +89,40 @@ MxBuf mx_block_buf(Carver& c, int64_t batch, int64_t rows, int64_t cols) {
   return b;
 }
 
-void check_weight_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep) {
-  const char* arg = "cfg.weight_fast_layout";
+void rebase_in_place(const MxBuf& b, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (b.fast_layout == FastScaleLayout::kBlock128)
+    rebase_mxfp8_fast_block128(b.data, b.scales, batch, rows, cols, b.fast, b.fast_scales, stream);
+}
+
+namespace {
+// A layer's FastScaleLayout field `arg` (kBlock128: fast mode only); ep_reason: why the EP layer
+// rejects kBlock128 (null: not the EP layer). `what` names the operands in the messages.
+void check_fast_layout(const char* fn, const char* arg, const char* what, GemmMode mode, FastScaleLayout layout,
+                       const char* ep_reason) {
   if (layout == FastScaleLayout::kRow128) return;
   if (layout != FastScaleLayout::kBlock128)
     throw_arg(fn, arg, to_str(int(layout)), "must be FastScaleLayout::kRow128 or kBlock128");
-  if (ep)
+  if (ep_reason != nullptr)
     throw_arg(fn, arg, "kBlock128",
-              "the EP layer supports FastScaleLayout::kRow128 only (its GEMM2 and W1 dgrad write through the "
-              "row-scatter GEMM entry, which reads per-row fast scales); use MoeLayer for 128x128-block weights");
+              std::string("the EP layer supports FastScaleLayout::kRow128 only (") + ep_reason +
+                  "); use MoeLayer for 128x128-block " + what);
   if (mode != GemmMode::kFast)
     throw_arg(fn, arg, "kBlock128",
-              "128x128-block weights are a fast-mode form: use GemmMode::kFast, or kRow128 with GemmMode::kExact");
+              std::string("128x128-block ") + what +
+                  " are a fast-mode form: use GemmMode::kFast, or kRow128 with GemmMode::kExact");
+}
+}  // namespace
+
+void check_weight_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep) {
+  check_fast_layout(fn, "cfg.weight_fast_layout", "weights", mode, layout,
+                    ep ? "its GEMM2 and W1 dgrad write through the row-scatter GEMM entry, which reads per-row "
+                         "fast scales"
+                       : nullptr);
+}
+
+void check_activation_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep) {
+  check_fast_layout(fn, "cfg.activation_fast_layout", "wgrad activations", mode, layout,
+                    ep ? "the block rebase of its dispatched x is not wired" : nullptr);
 }
 
 MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const {
@@ -109,8 +131,10 @@ MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) cons
 
 void ExpertBlock::carve(Carver& c) {
   const int64_t H = hidden, I = inter, E = experts;
+  // The wgrad operands b (x_col, h_col): [rows, cap], per row or in 128x128 blocks
+  auto wgrad_b = [&](int64_t rows) { return activation_blocks() ? mx_block_buf(c, 1, rows, cap) : mx(c, 1, rows, cap); };
   x_row = mx(c, 1, cap, H);
-  x_col = mx(c, 1, H, cap);
+  x_col = wgrad_b(H);
   const bool blocks = weight_layout == FastScaleLayout::kBlock128;  // fast mode (checked by the layers)
   auto weight = [&](int64_t rows, int64_t cols) {
     return blocks ? mx_block_buf(c, E, rows, cols) : mx(c, E, rows, cols);
@@ -122,7 +146,7 @@ void ExpertBlock::carve(Carver& c) {
   gu = c.take_n<__nv_bfloat16>(size_t(cap * 2 * I));
   hact = c.take_n<__nv_bfloat16>(size_t(cap * I));
   h_row = mx(c, 1, cap, I);
-  h_col = mx(c, 1, I, cap);
+  h_col = wgrad_b(I);
   y = c.take_n<__nv_bfloat16>(size_t(cap * H));
   row_w = c.take_n<float>(size_t(cap));
   dy_row = mx(c, 1, cap, H);
@@ -156,15 +180,11 @@ void ExpertBlock::quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16*
   const MxOut w1r = w1_row.out(), w1c = w1_col.out(), w2r = w2_row.out(), w2c = w2_col.out();
   quantize_mxfp8(w1, experts, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
   quantize_mxfp8(w2, experts, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
-  if (weight_layout == FastScaleLayout::kBlock128) {  // each copy [experts, rows, cols], in place
-    auto rebase = [&](const MxBuf& b, int64_t rows, int64_t cols) {
-      rebase_mxfp8_fast_block128(b.data, b.scales, experts, rows, cols, b.fast, b.fast_scales, stream);
-    };
-    rebase(w1_row, 2 * I, H);
-    rebase(w1_col, H, 2 * I);
-    rebase(w2_row, H, I);
-    rebase(w2_col, I, H);
-  }
+  // kBlock128: each copy [experts, rows, cols] to the block form, in place (else nothing)
+  rebase_in_place(w1_row, experts, 2 * I, H, stream);
+  rebase_in_place(w1_col, experts, H, 2 * I, stream);
+  rebase_in_place(w2_row, experts, H, I, stream);
+  rebase_in_place(w2_col, experts, I, H, stream);
   w1r_op = w1_row.operand();
   w1c_op = w1_col.operand();
   w2r_op = w2_row.operand();
@@ -188,7 +208,8 @@ void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, co
   const MxOut hr = h_row.out(), hc = h_col.out();
   quantize_mxfp8_grouped(hact, cap, I, padded_offsets, padded_offsets, experts, cap, &hr, &hc, ScaleMode::kRceil,
                          stream);
-  mark("SwiGLU + quantize");
+  rebase_in_place(h_col, 1, I, cap, stream);  // activation blocks: Hactᵀ [I, cap] to the block form
+  mark(activation_blocks() ? "SwiGLU + quantize + 128x128-block rebase of Hact col-wise" : "SwiGLU + quantize");
   // GEMM2: Y [cap, H] = Hact · W2[e]ᵀ (to y, or to the rows' combine slots)
   m_grouped_to(gemm_operand(h_row.operand(), cap, I, img_a, stream), cap,
                gemm_operand(w2r_op, experts * H, I, img_b, stream), experts, H, I, padded_offsets, y, y_rows, go);

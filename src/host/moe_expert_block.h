@@ -24,8 +24,9 @@
 namespace mxmoe::detail {
 
 // An MX copy in a workspace: data, scales, fast data, fast scales. fast_layout kBlock128 (weights,
-// MoeLayerConfig::weight_fast_layout): the quantizer writes the plain pair (out() gives only that),
-// rebase_mxfp8_fast_block128 makes the fast pair from it (fast == data: in place).
+// MoeLayerConfig::weight_fast_layout; the wgrad activations, activation_fast_layout): the quantizer
+// writes the plain pair (out() gives only that), rebase_in_place makes the fast pair from it
+// (fast == data: in place).
 struct MxBuf {
   uint8_t *data = nullptr, *scales = nullptr, *fast = nullptr, *fast_scales = nullptr;
   FastScaleLayout fast_layout = FastScaleLayout::kRow128;
@@ -65,15 +66,23 @@ class Carver {
 // quantizers write only the pair that is given.
 MxBuf mx_buf(Carver& c, GemmMode mode, int64_t batch, int64_t rows, int64_t cols);
 
-// A weight copy [batch, rows, cols] in the 128x128-block fast form (fast mode): the plain pair,
+// A copy [batch, rows, cols] in the 128x128-block fast form (fast mode): the plain pair,
 // data [batch, rows, cols] + scales [batch, rows, cols/32], which the block rebase overwrites in
 // place (fast = data), and the block scales [batch, ceil(cols/128), fast_block_scales_pitch(rows)].
+// (A weight copy [E, N, K]; or a wgrad activation, batch 1, rows = H or I, cols = cap tokens.)
 MxBuf mx_block_buf(Carver& c, int64_t batch, int64_t rows, int64_t cols);
+
+// A kBlock128 copy's fast pair from its plain pair (rebase_mxfp8_fast_block128 in place, the shape
+// the copy was carved with); a kRow128 copy is left as it is (the quantizer wrote its fast pair).
+void rebase_in_place(const MxBuf& b, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // MoeLayerConfig::weight_fast_layout against the GEMM mode (kBlock128: fast mode only); `ep`: the
 // EP layer, which rejects kBlock128 (its GEMM2 and W1 dgrad may write through the row-scatter
 // entry, which reads per-row scales only). Throws mxmoe::Error naming cfg.weight_fast_layout.
 void check_weight_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep);
+// The same for MoeLayerConfig::activation_fast_layout (kBlock128: fast mode only; the EP layer
+// rejects it: its x gather is its own and the form is not wired there). Names cfg.activation_fast_layout.
+void check_activation_fast_layout(const char* fn, GemmMode mode, FastScaleLayout layout, bool ep);
 
 // A routing plan's buffers (moe_plan.h) for `tokens` tokens of top_k slots over `experts` experts
 // with `capacity` padded rows, and moe_plan's scratch (ws, ws_bytes).
@@ -116,6 +125,10 @@ struct ExpertBlock {
   // Fast form of w1_row, w1_col, w2_row, w2_col (MoeLayerConfig::weight_fast_layout; kBlock128 in
   // fast mode only, with the y entry of the m-grouped GEMM: forward/backward's y_rows/dxp_rows null).
   FastScaleLayout weight_layout = FastScaleLayout::kRow128;
+  // Fast form of x_col and h_col, the wgrad GEMMs' operand b (MoeLayerConfig::activation_fast_layout;
+  // kBlock128 in fast mode only): the quantizers write their plain pair, rebase_x_col() (the caller,
+  // after its gather-quantize) and forward() (after the Hact quantize) turn it into the block form.
+  FastScaleLayout activation_layout = FastScaleLayout::kRow128;
   // X rows in the padded expert layout, both ways (the caller's gather-quantizer writes them)
   MxBuf x_row, x_col;
   MxBuf w1_row, w1_col, w2_row, w2_col, h_row, h_col, dy_row, dy_col, dgu_row, dgu_col;
@@ -138,6 +151,10 @@ struct ExpertBlock {
 
   // mx_buf in this block's GEMM mode.
   MxBuf mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const;
+  bool activation_blocks() const { return activation_layout == FastScaleLayout::kBlock128; }
+  // After the caller's gather-quantize of x: x_col [H, cap] to the block form (activation_blocks();
+  // otherwise nothing).
+  void rebase_x_col(cudaStream_t stream) const { rebase_in_place(x_col, 1, hidden, cap, stream); }
   void carve(Carver& c);  // every buffer above (cap, hidden, inter, experts, mode set before)
 
   // Quantize BF16 master weights w1 [experts, 2I, H], w2 [experts, H, I] both ways (kBlock128: to

@@ -52,6 +52,7 @@ struct MoeLayer::Impl {
     blk.experts = int(E);
     blk.mode = cfg.mode;
     blk.weight_layout = cfg.weight_fast_layout;
+    blk.activation_layout = cfg.activation_fast_layout;
     blk.carve(c);
     dw = c.take_n<float>(size_t(T * k));
     router.max_tokens = T;
@@ -80,6 +81,7 @@ MoeLayer::MoeLayer(const MoeLayerConfig& cfg) : impl_(new Impl) {
     if (cfg.mode != GemmMode::kFast && cfg.mode != GemmMode::kExact)
       throw_arg(fn, "cfg.mode", to_str(int(cfg.mode)), "must be GemmMode::kFast or GemmMode::kExact");
     detail::check_weight_fast_layout(fn, cfg.mode, cfg.weight_fast_layout, false);
+    detail::check_activation_fast_layout(fn, cfg.mode, cfg.activation_fast_layout, false);
     impl_->cfg = cfg;
     impl_->cap = moe_plan_capacity(cfg.max_tokens, cfg.routing.top_k, cfg.num_experts);
     impl_->bytes = impl_->carve(nullptr);
@@ -150,10 +152,13 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
   moe_plan(m.ids, tokens, k, int(E), m.cap, m.plan_ws, m.plan_ws_bytes, m.plan, stream);
   const int32_t* rows_used = m.plan.padded_offsets + E;
   m.mark("top-k + routing plan", stream);
-  // 4. gather + quantize x both ways (the column-wise copy is the W1 wgrad operand)
+  // 4. gather + quantize x both ways (the column-wise copy is the W1 wgrad operand; activation
+  //    blocks: plain, then rebased to the block form here, where backward finds it)
   const MxOut xr = m.blk.x_row.out(), xc = m.blk.x_col.out();
   quantize_mxfp8_gather(x, tokens, H, m.plan.row_index, m.cap, rows_used, &xr, &xc, ScaleMode::kRceil, stream);
-  m.mark("permute + quantize x", stream);
+  m.blk.rebase_x_col(stream);
+  m.mark(m.blk.activation_blocks() ? "permute + quantize x + 128x128-block rebase of x col-wise" : "permute + quantize x",
+         stream);
   // 5. weights, both directions, one pass each (unless given pre-quantized)
   if (quantize_weights) {
     m.blk.quantize_weights(w1, w2, stream);

@@ -38,38 +38,54 @@ TEST(MoeLayerArgs, RejectsBadConfiguration) {
   expect_error_naming([&] { MoeLayer l(with([](MoeLayerConfig& c) { c.mode = GemmMode(5); })); }, "cfg.mode");
 }
 
-// weight_fast_layout (moe_layer.h): kBlock128 is a fast-mode form; a value outside the enum is named.
-TEST(MoeLayerArgs, RejectsBlockWeightsInExactModeAndBadLayouts) {
-  MoeLayerConfig c = good_config();
-  c.mode = GemmMode::kExact;
-  c.weight_fast_layout = FastScaleLayout::kBlock128;
-  expect_error_naming([&] { MoeLayer l(c); }, "cfg.weight_fast_layout");
-  c.mode = GemmMode::kFast;
-  c.weight_fast_layout = FastScaleLayout(7);
-  expect_error_naming([&] { MoeLayer l(c); }, "cfg.weight_fast_layout");
-  // The check the constructors run (before any CUDA call): legal combinations pass.
-  EXPECT_NO_THROW(detail::check_weight_fast_layout("MoeLayer", GemmMode::kFast, FastScaleLayout::kBlock128, false));
-  EXPECT_NO_THROW(detail::check_weight_fast_layout("MoeLayer", GemmMode::kExact, FastScaleLayout::kRow128, false));
+// weight_fast_layout and activation_fast_layout (moe_layer.h): kBlock128 is a fast-mode form; a value
+// outside the enum is named; each field by its own name, whatever the other one holds. EpMoeLayer's
+// check_local runs the same checks with ep = true (its constructor needs an EpComm, so the checks
+// themselves are tested here): kBlock128 is rejected in either mode, kRow128 passes.
+TEST(MoeLayerArgs, RejectsBlockFormsInExactModeAndBadLayouts) {
+  using Check = void (*)(const char*, GemmMode, FastScaleLayout, bool);
+  const struct {
+    FastScaleLayout MoeLayerConfig::*field;
+    FastScaleLayout MoeLayerConfig::*other;
+    const char* name;
+    Check check;
+  } fields[] = {
+      {&MoeLayerConfig::weight_fast_layout, &MoeLayerConfig::activation_fast_layout, "cfg.weight_fast_layout",
+       detail::check_weight_fast_layout},
+      {&MoeLayerConfig::activation_fast_layout, &MoeLayerConfig::weight_fast_layout, "cfg.activation_fast_layout",
+       detail::check_activation_fast_layout},
+  };
+  for (const auto& f : fields) {
+    SCOPED_TRACE(f.name);
+    MoeLayerConfig c = good_config();
+    c.mode = GemmMode::kExact;
+    c.*f.field = FastScaleLayout::kBlock128;
+    expect_error_naming([&] { MoeLayer l(c); }, f.name);
+    c.mode = GemmMode::kFast;
+    c.*f.field = FastScaleLayout(7);
+    expect_error_naming([&] { MoeLayer l(c); }, f.name);
+    c.*f.other = FastScaleLayout::kBlock128;  // a legal other layout neither hides nor takes the blame
+    expect_error_naming([&] { MoeLayer l(c); }, f.name);
+    // The checks the constructors run (before any CUDA call): legal combinations pass.
+    EXPECT_NO_THROW(f.check("MoeLayer", GemmMode::kFast, FastScaleLayout::kBlock128, false));
+    EXPECT_NO_THROW(f.check("MoeLayer", GemmMode::kExact, FastScaleLayout::kRow128, false));
+    for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})
+      expect_error_naming([&] { f.check("EpMoeLayer", mode, FastScaleLayout::kBlock128, true); }, f.name);
+    EXPECT_NO_THROW(f.check("EpMoeLayer", GemmMode::kFast, FastScaleLayout::kRow128, true));
+  }
 }
 
-// EpMoeLayer's check_local runs the same check with ep = true (its constructor needs an EpComm, so
-// the check itself is tested here): kBlock128 is rejected in either mode, kRow128 passes.
-TEST(MoeLayerArgs, EpLayerRejectsBlockWeights) {
-  expect_error_naming(
-      [] { detail::check_weight_fast_layout("EpMoeLayer", GemmMode::kFast, FastScaleLayout::kBlock128, true); },
-      "cfg.weight_fast_layout");
-  expect_error_naming(
-      [] { detail::check_weight_fast_layout("EpMoeLayer", GemmMode::kExact, FastScaleLayout::kBlock128, true); },
-      "cfg.weight_fast_layout");
-  EXPECT_NO_THROW(detail::check_weight_fast_layout("EpMoeLayer", GemmMode::kFast, FastScaleLayout::kRow128, true));
-}
-
-// The C ABI's weight_fast_layout argument reaches the config (mxmoe_layer_create_ex).
-TEST(MoeLayerArgs, CApiBlockWeightsInExactModeFails) {
+// The C ABI's weight_fast_layout and activation_fast_layout arguments reach the config
+// (mxmoe_layer_create_ex), each to its own field.
+TEST(MoeLayerArgs, CApiBlockFormsInExactModeFail) {
   void* h = nullptr;
-  EXPECT_NE(mxmoe_layer_create_ex(2048, 768, 128, 8, 0, 1, 1, 1.0f, nullptr, 1, 1024, 1, &h), 0);
-  EXPECT_EQ(h, nullptr);
-  EXPECT_NE(std::string(mxmoe_last_error()).find("cfg.weight_fast_layout"), std::string::npos) << mxmoe_last_error();
-  EXPECT_NE(mxmoe_layer_create_ex(2048, 768, 128, 8, 0, 1, 1, 1.0f, nullptr, 0, 1024, 3, &h), 0);
-  EXPECT_NE(std::string(mxmoe_last_error()).find("cfg.weight_fast_layout"), std::string::npos) << mxmoe_last_error();
+  auto expect_fails_naming = [&](int mode, int weights, int activations, const char* field) {
+    EXPECT_NE(mxmoe_layer_create_ex(2048, 768, 128, 8, 0, 1, 1, 1.0f, nullptr, mode, 1024, weights, activations, &h), 0);
+    EXPECT_EQ(h, nullptr);
+    EXPECT_NE(std::string(mxmoe_last_error()).find(field), std::string::npos) << mxmoe_last_error();
+  };
+  expect_fails_naming(1, 1, 0, "cfg.weight_fast_layout");
+  expect_fails_naming(0, 3, 0, "cfg.weight_fast_layout");
+  expect_fails_naming(1, 0, 1, "cfg.activation_fast_layout");
+  expect_fails_naming(0, 0, 3, "cfg.activation_fast_layout");
 }

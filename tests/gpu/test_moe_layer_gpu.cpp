@@ -48,13 +48,18 @@ namespace {
 
 // One layer configuration: GPU forward + backward against the MX reference (and forward against
 // the unquantized FP64 layer), in the given GEMM modes. skewed: a few hot experts take most tokens
-// (some experts stay empty). weights: MoeLayerConfig::weight_fast_layout (kBlock128: fast mode only;
-// checked against the per-row fast reference with the same bounds, i.e. the block form must cost
-// no more accuracy than the bounds' margin over the per-row form's measured errors).
+// (some experts stay empty). weights, activations: MoeLayerConfig::weight_fast_layout and
+// activation_fast_layout (kBlock128: fast mode only; checked against the per-row fast reference with
+// the same bounds, i.e. the block forms must cost no more accuracy than the bounds' margin over the
+// per-row form's measured errors).
 void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> modes, bool skewed, std::mt19937& rng,
-                    FastScaleLayout weights = FastScaleLayout::kRow128) {
-  const bool blocks = weights == FastScaleLayout::kBlock128;
-  SCOPED_TRACE(std::string(blocks ? "128x128-block weights " : "") + "T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
+                    FastScaleLayout weights = FastScaleLayout::kRow128,
+                    FastScaleLayout activations = FastScaleLayout::kRow128) {
+  const bool blocks = weights == FastScaleLayout::kBlock128, act_blocks = activations == FastScaleLayout::kBlock128;
+  // The printed label: fast-blk = both block forms (bench_layer.py's mode), fast-wblk / fast-ablk one of them.
+  const char* fast_label = blocks ? (act_blocks ? "fast-blk" : "fast-wblk") : (act_blocks ? "fast-ablk" : "fast");
+  SCOPED_TRACE(std::string(blocks ? "128x128-block weights " : "") + (act_blocks ? "128x128-block wgrad activations " : "") +
+               "T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
                " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) +
                (c.routing == ref::Routing::kSigmoidGrouped ? " sigmoid-grouped" : " softmax") +
                (skewed ? " skewed" : " uniform"));
@@ -117,6 +122,7 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     }
     cfg.mode = mode;
     cfg.weight_fast_layout = weights;
+    cfg.activation_fast_layout = activations;
     cfg.max_tokens = T + 17;  // the workspace may be larger than the step
     MoeLayer layer(cfg);
     auto bf = [](const DevBuf<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.p); };
@@ -171,14 +177,16 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     // Backward against the MX reference (same operands; FP32 vs FP64 sums, BF16 intermediates).
     const std::vector<uint16_t> dout_h = rand_bf16(size_t(T * H), 1.0, rng);
     DevBuf<uint16_t> ddout{dout_h.size()}, ddx{size_t(T * H)}, ddx2{size_t(T * H)};
-    DevBuf<float> ddwr{size_t(E * H)}, ddw1{size_t(E * 2 * I * H)}, ddw2{size_t(E * H * I)}, ddw1b{size_t(E * 2 * I * H)};
+    DevBuf<float> ddwr{size_t(E * H)}, ddw1{size_t(E * 2 * I * H)}, ddw2{size_t(E * H * I)}, ddw1b{size_t(E * 2 * I * H)},
+        ddw2b{size_t(E * H * I)};
     ddout.upload(dout_h);
     auto bfm = [](DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); };
     layer.backward(bf(ddout), bf(dx), bf(dwr), bfm(ddx), ddwr.p, ddw1.p, ddw2.p);
-    layer.backward(bf(ddout), bf(dx), bf(dwr), bfm(ddx2), ddwr.p, ddw1b.p, ddw2.p);
+    layer.backward(bf(ddout), bf(dx), bf(dwr), bfm(ddx2), ddwr.p, ddw1b.p, ddw2b.p);
     MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(ddx.download(), ddx2.download()) << "backward reruns differ";
     EXPECT_EQ(ddw1.download(), ddw1b.download()) << "backward reruns differ";
+    EXPECT_EQ(ddw2.download(), ddw2b.download()) << "backward reruns differ";
     const ref::MxLayerGrads g = ref::moe_backward_mx(c, in, want, dout_h, o);
     auto rel_f = [](const std::vector<float>& got, const std::vector<double>& ref_v) {
       double num = 0, den = 0;
@@ -198,7 +206,7 @@ void run_layer_case(const ref::MoeConfig& c, std::initializer_list<GemmMode> mod
     std::printf("layer-case-errors seed %u T=%lld E=%lld k=%d%s%s %s: out %.5f exact %.5f dw %.5f dx %.5f dW1 %.5f "
                 "dW2 %.5f dWr %.5f\n",
                 fresh_seed(), (long long)T, (long long)E, c.top_k, sigmoid ? " sigmoid" : "", skewed ? " skewed" : "",
-                mode == GemmMode::kExact ? "exact" : blocks ? "fast-blk" : "fast", e_out, e_exact, e_dw, e_dx, e_dw1, e_dw2, e_dwr);
+                mode == GemmMode::kExact ? "exact" : fast_label, e_out, e_exact, e_dw, e_dx, e_dw1, e_dw2, e_dwr);
     EXPECT_LT(rel_f(dwt, g.dw), kVsMxRef);
     EXPECT_LT(rel_err(ddx.download(), g.dx), kVsMxRef);
     EXPECT_LT(rel_f(ddw1.download(), g.dw1), kVsMxRef);
@@ -253,22 +261,25 @@ TEST(MoeLayerGpu, RoutingCases) {
   run_layer_case(ds, {GemmMode::kFast}, false, rng);
 }
 
-// weight_fast_layout = kBlock128 (moe_layer.h): forward + backward (out, dw, dx, dW1, dW2, dWr) against the
-// fast-mode MX reference with the fast-mode bounds, and bitwise reruns (run_layer_case). Shapes with
-// partial 128-blocks both ways: I = 96 (W2's K = 96, col(W2)'s 96 rows), 2I = 192 (W1's second row block
-// of 64 rows, col(W1)'s K = 192); then H = 256, I = 128 (whole blocks) and DeepSeek-style routing.
+// weight_fast_layout and activation_fast_layout = kBlock128 (moe_layer.h): forward + backward (out, dw,
+// dx, dW1, dW2, dWr) against the fast-mode MX reference with the fast-mode bounds, and bitwise reruns
+// (run_layer_case). Weights and activations in blocks: partial 128-blocks both ways with I = 96 (W2's
+// K = 96, col(W2)'s 96 rows, Hactᵀ's 96 rows: one short block), 2I = 192 (W1's second row block of 64
+// rows, col(W1)'s K = 192), and H = 256, I = 128 (whole blocks). Weights alone: DeepSeek-style routing.
+// Activations alone: H = 160 (Xᵀ's second block of 32 rows), I = 64, k = 1, T % 128 != 0.
 TEST(MoeLayerGpu, BlockWeightsForwardBackwardMatchFastReference) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  constexpr FastScaleLayout kBlock = FastScaleLayout::kBlock128;
-  run_layer_case(layer_config(200, 256, 128, 8, 2), {GemmMode::kFast}, false, rng, kBlock);
-  run_layer_case(layer_config(300, 256, 96, 16, 8), {GemmMode::kFast}, true, rng, kBlock);  // skewed: empty experts
+  constexpr FastScaleLayout kBlock = FastScaleLayout::kBlock128, kRow = FastScaleLayout::kRow128;
+  run_layer_case(layer_config(200, 256, 128, 8, 2), {GemmMode::kFast}, false, rng, kBlock, kBlock);
+  run_layer_case(layer_config(300, 256, 96, 16, 8), {GemmMode::kFast}, true, rng, kBlock, kBlock);  // skewed: empty experts
   ref::MoeConfig ds = layer_config(160, 128, 64, 64, 8);
   ds.routing = ref::Routing::kSigmoidGrouped;
   ds.n_groups = 8;
   ds.topk_groups = 4;
   ds.route_scale = 2.5;
-  run_layer_case(ds, {GemmMode::kFast}, false, rng, kBlock);
+  run_layer_case(ds, {GemmMode::kFast}, false, rng, kBlock, kRow);
+  run_layer_case(layer_config(130, 160, 64, 8, 1), {GemmMode::kFast}, false, rng, kRow, kBlock);
 }
 
 TEST(MoeLayerGpu, RejectsBadConfiguration) {
@@ -524,19 +535,25 @@ TEST(MoeLayerGpu, PreQuantizedWeightsGiveTheSameBits) {
 // Pre-quantized weights in the 128x128-block form (MxWeights, fast_scale_layout = kBlock128): made by the
 // caller with quantize_mxfp8 (plain MX) + rebase_mxfp8_fast_block128 into separate buffers, they give the
 // bits of the layer's own block-form quantization (weight_fast_layout = kBlock128), also through a layer
-// configured kRow128 (the operands carry their layout). Exact mode and a misaligned block-scale pointer
-// are rejected by name.
+// configured kRow128 (the operands carry their layout) and through one with the wgrad activations in
+// blocks too (activation_fast_layout = kBlock128, against that layer's own step). The activation blocks
+// change dW1 and dW2 only: out and dx are bitwise those of the weights-only layer. Exact mode and a
+// misaligned block-scale pointer are rejected by name.
 TEST(MoeLayerGpu, PreQuantizedBlockWeightsGiveTheSameBits) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
   const int64_t T = 200, H = 256, I = 96, E = 8;
   MoeLayerConfig cfg_blk = small_layer(H, I, E, 2, T);
   cfg_blk.weight_fast_layout = FastScaleLayout::kBlock128;
-  MoeLayer blk(cfg_blk), row(small_layer(H, I, E, 2, T)), exact(small_layer(H, I, E, 2, T, GemmMode::kExact));
+  MoeLayerConfig cfg_both = cfg_blk;
+  cfg_both.activation_fast_layout = FastScaleLayout::kBlock128;
+  MoeLayer blk(cfg_blk), both(cfg_both), row(small_layer(H, I, E, 2, T)),
+      exact(small_layer(H, I, E, 2, T, GemmMode::kExact));
   const StepInputs in(T, H, I, E, rng);
   DevBuf<uint16_t> x{size_t(T * H)}, out_a{size_t(T * H)}, out_b{size_t(T * H)}, dx_a{size_t(T * H)},
       dx_b{size_t(T * H)};
-  DevBuf<float> dwr{in.wr.n}, dw1_a{in.w1.n}, dw1_b{in.w1.n}, dw2_a{in.w2.n}, dw2_b{in.w2.n};
+  DevBuf<float> dwr{in.wr.n}, dw1_a{in.w1.n}, dw1_b{in.w1.n}, dw2_a{in.w2.n}, dw2_b{in.w2.n}, dw1_c{in.w1.n},
+      dw2_c{in.w2.n};
   x.upload(rand_bf16(x.n, 1.0, rng));
   // One weight [E, N, K] both ways: plain MX, then each copy's block form (rows x cols of the copy).
   struct Q {
@@ -560,15 +577,23 @@ TEST(MoeLayerGpu, PreQuantizedBlockWeightsGiveTheSameBits) {
   const Q q1(in.w1, E, 2 * I, H), q2(in.w2, E, H, I);
   blk.forward(c(x), T, c(in.wr), c(in.w1), c(in.w2), m(out_a));
   blk.backward(c(in.dout), c(x), c(in.wr), m(dx_a), dwr.p, dw1_a.p, dw2_a.p);
-  for (MoeLayer* l : {&blk, &row}) {
-    SCOPED_TRACE(l == &blk ? "layer with weight_fast_layout = kBlock128" : "layer with weight_fast_layout = kRow128");
+  // The layer with both block forms, its own quantization: out and dx as blk's, its own dW1, dW2.
+  both.forward(c(x), T, c(in.wr), c(in.w1), c(in.w2), m(out_b));
+  both.backward(c(in.dout), c(x), c(in.wr), m(dx_b), dwr.p, dw1_c.p, dw2_c.p);
+  MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(out_a.download(), out_b.download()) << "activation blocks changed the forward output";
+  EXPECT_EQ(dx_a.download(), dx_b.download()) << "activation blocks changed dx";
+  for (MoeLayer* l : {&blk, &row, &both}) {
+    SCOPED_TRACE(l == &blk ? "layer with weight_fast_layout = kBlock128"
+                 : l == &row ? "layer with weight_fast_layout = kRow128"
+                             : "layer with weight_fast_layout = activation_fast_layout = kBlock128");
     l->forward(c(x), T, c(in.wr), q1.weights(), q2.weights(), m(out_b));
     l->backward(c(in.dout), c(x), c(in.wr), m(dx_b), dwr.p, dw1_b.p, dw2_b.p);
     MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(out_a.download(), out_b.download());
     EXPECT_EQ(dx_a.download(), dx_b.download());
-    EXPECT_EQ(dw1_a.download(), dw1_b.download());
-    EXPECT_EQ(dw2_a.download(), dw2_b.download());
+    EXPECT_EQ((l == &both ? dw1_c : dw1_a).download(), dw1_b.download());
+    EXPECT_EQ((l == &both ? dw2_c : dw2_a).download(), dw2_b.download());
   }
   auto expect_rejects = [&](MoeLayer& l, const MxWeights& w1, const char* what) {
     try {

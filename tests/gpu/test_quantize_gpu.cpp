@@ -311,9 +311,27 @@ void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBuf
   }
 }
 
-// plain = false (with fast): the fast form alone.
+// The mixed request of MoeLayerConfig::activation_fast_layout = kBlock128 (one call, one direction's
+// fast form alone and the other's plain copy alone; the register-store kernel's per-pointer stores):
+// row-wise fast only and column-wise plain only, against the reference over the used rows; the
+// buffers not asked for keep their poison.
+void expect_mixed_used_rows(const std::string& what, const CopyBufs& rw, const CopyBufs& cw, const UsedRef& want,
+                            int64_t used, int64_t out_rows, int64_t cols) {
+  const CopyBufs no_row(1, out_rows, cols, false), no_col(1, cols, out_rows, false);  // poisoned stand-ins
+  expect_used_rows(what + " row-wise fast only", rw, no_col, true, want, used, out_rows, cols, false, false, true, false);
+  expect_used_rows(what + " column-wise plain only", no_row, cw, false, want, used, out_rows, cols, false, true, false,
+                   true);
+  for (const DevBuf<uint8_t>* b : {&cw.fast_data, &cw.fast_scales}) {
+    const auto v = b->download();
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](uint8_t x) { return x == 0xA5; }))
+        << what << ": the column-wise fast form was not asked for but written";
+  }
+}
+
+// plain = false (with fast): the fast form alone. mixed (with fast): row-wise fast only,
+// column-wise plain only (expect_mixed_used_rows).
 void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t extra_rows, bool fast,
-                      std::mt19937& rng, bool plain = true) {
+                      std::mt19937& rng, bool plain = true, bool mixed = false) {
   const int G = int(counts.size());
   std::vector<int32_t> offs(G + 1, 0), padded(G + 1, 0);
   for (int g = 0; g < G; ++g) {
@@ -322,7 +340,7 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   }
   const int64_t x_rows = offs[G], used = padded[G];
   const int64_t out_rows = std::max<int64_t>(128, used + extra_rows);
-  SCOPED_TRACE(std::string(fast ? (plain ? "with fast form, " : "fast form only, ") : "") + "groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
+  SCOPED_TRACE(std::string(mixed ? "row fast only + col plain only, " : fast ? (plain ? "with fast form, " : "fast form only, ") : "") + "groups=" + std::to_string(G) + " x_rows=" + std::to_string(x_rows) +
                " padded=" + std::to_string(used) + " cols=" + std::to_string(cols));
   auto x = random_bf16(std::max<int64_t>(x_rows, 1), cols, Dist::kGaussian, rng);
   DevBuf<uint16_t> dx(x.size());
@@ -334,7 +352,7 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   ASSERT_EQ(dpadded.download(), padded);
 
   CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
-  const MxOut ro = rw.out(fast, plain), co = cw.out(fast, plain);
+  const MxOut ro = rw.out(fast, plain && !mixed), co = mixed ? cw.out(false, true) : cw.out(fast, plain);
   quantize_mxfp8_grouped(reinterpret_cast<const __nv_bfloat16*>(dx.p), x_rows, cols, doffs.p, dpadded.p, G,
                          out_rows, &ro, &co);
   MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -344,14 +362,16 @@ void run_grouped_once(const std::vector<int32_t>& counts, int64_t cols, int64_t 
   for (int g = 0; g < G; ++g)
     for (int32_t j = 0; j < counts[g]; ++j)
       std::copy_n(&x[size_t((offs[g] + j) * cols)], cols, &xp[size_t((padded[g] + j) * cols)]);
-  if (used > 0)
+  if (used > 0 && mixed)
+    expect_mixed_used_rows("grouped", rw, cw, used_ref(xp.data(), used, cols, true), used, out_rows, cols);
+  else if (used > 0)
     expect_used_rows("grouped", rw, cw, fast, used_ref(xp.data(), used, cols, fast), used, out_rows, cols, true, plain);
   // Nothing at or beyond padded[G] is written: the poison must survive (in the data asked for).
   const std::vector<uint8_t> poison_row(size_t(cols), 0xA5);
-  const auto d = (plain ? rw.data : rw.fast_data).download();
+  const auto d = (plain && !mixed ? rw.data : rw.fast_data).download();
   for (int64_t r = used; r < out_rows; ++r)
     ASSERT_TRUE(std::equal(poison_row.begin(), poison_row.end(), d.begin() + r * cols)) << "row " << r << " written";
-  const auto cd = (plain ? cw.data : cw.fast_data).download();
+  const auto cd = (plain || mixed ? cw.data : cw.fast_data).download();
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t r = used; r < out_rows; ++r)
       ASSERT_EQ(cd[size_t(c * out_rows + r)], 0xA5) << "colwise [" << c << ", " << r << "] written";
@@ -444,15 +464,16 @@ class GatherProblem {
     if (used_ > 0) want_ = used_ref(xg.data(), used_, cols, true);
   }
 
-  // plain = false (with fast): the fast form alone. row / col: the directions asked for.
-  void check(bool fast, bool plain, bool row = true, bool col = true) const {
+  // plain = false (with fast): the fast form alone. row / col: the directions asked for. mixed (with
+  // fast, both directions): row-wise fast only, column-wise plain only (expect_mixed_used_rows).
+  void check(bool fast, bool plain, bool row = true, bool col = true, bool mixed = false) const {
     SCOPED_TRACE(std::string(scaled_ ? "gather_scaled" : "gather") +
-                 (fast ? (plain ? " with fast form" : " fast form only") : "") + " used=" +
+                 (mixed ? " row fast only + col plain only" : fast ? (plain ? " with fast form" : " fast form only") : "") + " used=" +
                  (used_null_ ? "null" : std::to_string(used_)) + " out_rows=" + std::to_string(s_.out_rows) +
                  (row && col ? "" : row ? " rowwise" : " colwise"));
     const int64_t cols = s_.cols, out_rows = s_.out_rows;
     CopyBufs rw(1, out_rows, cols, fast), cw(1, cols, out_rows, fast);
-    const MxOut ro = rw.out(fast, plain), co = cw.out(fast, plain);
+    const MxOut ro = rw.out(fast, plain && !mixed), co = mixed ? cw.out(false, true) : cw.out(fast, plain);
     const auto* xp = reinterpret_cast<const __nv_bfloat16*>(dx_.p);
     const int32_t* rows_used = used_null_ ? nullptr : dused_.p;
     const MxOut *rop = row ? &ro : nullptr, *cop = col ? &co : nullptr;
@@ -461,8 +482,10 @@ class GatherProblem {
     else
       quantize_mxfp8_gather(xp, s_.x_rows, cols, didx_.p, out_rows, rows_used, rop, cop);
     MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-    if (used_ > 0) expect_used_rows("gather", rw, cw, fast, want_, used_, out_rows, cols, false, plain, row, col);
-    const auto d = (plain ? rw.data : rw.fast_data).download(), cd = (plain ? cw.data : cw.fast_data).download();
+    if (used_ > 0 && mixed) expect_mixed_used_rows("gather", rw, cw, want_, used_, out_rows, cols);
+    else if (used_ > 0) expect_used_rows("gather", rw, cw, fast, want_, used_, out_rows, cols, false, plain, row, col);
+    const auto d = (plain && !mixed ? rw.data : rw.fast_data).download(),
+               cd = (plain || mixed ? cw.data : cw.fast_data).download();
     for (int64_t r = used_; r < out_rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         ASSERT_EQ(d[size_t(r * cols + c)], 0xA5) << "row " << r << " written past rows_used";
@@ -515,6 +538,19 @@ TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
   run_gather_all(true, rng);
+}
+
+// The two calls MoeLayerConfig::activation_fast_layout = kBlock128 makes: the gather of x and the
+// grouped quantize of Hact, each with the row-wise fast form alone and the column-wise plain copy
+// alone (dispatch_fast sends fast + plain to the register-store kernel, which stores each form of each
+// direction only where its pointer is given). Bit-exact, nothing else written.
+TEST(QuantizeGpu, RowFastOnlyWithColPlainOnly) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  for (int64_t used : {1280, 1248})
+    for (bool scaled : {false, true}) GatherProblem(scaled, used, GatherShape{}, rng).check(true, false, true, true, true);
+  run_grouped_once({0, 1, 127, 128, 129, 300, 0, 1000}, 2880, 256, true, rng, false, true);
+  run_grouped_once({0, 0, 0, 4096, 0}, 256, 384, true, rng, false, true);
 }
 
 // Every CTA walks many tiles (8192 x 2880: 1472 tiles, ~5.6 per CTA, ~11 on the two-group kernel),
