@@ -8,6 +8,9 @@ read and 1 written per element, block scales included) and % of copy. The output
 independent PyTorch construction bit for bit (bench_gemm.torch_block_rebase, itself checked against
 the definition by bench_gemm). (Run 84 timed two thread mappings here: the one kept, 93-98% of copy,
 and run 81's, 55-60%.)
+Then quantize_mxfp8_block128 (BF16 straight to the block form, both directions in one pass) against
+the two passes it replaces (quantize_mxfp8 to the plain copy both ways + two rebases), timed in
+alternation, outputs bitwise equal.
 Usage: python3 bench/bench_rebase.py [--json out.json] [--reps 15] [--shapes Qwen3-30B,...]
 """
 import argparse
@@ -69,6 +72,53 @@ def main():
     print_table("rebase_mxfp8_fast_block128 (128x128-block fast form of the weights)",
                 ["shape", "us", "GB/s (% copy)", "bitwise = torch"],
                 table)
+    # The weights' block form straight from BF16, both directions in one pass
+    # (quantize_mxfp8_block128), against the two passes it replaces (quantize_mxfp8 to the plain copy
+    # both ways, then two rebases), in alternation; outputs bitwise equal.
+    lib.mxmoe_quantize_mxfp8_block128.argtypes = [vp, i64, i64, i64, vp, vp, vp, vp, ctypes.c_int, vp]
+    lib.mxmoe_quantize_mxfp8_block128.restype = ctypes.c_int
+    table2 = []
+    for model, E, H, I in MODELS:
+        if keep and model not in keep:
+            continue
+        for what, N, K in [("W1", 2 * I, H), ("W2", H, I)]:
+            w = (torch.randn(E, N, K, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+            u8 = dict(dtype=torch.uint8, device="cuda")
+            plain = [torch.empty(E * N * K, **u8), torch.empty(E * N * K // 32, **u8),
+                     torch.empty(E * N * K, **u8), torch.empty(E * N * K // 32, **u8)]  # row d, s; col d, s
+            two = [torch.empty(E * N * K, **u8), torch.empty(E, (K + 127) // 128, lib.mxmoe_fast_block_scales_pitch(N), **u8),
+                   torch.empty(E * N * K, **u8), torch.empty(E, (N + 127) // 128, lib.mxmoe_fast_block_scales_pitch(K), **u8)]
+            one = [torch.empty_like(t) for t in two]
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+            def check(rc):
+                if rc != 0:
+                    raise RuntimeError(lib.mxmoe_last_error().decode())
+
+            def two_pass():
+                check(lib.mxmoe_quantize_mxfp8(ptr(w), E, N, K, ptr(plain[0]), ptr(plain[1]), None, None,
+                                               ptr(plain[2]), ptr(plain[3]), None, None, 0, stream))
+                check(lib.mxmoe_rebase_mxfp8_fast_block128(ptr(plain[0]), ptr(plain[1]), E, N, K, ptr(two[0]),
+                                                           ptr(two[1]), stream))
+                check(lib.mxmoe_rebase_mxfp8_fast_block128(ptr(plain[2]), ptr(plain[3]), E, K, N, ptr(two[2]),
+                                                           ptr(two[3]), stream))
+
+            def one_pass():
+                check(lib.mxmoe_quantize_mxfp8_block128(ptr(w), E, N, K, ptr(one[0]), ptr(one[1]), ptr(one[2]),
+                                                        ptr(one[3]), 0, stream))
+            two_pass()
+            one_pass()
+            ok = all(torch.equal(a, b) for a, b in zip(one, two))
+            t2, t1 = timer.many([(None, two_pass), (None, one_pass)])
+            gbs = E * N * K * (2 + 2) / (t1 * 1e-6) / 1e9  # BF16 read once, two 1-byte outputs
+            shape = f"{model} {what} [{E}, {N}, {K}] both ways"
+            results["rows"].append({"shape": shape, "ok": ok, "two_pass_us": t2, "one_pass_us": t1})
+            table2.append([shape, f"{t2:.1f}", f"{t1:.1f}", f"{t2 / t1:.2f}", f"{gbs:.0f} ({100 * gbs / copy:.1f}%)",
+                           "yes" if ok else "NO"])
+
+    print_table("quantize_mxfp8_block128 (one pass) vs quantize_mxfp8 + 2 x rebase (two passes)",
+                ["shape", "two passes us", "one pass us", "speed-up", "one pass GB/s (% copy)", "bitwise equal"],
+                table2)
     if args.json:
         write_json(args.json, results)
     if not all(r["ok"] for r in results["rows"]):

@@ -44,6 +44,12 @@ int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales, int64_t ro
 int mxmoe_dequantize_mxfp8_bf16_token_blocked(const void* data, const void* scales, int64_t rows, int64_t cols,
                                               void* image, void* stream);
 
+/* BF16 x [batch, rows, cols] straight to the 128x128-block fast form (mxmoe/quantize.h,
+ * quantize_mxfp8_block128): row_data/row_scales the form of x[b], col_data/col_scales that of x[b]ᵀ
+ * (a null data pointer skips that direction). mode: 0 rceil, 1 floor. */
+int mxmoe_quantize_mxfp8_block128(const void* x, int64_t batch, int64_t rows, int64_t cols, void* row_data,
+                                  void* row_scales, void* col_data, void* col_scales, int mode, void* stream);
+
 /* The 128x128-block fast form of plain MX copies [batch, rows, cols] (mxmoe/quantize.h,
  * rebase_mxfp8_fast_block128): block_data E4M3 [batch, rows, cols], block_scales E8M0
  * [batch, ceil(cols/128), mxmoe_fast_block_scales_pitch(rows)]. */

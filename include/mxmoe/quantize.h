@@ -96,6 +96,23 @@ void rebase_mxfp8_fast_block128(const uint8_t* data, const uint8_t* scales, int6
                                 int64_t cols, uint8_t* block_data, uint8_t* block_scales,
                                 cudaStream_t stream = nullptr);
 
+// One block-form copy (gemm.h FastScaleLayout::kBlock128) of a [rows, cols] matrix whose 32-blocks
+// run along cols: data E4M3 [rows, cols] (16-byte aligned), scales E8M0 [ceil(cols/128),
+// fast_block_scales_pitch(rows)] per batch entry (padding bytes written as 0).
+struct MxBlockOut {
+  uint8_t* data = nullptr;
+  uint8_t* scales = nullptr;
+};
+
+// BF16 x [batch, rows, cols] → the 128x128-block fast form in one pass: rowwise (may be null) the
+// block form of x[b] ([rows, cols]), colwise (may be null) that of x[b]ᵀ ([cols, rows], needs
+// rows % 32 == 0). Bitwise what quantize_mxfp8 (plain copy) and then rebase_mxfp8_fast_block128
+// make, without the plain copy in between (for weights that change every step).
+// Kernel: src/kernels/quantize/quantize_block128_sm90.cu.
+void quantize_mxfp8_block128(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols,
+                             const MxBlockOut* rowwise, const MxBlockOut* colwise,
+                             ScaleMode mode = ScaleMode::kRceil, cudaStream_t stream = nullptr);
+
 // padded_offsets[g] = Σ_{j<g} roundup(offsets[j+1] - offsets[j], align), for g = 0..num_groups.
 // One small kernel; device in, device out.
 void compute_padded_offsets(const int32_t* offsets, int32_t* padded_offsets, int num_groups,

@@ -86,6 +86,18 @@ extern "C" int mxmoe_dequantize_mxfp8_bf16(const void* data, const void* scales,
   });
 }
 
+extern "C" int mxmoe_quantize_mxfp8_block128(const void* x, int64_t batch, int64_t rows, int64_t cols, void* row_data,
+                                             void* row_scales, void* col_data, void* col_scales, int mode,
+                                             void* stream) {
+  return c_api_guarded([&] {
+    const mxmoe::MxBlockOut r{static_cast<uint8_t*>(row_data), static_cast<uint8_t*>(row_scales)};
+    const mxmoe::MxBlockOut c{static_cast<uint8_t*>(col_data), static_cast<uint8_t*>(col_scales)};
+    mxmoe::quantize_mxfp8_block128(static_cast<const __nv_bfloat16*>(x), batch, rows, cols,
+                                   row_data ? &r : nullptr, col_data ? &c : nullptr,
+                                   static_cast<mxmoe::ScaleMode>(mode), static_cast<cudaStream_t>(stream));
+  });
+}
+
 extern "C" int mxmoe_rebase_mxfp8_fast_block128(const void* data, const void* scales, int64_t batch, int64_t rows,
                                                 int64_t cols, void* block_data, void* block_scales, void* stream) {
   return c_api_guarded([&] {

@@ -177,14 +177,18 @@ MxOperand ExpertBlock::gemm_operand(MxOperand o, int64_t rows, int64_t cols, __n
 
 void ExpertBlock::quantize_weights(const __nv_bfloat16* w1, const __nv_bfloat16* w2, cudaStream_t stream) {
   const int64_t H = hidden, I = inter;
-  const MxOut w1r = w1_row.out(), w1c = w1_col.out(), w2r = w2_row.out(), w2c = w2_col.out();
-  quantize_mxfp8(w1, experts, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
-  quantize_mxfp8(w2, experts, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
-  // kBlock128: each copy [experts, rows, cols] to the block form, in place (else nothing)
-  rebase_in_place(w1_row, experts, 2 * I, H, stream);
-  rebase_in_place(w1_col, experts, H, 2 * I, stream);
-  rebase_in_place(w2_row, experts, H, I, stream);
-  rebase_in_place(w2_col, experts, I, H, stream);
+  if (weight_layout == FastScaleLayout::kBlock128) {
+    // BF16 straight to the block form, both ways in one pass per tensor (quantize_mxfp8_block128:
+    // bitwise the plain copy rebased by rebase_mxfp8_fast_block128, without writing it)
+    const MxBlockOut w1r{w1_row.fast, w1_row.fast_scales}, w1c{w1_col.fast, w1_col.fast_scales};
+    const MxBlockOut w2r{w2_row.fast, w2_row.fast_scales}, w2c{w2_col.fast, w2_col.fast_scales};
+    quantize_mxfp8_block128(w1, experts, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
+    quantize_mxfp8_block128(w2, experts, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+  } else {
+    const MxOut w1r = w1_row.out(), w1c = w1_col.out(), w2r = w2_row.out(), w2c = w2_col.out();
+    quantize_mxfp8(w1, experts, 2 * I, H, &w1r, &w1c, ScaleMode::kRceil, stream);
+    quantize_mxfp8(w2, experts, H, I, &w2r, &w2c, ScaleMode::kRceil, stream);
+  }
   w1r_op = w1_row.operand();
   w1c_op = w1_col.operand();
   w2r_op = w2_row.operand();

@@ -155,6 +155,27 @@ TEST(QuantizeArgs, RebaseBlock128RejectsBadArguments) {
   EXPECT_NO_THROW(f(nullptr, nullptr, 1, 0, 128, nullptr, nullptr, nullptr));
 }
 
+// quantize_mxfp8_block128: shapes, pointers, directions, before any launch.
+TEST(QuantizeArgs, QuantizeBlock128RejectsBadArguments) {
+  const MxBlockOut o{fake<uint8_t>(0x20000), fake<uint8_t>(0x30001)};
+  const MxBlockOut bad_data{fake<uint8_t>(0x20008), fake<uint8_t>(0x30001)};
+  const MxBlockOut no_scales{fake<uint8_t>(0x20000), nullptr};
+  const auto f = [](auto... args) { quantize_mxfp8_block128(args...); };
+  expect_error_naming([&] { f(X, 1, 128, 128, nullptr, nullptr, ScaleMode::kRceil, nullptr); }, "rowwise");
+  expect_error_naming([&] { f(X, 1, 128, 100, &o, nullptr, ScaleMode::kRceil, nullptr); }, "cols");
+  expect_error_naming([&] { f(X, 1, 0, 128, &o, nullptr, ScaleMode::kRceil, nullptr); }, "rows");
+  expect_error_naming([&] { f(X, 1, 100, 128, nullptr, &o, ScaleMode::kRceil, nullptr); }, "rows");  // colwise: rows % 32
+  expect_error_naming([&] { f(X, 0, 128, 128, &o, nullptr, ScaleMode::kRceil, nullptr); }, "batch");
+  expect_error_naming([&] { f(X, 1, 128, 128, &o, nullptr, static_cast<ScaleMode>(7), nullptr); }, "mode");
+  expect_error_naming([&] { f(nullptr, 1, 128, 128, &o, nullptr, ScaleMode::kRceil, nullptr); }, "x");
+  expect_error_naming([&] { f(fake<const __nv_bfloat16>(0x10002), 1, 128, 128, &o, nullptr, ScaleMode::kRceil, nullptr); },
+                      "x");
+  expect_error_naming([&] { f(X, 1, 128, 128, &bad_data, nullptr, ScaleMode::kRceil, nullptr); }, "rowwise.data");
+  expect_error_naming([&] { f(X, 1, 128, 128, &no_scales, nullptr, ScaleMode::kRceil, nullptr); }, "rowwise.scales");
+  expect_error_naming([&] { f(X, 1, 128, 128, &o, &bad_data, ScaleMode::kRceil, nullptr); }, "colwise.data");
+  expect_error_naming([&] { f(X, 1, 128, 128, &o, &no_scales, ScaleMode::kRceil, nullptr); }, "colwise.scales");
+}
+
 // The token-blocked image (ImageLayout::kTokenBlocked): the same checks, plus cols % 128 == 0 and
 // rows · cols / 128 < 2^31 (the kernel's 32-bit group index).
 TEST(QuantizeArgs, DequantizeTokenBlockedRejectsBadArguments) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "device/mx_convert.cuh"
+#include "kernels/quantize/block128_common.cuh"
 #include "host/check.h"
 #include "mxmoe/quantize.h"
 
@@ -42,28 +43,6 @@ __device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t em
   const float pw = dev::exp2_nonpositive(int(block) - int(emax));
   return make_uint4(dev::e4m3x4_rebase(q.x, pw), dev::e4m3x4_rebase(q.y, pw), dev::e4m3x4_rebase(q.z, pw),
                     dev::e4m3x4_rebase(q.w, pw));
-}
-
-// The block's maximum scale byte, from every thread's bytes (0 where it owns none): a warp max, then
-// one shared-memory word per warp.
-__device__ __forceinline__ uint32_t block_max(uint32_t mine, uint32_t* warp_max) {
-  const uint32_t wm = __reduce_max_sync(0xFFFFFFFFu, mine);
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = wm;
-  __syncthreads();
-  uint32_t emax = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) emax = emax > warp_max[w] ? emax : warp_max[w];
-  return emax;
-}
-
-// The block's scale byte, and the pitch's padding bytes once per (matrix, chunk) row (by the CTA of
-// the last row block).
-__device__ __forceinline__ void store_block_scale(uint8_t* block_scales, int64_t pitch, uint32_t emax) {
-  const int64_t c = blockIdx.x, j = blockIdx.y, b = blockIdx.z;
-  uint8_t* srow = block_scales + (b * gridDim.x + c) * pitch;
-  if (threadIdx.x == 0) srow[j] = uint8_t(emax);
-  if (j == int64_t(gridDim.y) - 1)
-    for (int64_t p = gridDim.y + threadIdx.x; p < pitch; p += kThreads) srow[p] = 0;
 }
 
 // grid (chunks, row blocks, batch). Thread t owns the 16-byte piece t % 8 of rows t / 8 + 32 i
@@ -97,14 +76,14 @@ rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __r
     }
     mine = mine > s[i] ? mine : s[i];
   }
-  const uint32_t emax = block_max(mine, warp_max);
+  const uint32_t emax = block128::block_max<kThreads>(mine, warp_max);
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int64_t grow = b * rows + j * kFastBlockRows + r0 + 32 * i;
     if (ok[i])
       *reinterpret_cast<uint4*>(block_data + grow * cols + c * kFastChunk + 16 * piece) = rebase_x16(q[i], s[i], emax);
   }
-  store_block_scale(block_scales, pitch, emax);
+  block128::store_block_scale<kThreads>(block_scales + (b * gridDim.x + c) * pitch, j, gridDim.y, pitch, emax);
 }
 
 }  // namespace
