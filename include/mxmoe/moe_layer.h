@@ -67,8 +67,8 @@ struct MoeLayerConfig {
   // the column-wise copies of X (dW1 = Σ dGUᵀ·X, b = Xᵀ [H, cap]) and of Hact (dW2 = Σ dYᵀ·Hact,
   // b = Hactᵀ [I, cap]), cap = capacity(). kRow128 (default): DESIGN §2's per-row fast form, written
   // by the quantizer. kBlock128: the gather-quantize of x and the quantize after SwiGLU write those
-  // two copies as plain MX (their row-wise copies stay fast-only; one call per tensor, which then
-  // runs on the quantizer's register-store kernel, quantize_mxfp8_sm90.cu), and each is re-expressed
+  // two copies as plain MX (their row-wise copies stay fast-only; one call per tensor, on the staged
+  // quantizer with a form per direction, quantize_mxfp8_sm90.cu), and each is re-expressed
   // per 128x128 block (128 rows x 128 tokens) in place right after its quantization
   // (rebase_mxfp8_fast_block128 with batch 1 over all cap columns: one extra read + write of the
   // copy; the forward's "permute + quantize x" and "SwiGLU + quantize" stages include it and say so).

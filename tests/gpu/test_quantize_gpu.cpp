@@ -311,8 +311,9 @@ void expect_used_rows(const std::string& what, const CopyBufs& rw, const CopyBuf
   }
 }
 
-// The mixed request of MoeLayerConfig::activation_fast_layout = kBlock128 (one call, one direction's
-// fast form alone and the other's plain copy alone; the register-store kernel's per-pointer stores):
+// The mixed request of MoeLayerConfig::activation_fast_layout = kBlock128 (one call, the row-wise
+// fast form alone and the column-wise plain copy alone; by default on the staged kernel with a form
+// per direction, with MXMOE_QUANT_STAGED=0 on the register-store kernel's per-pointer stores):
 // row-wise fast only and column-wise plain only, against the reference over the used rows; the
 // buffers not asked for keep their poison.
 void expect_mixed_used_rows(const std::string& what, const CopyBufs& rw, const CopyBufs& cw, const UsedRef& want,
@@ -547,10 +548,14 @@ TEST(QuantizeGpu, GatherScaledMatchesScaleThenQuantize) {
 TEST(QuantizeGpu, RowFastOnlyWithColPlainOnly) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
-  for (int64_t used : {1280, 1248})
-    for (bool scaled : {false, true}) GatherProblem(scaled, used, GatherShape{}, rng).check(true, false, true, true, true);
-  run_grouped_once({0, 1, 127, 128, 129, 300, 0, 1000}, 2880, 256, true, rng, false, true);
-  run_grouped_once({0, 0, 0, 4096, 0}, 256, 384, true, rng, false, true);
+  // the staged kernel (default: launch_staged<true, true, true, false>) and the register-store one
+  on_every_kernel(true, "row fast + col plain", [&](const std::string& l) {
+    SCOPED_TRACE(l);
+    for (int64_t used : {1280, 1248})
+      for (bool scaled : {false, true}) GatherProblem(scaled, used, GatherShape{}, rng).check(true, false, true, true, true);
+    run_grouped_once({0, 1, 127, 128, 129, 300, 0, 1000}, 2880, 256, true, rng, false, true);
+    run_grouped_once({0, 0, 0, 4096, 0}, 256, 384, true, rng, false, true);
+  });
 }
 
 // Every CTA walks many tiles (8192 x 2880: 1472 tiles, ~5.6 per CTA, ~11 on the two-group kernel),

@@ -815,13 +815,13 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
 
 // A gather tile with rows at or past *rows_used: every thread copies the valid part of the
 // staging out (16-byte pieces; a column's last piece byte by byte when it is cut), to the plain
-// data or, with kFast, to the fast data.
-template <bool kRow, bool kCol, bool kFast, int kNumThreads = kThreads>
+// data or, with kRowFast / kColFast, to that direction's fast data.
+template <bool kRow, bool kCol, bool kRowFast, bool kColFast, int kNumThreads = kThreads>
 __device__ __forceinline__ void copy_out_partial(const QuantizeParams& p, const Tile& t, const uint8_t* row_out,
                                                  const uint8_t* col_out) {
   const int32_t cols = int32_t(p.cols), rows = int32_t(p.rows_out);
-  uint8_t* const row_data = kFast ? p.row_fast_data : p.row_data;
-  uint8_t* const col_data = kFast ? p.col_fast_data : p.col_data;
+  uint8_t* const row_data = kRowFast ? p.row_fast_data : p.row_data;
+  uint8_t* const col_data = kColFast ? p.col_fast_data : p.col_data;
   const int ncol = min(kTileCols, cols - t.c0);
   for (int i = threadIdx.x; i < kTileRows * 8; i += kNumThreads) {
     const int y = i / 8, ch = i % 8;
@@ -849,7 +849,10 @@ __device__ __forceinline__ void trap_unless_staging_aligned(const uint8_t* smem)
 
 // kLate (MXMOE_QUANT_LATE_SCALES=1; plain copies of dense inputs, one direction): the scale bytes
 // are stored after barrier B and the TMA store instead of before the fence (ScaleStores).
-template <bool kRow, bool kCol, bool kFast, RowMap kMap, bool kLate = false>
+// kRowFast / kColFast: that direction's staging gets the fast form instead of the plain codes (each
+// direction writes one of its two forms; they may differ, e.g. the layer's fast row-wise x with a
+// plain column-wise copy to rebase into the 128x128-block form).
+template <bool kRow, bool kCol, bool kRowFast, bool kColFast, RowMap kMap, bool kLate = false>
 __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(const QuantizeParams p, const TileGrid g,
                                                                           const __grid_constant__ CUtensorMap row_map,
                                                                           const __grid_constant__ CUtensorMap col_map) {
@@ -887,7 +890,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
   gather_ahead_start<kMap>(p, ahead, tile_k);
 #pragma unroll
   for (int k = 0; k < S; ++k) issue(k);
-  static_assert(!kLate || (!(kRow && kCol) && !kFast), "late scales: plain copies, one direction");
+  static_assert(!kLate || (!(kRow && kCol) && !kRowFast && !kColFast), "late scales: plain copies, one direction");
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
     dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
@@ -903,10 +906,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       if (valid) cw = colwise_load(reinterpret_cast<const uint32_t*>(stage));
       if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // previous stores read the staging
       __syncthreads();  // C: the staging is free
-      if (valid) rowwise_staged<kFast>(p, t, rowwise_load(stage), row_out);
+      if (valid) rowwise_staged<kRowFast>(p, t, rowwise_load(stage), row_out);
       __syncthreads();  // D: stage k % S has been read
       issue(k + S);
-      if (valid) colwise_staged<kFast>(p, t, cw, col_out);
+      if (valid) colwise_staged<kColFast>(p, t, cw, col_out);
     } else {
       // The pass's inputs into registers, then the stage is refilled while they are converted.
       RowVecs rv;
@@ -919,15 +922,15 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       __syncthreads();  // C: stage k % S has been read; the staging is free
       issue(k + S);     // the refill runs while this tile is converted and stored
       if (valid) {
-        if constexpr (kRow) rowwise_staged<kFast>(p, t, rv, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
-        if constexpr (kCol) colwise_staged<kFast>(p, t, cw, col_out, kLate ? &late : nullptr);
+        if constexpr (kRow) rowwise_staged<kRowFast>(p, t, rv, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
+        if constexpr (kCol) colwise_staged<kColFast>(p, t, cw, col_out, kLate ? &late : nullptr);
       }
     }
     device::fence_proxy_async_shared_cta();
     __syncthreads();  // B: the staging is complete
     if (valid) {
       if (kMap == RowMap::kGather && t.out_valid < kTileRows) {
-        copy_out_partial<kRow, kCol, kFast>(p, t, row_out, col_out);
+        copy_out_partial<kRow, kCol, kRowFast, kColFast>(p, t, row_out, col_out);
       } else if (threadIdx.x == 0) {
         if constexpr (kRow) device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
         if constexpr (kCol) device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
@@ -1027,7 +1030,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
       device::fence_proxy_async_shared_cta();
       __syncthreads();  // B: the staging is complete
       if (valid && kMap == RowMap::kGather && t.out_valid < kTileRows) {
-        copy_out_partial<true, true, false, kWsThreads>(p, t, row_out, col_out);
+        copy_out_partial<true, true, false, false, kWsThreads>(p, t, row_out, col_out);
       } else if (valid && threadIdx.x == 0) {
         device::cp_async_bulk_tensor_3d_shared_to_global(&row_map, row_out, t.c0, t.r0, t.b);
         device::cp_async_bulk_tensor_3d_shared_to_global(&col_map, col_out, t.r0, t.c0, t.b);
@@ -1729,16 +1732,18 @@ bool use_late_scales() {
   return e != nullptr && std::strcmp(e, "1") == 0;
 }
 
-// kFast: the fast form alone (the plain pointers are null); otherwise the plain copies alone.
-template <bool kRow, bool kCol, bool kFast, RowMap kMap>
+// kRowFast / kColFast: that direction's fast form alone (its plain pointers null); otherwise its plain
+// copy alone. kFast: both directions' forms fast (the paths measured before the mixed form).
+template <bool kRow, bool kCol, bool kRowFast, bool kColFast, RowMap kMap>
 void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr bool kAnyFast = kRowFast || kColFast;
   const TileGrid g = make_grid(p);
   // TMA store maps: row-wise data [batch, rows_out, cols], column-wise data [batch, cols, rows_out]
   // (the fast data has the plain data's layout).
   CUtensorMap row_map{}, col_map{};
   const auto sw = CU_TENSOR_MAP_SWIZZLE_128B;
-  uint8_t* const row_data = kFast ? p.row_fast_data : p.row_data;
-  uint8_t* const col_data = kFast ? p.col_fast_data : p.col_data;
+  uint8_t* const row_data = kRowFast ? p.row_fast_data : p.row_data;
+  uint8_t* const col_data = kColFast ? p.col_fast_data : p.col_data;
   if (kRow)
     row_map = make_tensor_map_3d_u8("quantize_mxfp8", row_data, uint64_t(p.batch), uint64_t(p.rows_out),
                                     uint64_t(p.cols), uint64_t(p.cols), uint64_t(p.rows_out * p.cols), kTileRows,
@@ -1754,7 +1759,7 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   // 65536x2048 / 32768x2880, 85.1 / 84.6% on weights and 36.5% on a gather, against 75.5 / 76.1 /
   // 72.8, 79.9 / 80.3 and 32.2% for the two-group kernel (half the output bytes leave the two
   // staging tiles less busy, and two CTAs per SM beat one).
-  if constexpr (kRow && kCol && kMap == RowMap::kDense && !kFast) {
+  if constexpr (kRow && kCol && kMap == RowMap::kDense && !kAnyFast) {
     if (use_two_group() && use_late_scales()) {
       constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap, true>;
       constexpr int kSmem = WsLayout::kBytes;
@@ -1764,16 +1769,16 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
       return;
     }
   }
-  if constexpr (!(kRow && kCol) && kMap == RowMap::kDense && !kFast) {
+  if constexpr (!(kRow && kCol) && kMap == RowMap::kDense && !kAnyFast) {
     if (use_late_scales()) {
-      constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kFast, kMap, true>;
+      constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kRowFast, kColFast, kMap, true>;
       constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
       kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
       MXMOE_CHECK_LAUNCH("quantize_mxfp8");
       return;
     }
   }
-  if constexpr (kRow && kCol && kMap != RowMap::kGrouped && !kFast) {
+  if constexpr (kRow && kCol && kMap != RowMap::kGrouped && !kAnyFast) {
     if (use_two_group()) {
       constexpr auto kernel = quantize_mxfp8_two_group_kernel<kMap>;
       constexpr int kSmem = WsLayout::kBytes;
@@ -1784,7 +1789,7 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
     }
   }
   {
-    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kFast, kMap>;
+    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kRowFast, kColFast, kMap>;
     constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
     kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
   }
@@ -2015,31 +2020,39 @@ void dispatch_dirs(const QuantizeParams& p, cudaStream_t stream) {
 
 template <bool kFast, RowMap kMap>
 void dispatch_staged(bool row, bool col, const QuantizeParams& p, cudaStream_t stream) {
-  if (row && col) launch_staged<true, true, kFast, kMap>(p, stream);
-  else if (row) launch_staged<true, false, kFast, kMap>(p, stream);
-  else if (col) launch_staged<false, true, kFast, kMap>(p, stream);
+  if (row && col) launch_staged<true, true, kFast, kFast, kMap>(p, stream);
+  else if (row) launch_staged<true, false, kFast, kFast, kMap>(p, stream);
+  else if (col) launch_staged<false, true, kFast, kFast, kMap>(p, stream);
 }
 
-// Plain copies alone, or fast forms alone (the training layer's fast mode): staged kernels. Plain
-// and fast together, in either direction: the register-store kernel (the staged kernels stage one
-// E4M3 tile per direction, and a second one would cost the 2 CTAs per SM).
+// Plain copies alone, or fast forms alone (the training layer's fast mode), or the row-wise fast form
+// alone with the column-wise plain copy alone: staged kernels. Other mixes of plain and fast: the
+// register-store kernel (the staged kernels stage one E4M3 tile per direction, and a second one
+// would cost the 2 CTAs per SM).
 template <RowMap kMap>
 void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
-  const bool fast = (p.row_fast_data != nullptr) || (p.col_fast_data != nullptr);
-  const bool plain = (p.row_data != nullptr) || (p.col_data != nullptr);
+  const bool row_fast = p.row_fast_data != nullptr, col_fast = p.col_fast_data != nullptr;
+  const bool row_plain = p.row_data != nullptr, col_plain = p.col_data != nullptr;
+  const bool fast = row_fast || col_fast, plain = row_plain || col_plain;
   // (The register-store launches come first in this file's text on purpose: the order in which
   // the kernels are instantiated orders the extern shared arrays in the PTX, and with the 1024-byte
   // aligned one first, ptxas moved the grouped register-store kernels' dynamic shared memory from
   // offset 0x80 to 0x400.)
-  if (fast && (plain || !use_staged())) {
+  // The one mixed request the staged kernel takes: row-wise fast form alone + column-wise plain copy
+  // alone (the layer's activation_fast_layout = kBlock128). Others with both forms: register-store.
+  // (dispatch_dirs stays first in the text, see above.)
+  const bool mixed_staged = use_staged() && row_fast && !row_plain && col_plain && !col_fast;
+  if (fast && (plain || !use_staged()) && !mixed_staged) {
     dispatch_dirs<true, kMap>(p, stream);
+  } else if (mixed_staged) {
+    launch_staged<true, true, true, false, kMap>(p, stream);
   } else if (fast) {
-    dispatch_staged<true, kMap>(p.row_fast_data != nullptr, p.col_fast_data != nullptr, p, stream);
+    dispatch_staged<true, kMap>(row_fast, col_fast, p, stream);
   } else if (use_staged() && (reinterpret_cast<uintptr_t>(p.row_scales) & 1u) == 0) {
     // (The staged kernel stores a row's two scale bytes as one 16-bit word; quantize.h promises
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
-    const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+    const bool row = row_plain, col = col_plain;
     if (kMap == RowMap::kDense && use_pipelined(row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
       if (pipelined_skeleton()) {
         if (row && col) launch_pipelined<true, true, true>(p, stream);
