@@ -11,11 +11,10 @@ and run 81's, 55-60%.)
 Usage: python3 bench/bench_rebase.py [--json out.json] [--reps 15] [--shapes Qwen3-30B,...]
 """
 import argparse
-import ctypes
 
 import torch
 
-from common import Timer, copy_bandwidth, device_info, load_lib, print_table, ptr, require_gpu, write_json
+from common import Timer, copy_bandwidth, device_info, load_lib, print_table, rebase_block128, require_gpu, write_json
 from bench_gemm import quant_rows_chunked, torch_block_rebase
 
 # (model, E, hidden, intermediate): W1 [E, 2I, H], W2 [E, H, I]
@@ -30,12 +29,6 @@ def main():
     args = ap.parse_args()
     require_gpu()
     lib = load_lib()
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
-    lib.mxmoe_rebase_mxfp8_fast_block128.restype = ctypes.c_int
-    lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
-    lib.mxmoe_fast_block_scales_pitch.restype = i64
-    lib.mxmoe_last_error.restype = ctypes.c_char_p
     timer = Timer(reps=args.reps)
     copy = copy_bandwidth(timer)
     print(f"{device_info()}; device-to-device copy {copy:.0f} GB/s (read + write)", flush=True)
@@ -52,11 +45,9 @@ def main():
             pitch = lib.mxmoe_fast_block_scales_pitch(N)
             bd = torch.empty_like(d)
             bs = torch.empty(E, (K + 127) // 128, pitch, dtype=torch.uint8, device="cuda")
-            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
             def call():
-                if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(d), ptr(s), E, N, K, ptr(bd), ptr(bs), stream) != 0:
-                    raise RuntimeError(lib.mxmoe_last_error().decode())
+                rebase_block128(lib, d, s, E, N, K, bd, bs)
             call()
             want_d, want_s = torch_block_rebase(d, s, E, N, K, pitch)
             ok = torch.equal(bd, want_d) and torch.equal(bs, want_s)
