@@ -67,7 +67,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (Timer, check, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr,  # noqa: E402
+from common import (Timer, check, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr, rebase_block128,  # noqa: E402
                     require_gpu, write_json)
 from bench_quant import pow2_from_field, torch_quant_rows, torch_rebase  # noqa: E402  (MX quantizer in plain PyTorch)
 
@@ -107,10 +107,6 @@ def setup_lib(lib):
     # per operand: data, scales, fast_data, fast_scales, image; B's fast scale layout after B's
     f.argtypes = [vp] * 5 + [i64] + [vp] * 5 + [i32, i32, i64, i64, vp, vp, i32, i32, i32, vp]
     f.restype = i32
-    lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
-    lib.mxmoe_fast_block_scales_pitch.restype = i64
-    lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
-    lib.mxmoe_rebase_mxfp8_fast_block128.restype = i32
     g = lib.mxmoe_k_grouped_mxfp8_gemm_nt_layout
     # ..., mode, out_dtype, accumulate, num_sms, image_layout, b_fast_scale_layout, stream
     g.argtypes = [vp] * 10 + [i64, i32, i64, i64, vp, vp, i32, i32, i32, i32, i32, i32, vp]
@@ -506,11 +502,9 @@ def run_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, multic
         changed, flushed, total = check_block_form(b_d, b_s, want_d, want_s, E, N, K)
         # The library's kernel makes the operand; it must equal the PyTorch construction bit for bit.
         blk_d, blk_s = torch.empty_like(want_d), torch.full_like(want_s, 0xEE)
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
         def rebase():
-            if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(b_d), ptr(b_s), E, N, K, ptr(blk_d), ptr(blk_s), stream) != 0:
-                raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
+            rebase_block128(lib, b_d, b_s, E, N, K, blk_d, blk_s)
         rebase()
         if not (torch.equal(blk_d, want_d) and torch.equal(blk_s, want_s)):
             raise RuntimeError("rebase_mxfp8_fast_block128 differs from the PyTorch block form of B")
@@ -615,9 +609,7 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if FAST_BLOCK:  # Xᵀ [K, M] in 128x128 blocks (128 rows of K x 128 tokens), by the library's rebase
         blk_d = torch.empty_like(b_fd)
         blk_s = torch.empty(M // 128, lib.mxmoe_fast_block_scales_pitch(K), dtype=torch.uint8, device="cuda")
-        if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(b_d), ptr(b_s), 1, K, M, ptr(blk_d), ptr(blk_s),
-                                                ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)) != 0:
-            raise RuntimeError(lib.mxmoe_gemm_last_error().decode())
+        rebase_block128(lib, b_d, b_s, 1, K, M, blk_d, blk_s)
         b_forms[BLOCK128] = (blk_d, blk_s)
         variants.insert(1, (FAST, "mxmoe-fast-blk", None, None))
     # Every path once, its output checked; then the baseline and the paths timed in alternation.

@@ -18,7 +18,8 @@ import ctypes
 
 import torch
 
-from common import Timer, copy_bandwidth, device_info, load_lib, print_table, ptr, require_gpu, write_json
+from common import (Timer, check, copy_bandwidth, device_info, load_lib, print_table, ptr, rebase_block128, require_gpu,
+                    write_json)
 from bench_gemm import quant_rows_chunked, torch_block_rebase
 
 # (model, E, hidden, intermediate): W1 [E, 2I, H], W2 [E, H, I]
@@ -33,12 +34,6 @@ def main():
     args = ap.parse_args()
     require_gpu()
     lib = load_lib()
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
-    lib.mxmoe_rebase_mxfp8_fast_block128.restype = ctypes.c_int
-    lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
-    lib.mxmoe_fast_block_scales_pitch.restype = i64
-    lib.mxmoe_last_error.restype = ctypes.c_char_p
     timer = Timer(reps=args.reps)
     copy = copy_bandwidth(timer)
     print(f"{device_info()}; device-to-device copy {copy:.0f} GB/s (read + write)", flush=True)
@@ -55,11 +50,9 @@ def main():
             pitch = lib.mxmoe_fast_block_scales_pitch(N)
             bd = torch.empty_like(d)
             bs = torch.empty(E, (K + 127) // 128, pitch, dtype=torch.uint8, device="cuda")
-            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
             def call():
-                if lib.mxmoe_rebase_mxfp8_fast_block128(ptr(d), ptr(s), E, N, K, ptr(bd), ptr(bs), stream) != 0:
-                    raise RuntimeError(lib.mxmoe_last_error().decode())
+                rebase_block128(lib, d, s, E, N, K, bd, bs)
             call()
             want_d, want_s = torch_block_rebase(d, s, E, N, K, pitch)
             ok = torch.equal(bd, want_d) and torch.equal(bs, want_s)
@@ -75,8 +68,6 @@ def main():
     # The weights' block form straight from BF16, both directions in one pass
     # (quantize_mxfp8_block128), against the two passes it replaces (quantize_mxfp8 to the plain copy
     # both ways, then two rebases), in alternation; outputs bitwise equal.
-    lib.mxmoe_quantize_mxfp8_block128.argtypes = [vp, i64, i64, i64, vp, vp, vp, vp, ctypes.c_int, vp]
-    lib.mxmoe_quantize_mxfp8_block128.restype = ctypes.c_int
     table2 = []
     for model, E, H, I in MODELS:
         if keep and model not in keep:
@@ -91,21 +82,15 @@ def main():
             one = [torch.empty_like(t) for t in two]
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
-            def check(rc):
-                if rc != 0:
-                    raise RuntimeError(lib.mxmoe_last_error().decode())
-
             def two_pass():
-                check(lib.mxmoe_quantize_mxfp8(ptr(w), E, N, K, ptr(plain[0]), ptr(plain[1]), None, None,
-                                               ptr(plain[2]), ptr(plain[3]), None, None, 0, stream))
-                check(lib.mxmoe_rebase_mxfp8_fast_block128(ptr(plain[0]), ptr(plain[1]), E, N, K, ptr(two[0]),
-                                                           ptr(two[1]), stream))
-                check(lib.mxmoe_rebase_mxfp8_fast_block128(ptr(plain[2]), ptr(plain[3]), E, K, N, ptr(two[2]),
-                                                           ptr(two[3]), stream))
+                check(lib, lib.mxmoe_quantize_mxfp8(ptr(w), E, N, K, ptr(plain[0]), ptr(plain[1]), None, None,
+                                                    ptr(plain[2]), ptr(plain[3]), None, None, 0, stream))
+                rebase_block128(lib, plain[0], plain[1], E, N, K, two[0], two[1])
+                rebase_block128(lib, plain[2], plain[3], E, K, N, two[2], two[3])
 
             def one_pass():
-                check(lib.mxmoe_quantize_mxfp8_block128(ptr(w), E, N, K, ptr(one[0]), ptr(one[1]), ptr(one[2]),
-                                                        ptr(one[3]), 0, stream))
+                check(lib, lib.mxmoe_quantize_mxfp8_block128(ptr(w), E, N, K, ptr(one[0]), ptr(one[1]), ptr(one[2]),
+                                                             ptr(one[3]), 0, stream))
             two_pass()
             one_pass()
             ok = all(torch.equal(a, b) for a, b in zip(one, two))

@@ -31,9 +31,14 @@ def load_lib(path=None):
     lib.mxmoe_compute_padded_offsets.argtypes = [vp, vp, i32, i32, vp]
     lib.mxmoe_dequantize_mxfp8_bf16.argtypes = [vp, vp, i64, i64, vp, vp]
     lib.mxmoe_dequantize_mxfp8_bf16_token_blocked.argtypes = [vp, vp, i64, i64, vp, vp]
+    lib.mxmoe_rebase_mxfp8_fast_block128.argtypes = [vp, vp, i64, i64, i64, vp, vp, vp]
+    lib.mxmoe_quantize_mxfp8_block128.argtypes = [vp, i64, i64, i64, vp, vp, vp, vp, i32, vp]
+    lib.mxmoe_fast_block_scales_pitch.argtypes = [i64]
+    lib.mxmoe_fast_block_scales_pitch.restype = i64
     for f in (lib.mxmoe_quantize_mxfp8, lib.mxmoe_quantize_mxfp8_grouped, lib.mxmoe_quantize_mxfp8_gather,
               lib.mxmoe_compute_padded_offsets, lib.mxmoe_dequantize_mxfp8_bf16,
-              lib.mxmoe_dequantize_mxfp8_bf16_token_blocked):
+              lib.mxmoe_dequantize_mxfp8_bf16_token_blocked, lib.mxmoe_rebase_mxfp8_fast_block128,
+              lib.mxmoe_quantize_mxfp8_block128):
         f.restype = ctypes.c_int
     return lib
 
@@ -45,6 +50,14 @@ def check(lib, rc):
 
 def ptr(t):
     return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+def rebase_block128(lib, data, scales, batch, rows, cols, block_data, block_scales):
+    """rebase_mxfp8_fast_block128 (quantize.h) on the current stream: the 128x128-block form of the
+    plain MX copy data/scales [batch, rows, cols] into block_data / block_scales."""
+    check(lib, lib.mxmoe_rebase_mxfp8_fast_block128(ptr(data), ptr(scales), batch, rows, cols, ptr(block_data),
+                                                    ptr(block_scales),
+                                                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)))
 
 
 class Timer:

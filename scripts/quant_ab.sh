@@ -23,16 +23,8 @@
 #     and with MXMOE_QUANT_LATE_SCALES=1 (one process a test); a short set on the defaults
 #     -> OUT/quant_ab_test_*.log
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:-out}
-BUILD=${MXMOE_BUILD_DIR:-build}
-BUDGET=${QUANT_AB_BUDGET:-200}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MXMOE_BUILD_DIR=$BUILD
-TESTS=$BUILD/mxmoe_gpu_tests
-left() {  # timeout for a step: min(want, what is left of the budget - 3 s), at least 5
-  local l=$((BUDGET - SECONDS - 3)); [ "$1" -lt "$l" ] && l=$1; [ "$l" -lt 5 ] && l=5; echo "$l"
-}
+source "$(dirname "$0")/ab_lib.sh"
+ab_setup "${1:-out}" 200 quant_ab_test_
 summary() {  # gtest log: verdict and first failures
   grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" "$1" | head -6
   grep -E -A4 ": Failure$" "$1" | cut -c1-220 | head -20
@@ -85,23 +77,12 @@ echo "== 3. tests in parallel (t=${SECONDS}s)"
 DENSE='RandomShapesBitExact BatchedWeightsBothDirectionsOnePass NanAndInfPoisonBlocksAndChunks UnalignedScalePointers'
 SHORT='QuantizeGpu.NanAndInfPoisonBlocksAndChunks:QuantizeGpu.UnalignedScalePointers:QuantizeGpu.RerunsAreBitwiseIdentical'
 T=$(left 95)
-declare -A LOGS
-start() {  # name, env assignments..., -- gtest filter
-  local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env "${envs[@]}" timeout "$T" "$TESTS" --gtest_filter="$1" > "$OUT/quant_ab_test_$name.log" 2>&1 &
-  LOGS[$name]=$!
-}
-start pipelined MXMOE_QUANT_TMA=1 -- "$P"
-start pipelined_early_g1_hints MXMOE_QUANT_TMA_SCALES=early MXMOE_QUANT_TMA_GROUP=1 MXMOE_QUANT_TMA_LOAD_HINT=first MXMOE_QUANT_TMA_STORE_HINT=none -- "$P"
-start pipelined_warp_gcol MXMOE_QUANT_TMA_SCALES=warp MXMOE_QUANT_TMA_GROUP=1000000 MXMOE_QUANT_TMA_STORE_HINT=first -- "$P"
-for t in $DENSE; do start "tma_$t" MXMOE_QUANT_TMA=1 -- "QuantizeGpu.$t"; done
-for t in $DENSE; do start "late_$t" MXMOE_QUANT_TMA=0 MXMOE_QUANT_LATE_SCALES=1 -- "QuantizeGpu.$t"; done
-start base_short MXMOE_QUANT_TMA=0 -- "$SHORT"
-RES=""
-for name in "${!LOGS[@]}"; do
-  wait "${LOGS[$name]}"; rc=$?
-  RES+="$name rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/quant_ab_test_$name.log" | head -1)"$'\n'
-done
-printf '%s' "$RES" | sort
+start_test pipelined MXMOE_QUANT_TMA=1 -- "$P"
+start_test pipelined_early_g1_hints MXMOE_QUANT_TMA_SCALES=early MXMOE_QUANT_TMA_GROUP=1 MXMOE_QUANT_TMA_LOAD_HINT=first MXMOE_QUANT_TMA_STORE_HINT=none -- "$P"
+start_test pipelined_warp_gcol MXMOE_QUANT_TMA_SCALES=warp MXMOE_QUANT_TMA_GROUP=1000000 MXMOE_QUANT_TMA_STORE_HINT=first -- "$P"
+for t in $DENSE; do start_test "tma_$t" MXMOE_QUANT_TMA=1 -- "QuantizeGpu.$t"; done
+for t in $DENSE; do start_test "late_$t" MXMOE_QUANT_TMA=0 MXMOE_QUANT_LATE_SCALES=1 -- "QuantizeGpu.$t"; done
+start_test base_short MXMOE_QUANT_TMA=0 -- "$SHORT"
+wait_tests
 for f in "$OUT"/quant_ab_test_*.log; do grep -q ": Failure$" "$f" && { echo "-- $f"; summary "$f"; }; done
 echo "== done (t=${SECONDS}s)"

@@ -20,38 +20,19 @@
 #     L2 throughput of tma-rr, tmas, tmas-walk, skel-sc-late, skel-tmas -> OUT/tmas_ncu.{csv,txt}.
 #     Prediction: write sectors 4.59M (tma-rr) -> 3.78M (tmas), scale sectors 0.92M -> 0.115M.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:-out}
-BUILD=${MXMOE_BUILD_DIR:-build}
-BUDGET=${QUANT_AB_BUDGET:-145}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MXMOE_BUILD_DIR=$BUILD
-TESTS=$BUILD/mxmoe_gpu_tests
-left() {  # timeout for a step: min(want, what is left of the budget - 3 s), at least 5
-  local l=$((BUDGET - SECONDS - 3)); [ "$1" -lt "$l" ] && l=$1; [ "$l" -lt 5 ] && l=5; echo "$l"
-}
+source "$(dirname "$0")/ab_lib.sh"
+ab_setup "${1:-out}" 145 tmas_test_
 
 echo "== 0. tests in parallel (t=${SECONDS}s)"
 T=$(left 40)
-declare -A LOGS
-start() {  # name, env assignments..., -- gtest filter
-  local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env "${envs[@]}" timeout "$T" "$TESTS" --gtest_filter="$1" > "$OUT/tmas_test_$name.log" 2>&1 &
-  LOGS[$name]=$!
-}
-start tmas_units MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelScaleTmaUnits
-start pipelined_default MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelOnPlainCopies
-start unaligned MXMOE_QUANT_TMA=1 -- QuantizeGpu.UnalignedScalePointers
-RES=""
+start_test tmas_units MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelScaleTmaUnits
+start_test pipelined_default MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelOnPlainCopies
+start_test unaligned MXMOE_QUANT_TMA=1 -- QuantizeGpu.UnalignedScalePointers
+wait_tests
+show_failures
 NEW_OK=1
-for name in "${!LOGS[@]}"; do
-  wait "${LOGS[$name]}"; rc=$?
-  RES+="$name rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tmas_test_$name.log" | head -1)"$'\n'
-  if [ "$rc" -ne 0 ] && [ "$name" != unaligned ]; then NEW_OK=0; fi
-done
-printf '%s' "$RES" | sort
-for f in "$OUT"/tmas_test_*.log; do
-  grep -q ": Failure$" "$f" && { echo "-- $f"; grep -E -A4 ": Failure$" "$f" | cut -c1-220 | head -16; }
+for name in "${!RCS[@]}"; do
+  if [ "${RCS[$name]}" -ne 0 ] && [ "$name" != unaligned ]; then NEW_OK=0; fi
 done
 SKIP='^$'
 if [ "$NEW_OK" -eq 0 ]; then

@@ -21,39 +21,18 @@
 #     (quantize.md "Session 11"): write sectors 9.18M (tma-rr) -> ~7.86M (tma), requests 3.67M ->
 #     ~2.35M; tma-u1x1 ~ tma-rr.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:-out}
-BUILD=${MXMOE_BUILD_DIR:-build}
-BUDGET=${QUANT_AB_BUDGET:-145}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MXMOE_BUILD_DIR=$BUILD
-TESTS=$BUILD/mxmoe_gpu_tests
-left() {  # timeout for a step: min(want, what is left of the budget - 3 s), at least 5
-  local l=$((BUDGET - SECONDS - 3)); [ "$1" -lt "$l" ] && l=$1; [ "$l" -lt 5 ] && l=5; echo "$l"
-}
+source "$(dirname "$0")/ab_lib.sh"
+ab_setup "${1:-out}" 145 unit_ab_test_
 
 echo "== 0. tests in parallel (t=${SECONDS}s)"
 P=QuantizeGpu.PipelinedKernelOnPlainCopies
 T=$(left 55)
-declare -A LOGS
-start() {  # name, env assignments..., -- gtest filter
-  local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env "${envs[@]}" timeout "$T" "$TESTS" --gtest_filter="$1" > "$OUT/unit_ab_test_$name.log" 2>&1 &
-  LOGS[$name]=$!
-}
-start units MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelScaleUnits
-start pipelined_default MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 -- "$P"
-start pipelined_rr MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=0 -- "$P"
-start pipelined_unit_warp MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 MXMOE_QUANT_TMA_SCALES=warp -- "$P"
-RES=""
-for name in "${!LOGS[@]}"; do
-  wait "${LOGS[$name]}"; rc=$?
-  RES+="$name rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/unit_ab_test_$name.log" | head -1)"$'\n'
-done
-printf '%s' "$RES" | sort
-for f in "$OUT"/unit_ab_test_*.log; do
-  grep -q ": Failure$" "$f" && { echo "-- $f"; grep -E -A4 ": Failure$" "$f" | cut -c1-220 | head -16; }
-done
+start_test units MXMOE_QUANT_TMA=1 -- QuantizeGpu.PipelinedKernelScaleUnits
+start_test pipelined_default MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 -- "$P"
+start_test pipelined_rr MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=0 -- "$P"
+start_test pipelined_unit_warp MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_UNIT=1 MXMOE_QUANT_TMA_SCALES=warp -- "$P"
+wait_tests
+show_failures
 
 echo "== 1. quant_variants.py (t=${SECONDS}s)"
 V='^(default|tma-rr|tma-warp|tma-unit|tma-unit-late|tma-u1x1|tma-u2x2|tma-u1x16|skel|skel-sc-late|skel-unit|skel-sc-unit)$'

@@ -93,4 +93,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2_rn(float a, float b) {
 
 inline constexpr uint32_t kE4M3NanX4 = 0x7F7F7F7Fu;
 
+// 16 E4M3 codes of a 32-block with scale byte `block`, re-expressed against the larger exponent byte
+// `emax` of their span (a row's 128-chunk in the fast form, a 128x128 block in the block form): the
+// second rounding of mx_format.h's rule; the whole span is NaN (0x7F) when emax is 0xFF.
+__device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t emax) {
+  if (emax == kE8M0Nan) return make_uint4(kE4M3NanX4, kE4M3NanX4, kE4M3NanX4, kE4M3NanX4);
+  const float pw = exp2_nonpositive(int(block) - int(emax));
+  return make_uint4(e4m3x4_rebase(q.x, pw), e4m3x4_rebase(q.y, pw), e4m3x4_rebase(q.z, pw), e4m3x4_rebase(q.w, pw));
+}
+
 }  // namespace mxmoe::dev

@@ -389,7 +389,7 @@ void check_all(const Problem& P, const std::string& name) {
 struct BlockB {
   ref::FastBlockMatrix f;
   std::unique_ptr<DevBuf<uint8_t>> data, scales;
-  MxOperand op(const Problem& P) const {
+  MxOperand op(const DeviceOperands& P) const {
     MxOperand b = P.b_op();
     b.fast_data = data->p;
     b.fast_scales = scales->p;
@@ -401,12 +401,13 @@ struct BlockB {
   }
 };
 
-BlockB make_block_b(const Problem& P, std::mt19937* rng) {
+// The block form of q (batch matrices of q.rows / batch rows) on the device; synthetic scales as above.
+BlockB make_block_form(const ref::MxMatrix& q, int64_t batch, std::mt19937* rng) {
   BlockB B;
-  B.f = ref::rebase_fast_block128(P.qb, P.E);
+  B.f = ref::rebase_fast_block128(q, batch);
   if (rng) {
     std::uniform_int_distribution<int> u(120, 134);
-    const int64_t nrb = cdiv(P.n, 128);
+    const int64_t nrb = cdiv(B.f.rows, 128);
     for (size_t i = 0; i < B.f.scales.size(); ++i)
       if (int64_t(i) % B.f.pitch < nrb) B.f.scales[i] = uint8_t(u(*rng));
   }
@@ -416,6 +417,7 @@ BlockB make_block_b(const Problem& P, std::mt19937* rng) {
   B.scales->upload(B.f.scales);
   return B;
 }
+BlockB make_block_b(const Problem& P, std::mt19937* rng) { return make_block_form(P.qb, P.E, rng); }
 
 std::vector<int> random_counts(std::mt19937& rng, int E, int lo, int hi) {
   std::uniform_int_distribution<int> u(lo, hi);
@@ -737,38 +739,13 @@ TEST_F(GemmGpu, WgradManyExperts) {
 // reference reads the same bytes), so that a column promoted with its neighbouring block's scale
 // shows. Checked against the FP64 reference on (fast dYᵀ, block Xᵀ) values with fast mode's bound,
 // BF16 and FP32; num_sms 0 and 7 and a rerun bitwise equal; accumulate on the first result gives 2x.
-struct KBlockB {
-  ref::FastBlockMatrix f;
-  std::unique_ptr<DevBuf<uint8_t>> data, scales;
-  MxOperand b;
-};
-KBlockB make_k_block_b(const KProblem& P, std::mt19937* synthetic) {
-  KBlockB B;
-  ref::FastBlockMatrix& f = B.f;
-  f = ref::rebase_fast_block128(P.qb, 1);
-  if (synthetic) {
-    std::uniform_int_distribution<int> u(120, 134);
-    const int64_t nrb = cdiv(P.k, 128);
-    for (size_t i = 0; i < f.scales.size(); ++i)
-      if (int64_t(i) % f.pitch < nrb) f.scales[i] = uint8_t(u(*synthetic));
-  }
-  B.data = std::make_unique<DevBuf<uint8_t>>(f.data.size());
-  B.scales = std::make_unique<DevBuf<uint8_t>>(f.scales.size());
-  B.data->upload(f.data);
-  B.scales->upload(f.scales);
-  B.b = P.b_op();
-  B.b.fast_data = B.data->p;
-  B.b.fast_scales = B.scales->p;
-  B.b.fast_scale_layout = FastScaleLayout::kBlock128;
-  return B;
-}
-
 void check_k_block_form(const KProblem& P, const std::string& name, std::mt19937* synthetic) {
-  const KBlockB B = make_k_block_b(P, synthetic);
+  const BlockB B = make_block_form(P.qb, 1, synthetic);  // Xᵀ [K, M_total]: one matrix
+  const MxOperand bop = B.op(P);
   std::vector<double> want, bound;
   k_reference_with_bound(ref::dequantize(P.fa), ref::dequantize(B.f), P, kFastModel, want, bound);
   for (GemmOutDtype out : {GemmOutDtype::kBF16, GemmOutDtype::kFP32})
-    expect_k_run(P, name + " wgrad, Xᵀ in 128x128 blocks, " + out_name(out), GemmMode::kFast, out, want, bound, &B.b,
+    expect_k_run(P, name + " wgrad, Xᵀ in 128x128 blocks, " + out_name(out), GemmMode::kFast, out, want, bound, &bop,
                  {7});
 }
 
@@ -815,9 +792,10 @@ TEST_F(GemmGpu, WgradFastAccuracyMatchesExact) {
             for (int64_t i = 0; i < P.k; ++i) row[i] += g * ref::bf16_to_float(P.x_bf16[size_t(t * P.k + i)]);
           }
     });
-    const KBlockB B = make_k_block_b(P, nullptr);
+    const BlockB B = make_block_form(P.qb, 1, nullptr);
+    const MxOperand bop = B.op(P);
     const auto y_fast = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr);
-    const auto y_blk = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr, 0, 0, &B.b);
+    const auto y_blk = run_k(P, GemmMode::kFast, GemmOutDtype::kFP32, false, nullptr, nullptr, 0, 0, &bop);
     const auto y_exact = run_k(P, GemmMode::kExact, GemmOutDtype::kFP32, false, nullptr, nullptr);
     double e_fast = 0, e_blk = 0, e_exact = 0, ref2 = 0;
     for (size_t i = 0; i < y_true.size(); ++i) {

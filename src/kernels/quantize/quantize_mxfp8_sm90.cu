@@ -624,15 +624,6 @@ __device__ __forceinline__ RowVecs rowwise_load(const uint4* stage) {
   return rv;
 }
 
-// Fast form of one block's 16 E4M3 codes: re-expressed against the chunk's exponent byte `chunk`
-// (the second rounding of mx_format.h's rule; the whole chunk is NaN when any block of it is).
-__device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t chunk) {
-  if (chunk == kE8M0Nan) return make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
-  const float pw = dev::exp2_nonpositive(int(block) - int(chunk));
-  return make_uint4(dev::e4m3x4_rebase(q.x, pw), dev::e4m3x4_rebase(q.y, pw), dev::e4m3x4_rebase(q.z, pw),
-                    dev::e4m3x4_rebase(q.w, pw));
-}
-
 // Scale byte of 32-block b (vectors 4b .. 4b+3) of a row-wise thread's 64 columns. kUnmasked: the
 // same max from unsigned and signed maxima (abs_max_bf16x2_from_maxes, one instruction a word
 // fewer; the pipelined kernel's; the other kernels keep the form they were measured with).
@@ -745,7 +736,7 @@ __device__ __forceinline__ void rowwise_staged(const QuantizeParams& p, const Ti
       uint4 o = make_uint4(e4m3x4_scaled(a.x, a.y, rcp), e4m3x4_scaled(a.z, a.w, rcp),
                            e4m3x4_scaled(d.x, d.y, rcp), e4m3x4_scaled(d.z, d.w, rcp));
       if (s == kE8M0Nan) o = make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
-      if constexpr (kFast) o = rebase_x16(o, s, chunk);
+      if constexpr (kFast) o = dev::rebase_x16(o, s, chunk);
       const int piece = 4 * half + 2 * b + c;
       *reinterpret_cast<uint4*>(out + r * kTileCols + 16 * (piece ^ (r & 7))) = o;
     }
@@ -789,7 +780,7 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
   for (int c = 0; c < 4; ++c) {
     const int y = 4 * q + c;  // staging row = tile column
     uint4 o = make_uint4(cq.qv[c][0], cq.qv[c][1], cq.qv[c][2], cq.qv[c][3]);
-    if constexpr (kFast) o = rebase_x16(o, cq.sc[c], (chunks >> (8 * c)) & 0xFFu);
+    if constexpr (kFast) o = dev::rebase_x16(o, cq.sc[c], (chunks >> (8 * c)) & 0xFFu);
     *reinterpret_cast<uint4*>(out + y * kTileRows + 16 * (h ^ (y & 7))) = o;
   }
   if constexpr (kFast) {

@@ -38,13 +38,6 @@ constexpr int kThreads = 256;                         // a 128 x 128 block, 64 b
 constexpr int kBlocksPerChunk = kFastChunk / kMxBlock;  // 4
 static_assert(kThreads == 2 * kFastBlockRows, "64 bytes a thread");
 
-__device__ __forceinline__ uint4 rebase_x16(uint4 q, uint32_t block, uint32_t emax) {
-  if (emax == kE8M0Nan) return make_uint4(dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4, dev::kE4M3NanX4);
-  const float pw = dev::exp2_nonpositive(int(block) - int(emax));
-  return make_uint4(dev::e4m3x4_rebase(q.x, pw), dev::e4m3x4_rebase(q.y, pw), dev::e4m3x4_rebase(q.z, pw),
-                    dev::e4m3x4_rebase(q.w, pw));
-}
-
 // grid (chunks, row blocks, batch). Thread t owns the 16-byte piece t % 8 of rows t / 8 + 32 i
 // (i < 4) of the block, so that each load and store instruction of a warp covers 4 whole 128-byte
 // row segments (4 sectors each). Run 84: 93-98% of copy on the models' weights; run 81's mapping
@@ -81,7 +74,7 @@ rebase_fast_block128_kernel(const uint8_t* __restrict__ data, const uint8_t* __r
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int64_t grow = b * rows + j * kFastBlockRows + r0 + 32 * i;
     if (ok[i])
-      *reinterpret_cast<uint4*>(block_data + grow * cols + c * kFastChunk + 16 * piece) = rebase_x16(q[i], s[i], emax);
+      *reinterpret_cast<uint4*>(block_data + grow * cols + c * kFastChunk + 16 * piece) = dev::rebase_x16(q[i], s[i], emax);
   }
   block128::store_block_scale<kThreads>(block_scales + (b * gridDim.x + c) * pitch, j, gridDim.y, pitch, emax);
 }
