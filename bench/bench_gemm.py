@@ -34,9 +34,11 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 "mxmoe-exact-128" with 128 and "mxmoe-exact-256d" with 256 and MXMOE_GEMM_TMA_STORE=0 (direct stores).
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
-largest token count first. --k-raster-both adds the other tile order within an expert for each mode
-(the defaults: exact mode groups of n-tiles walked k-tile by k-tile, fast mode n-tile-major; run 70):
-"mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group) and "mxmoe-exact-nmajor" (=nmajor). Each alternative's output must be bitwise equal to its mode's default
+largest token count first. --k-raster-both adds the other tile orders within an expert for each mode
+(the defaults: fast mode n-tile-major; exact mode groups of n-tiles walked k-tile by k-tile for experts
+of >= 16384 tokens and n-tile-major below, gemm.md "Session 11"):
+"mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group), "mxmoe-exact-nmajor" (=nmajor) and "mxmoe-exact-group"
+(=group: exact mode's default groups only experts of >= 16384 tokens, MXMOE_GEMM_K_RASTER=auto). Each alternative's output must be bitwise equal to its mode's default
 line; the column xdefault is the default line's time / the alternative's.
 Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
@@ -600,9 +602,10 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
-    if K_RASTER_BOTH:  # each mode's other tile order within an expert (defaults: fast nmajor, exact group)
+    if K_RASTER_BOTH:  # each mode's other tile orders within an expert (defaults: fast nmajor, exact auto)
         variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
-                     (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact")]
+                     (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact"),
+                     (EXACT, "mxmoe-exact-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-exact")]
     if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
         variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
     b_forms = {ROW128: (b_fd, b_fs)}
@@ -669,7 +672,7 @@ def main():
     ap.add_argument("--k-order-both", action="store_true",
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
     ap.add_argument("--k-raster-both", action="store_true",
-                    help="wgrad also with each mode's other tile order within an expert (fast: MXMOE_GEMM_K_RASTER=group, exact: nmajor)")
+                    help="wgrad also with each mode's other tile order within an expert (fast: MXMOE_GEMM_K_RASTER=group, exact: nmajor and group)")
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
     ap.add_argument("--fast-block", action="store_true",
