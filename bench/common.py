@@ -84,14 +84,20 @@ class Timer:
         """Medians of several calls timed in alternation: items = [(env or None, fn)], rep r times
         every item once (each under its kernel_env) before rep r + 1 starts, so that a drift of the
         GPU's clocks over the run affects every item alike. (Run 58 timed the same kernel twice, as
-        two blocks of reps one after the other, and got up to 15% apart.)"""
+        two blocks of reps one after the other, and got up to 15% apart.) Rep r starts at item
+        r mod n and goes round, so every item takes every place in the order equally often: in
+        runs 84 and 87 a fixed order timed one kernel 1-7% apart in two places (bench_gemm's
+        exact default and exact-nmajor lines, the same kernel on uniform routing)."""
         for env, fn in items:
             with kernel_env(env):
                 for _ in range(self.warmup):
                     fn()
+        n = len(items)
         times = [[] for _ in items]
-        for _ in range(self.reps):
-            for i, (env, fn) in enumerate(items):
+        for r in range(self.reps):
+            for j in range(n):
+                i = (r + j) % n
+                env, fn = items[i]
                 with kernel_env(env):
                     times[i].append(self._once(fn))
         return [statistics.median(t) for t in times]

@@ -1622,15 +1622,15 @@ inline bool block_scales_load_ldg(const char* fn) {
 // G ≈ sqrt(grid · block_n / 128) minimises 128·G + block_n·grid/G (G = 16 for 132 SMs and 256-wide
 // exact k-tiles, 14 for 192); at most the n-tile count. An expert takes the groups only when it holds
 // at least 128·min_chunks tokens, else the n-major order. Default by mode: exact mode groups for
-// experts of at least kExactRasterMinTokens = 16384 tokens (runs 70, 80: the groups win for the hot
-// experts of skewed routing, 1.05-1.14x at 8192 tokens an expert, n-major for experts of 8192 tokens,
-// 1.03-1.13x on the gate-up shapes), fast mode n-major everywhere (the groups cost fast mode up to 7%
-// on DeepSeek-V3, run 70; they gain 1.2x on Qwen3-235B gate-up at 8192, run 80: no rule yet).
+// every expert (run 87, reps 9 in alternation: the groups beat n-major 1.04-1.24x on every skewed
+// wgrad shape at 8192 tokens an expert and tie it within 2% on the uniform ones; session 11's rule
+// "groups only for experts of >= 16384 tokens", from reps-3 runs, lost 0.84 vs 1.04x BF16 on DSV3
+// gate-up skewed), fast mode n-major everywhere (the groups cost fast mode up to 7% on DeepSeek-V3,
+// run 70; they gain 1.2x on Qwen3-235B gate-up at 8192, run 80: no rule yet).
 // MXMOE_GEMM_K_RASTER (read per call) overrides it: "group" = G for every expert, "nmajor" = n-major
 // everywhere, a number = that G for every expert, "auto:N" = G for experts of at least N tokens
 // (rounded up to whole 128-token chunks; both modes); unset or "auto" = the default by mode. Same
 // results whatever the order.
-inline constexpr int kExactRasterMinTokens = 16384;
 inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) {
   const int n_tiles = int((n + kBlockM - 1) / kBlockM);
   const char* v = std::getenv("MXMOE_GEMM_K_RASTER");
@@ -1643,7 +1643,6 @@ inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) 
   };
   if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) {
     if (!exact) return 0;
-    min_tokens = kExactRasterMinTokens;
   } else if (std::strncmp(v, "auto:", 5) == 0) {
     char* end = nullptr;
     min_tokens = std::strtol(v + 5, &end, 10);
