@@ -10,7 +10,9 @@ the definition by bench_gemm). (Run 84 timed two thread mappings here: the one k
 and run 81's, 55-60%.)
 Then quantize_mxfp8_block128 (BF16 straight to the block form, both directions in one pass) against
 the two passes it replaces (quantize_mxfp8 to the plain copy both ways + two rebases), timed in
-alternation, outputs bitwise equal.
+alternation, outputs bitwise equal; the one pass on both of its kernels (MXMOE_QUANT_BLOCK128_KERNEL=
+simple: one CTA per tile; pipelined, the default since session 12: persistent, TMA, warp-specialised),
+each checked bitwise against the two passes, with GB/s (BF16 read once, two 1-byte outputs) and % of copy.
 Usage: python3 bench/bench_rebase.py [--json out.json] [--reps 15] [--shapes Qwen3-30B,...]
 """
 import argparse
@@ -18,8 +20,8 @@ import ctypes
 
 import torch
 
-from common import (Timer, check, copy_bandwidth, device_info, load_lib, print_table, ptr, rebase_block128, require_gpu,
-                    write_json)
+from common import (Timer, check, copy_bandwidth, device_info, kernel_env, load_lib, print_table, ptr, rebase_block128,
+                    require_gpu, write_json)
 from bench_gemm import quant_rows_chunked, torch_block_rebase
 
 # (model, E, hidden, intermediate): W1 [E, 2I, H], W2 [E, H, I]
@@ -92,17 +94,32 @@ def main():
                 check(lib, lib.mxmoe_quantize_mxfp8_block128(ptr(w), E, N, K, ptr(one[0]), ptr(one[1]), ptr(one[2]),
                                                              ptr(one[3]), 0, stream))
             two_pass()
-            one_pass()
-            ok = all(torch.equal(a, b) for a, b in zip(one, two))
-            t2, t1 = timer.many([(None, two_pass), (None, one_pass)])
-            gbs = E * N * K * (2 + 2) / (t1 * 1e-6) / 1e9  # BF16 read once, two 1-byte outputs
-            shape = f"{model} {what} [{E}, {N}, {K}] both ways"
-            results["rows"].append({"shape": shape, "ok": ok, "two_pass_us": t2, "one_pass_us": t1})
-            table2.append([shape, f"{t2:.1f}", f"{t1:.1f}", f"{t2 / t1:.2f}", f"{gbs:.0f} ({100 * gbs / copy:.1f}%)",
-                           "yes" if ok else "NO"])
+            simple, pipelined = {"MXMOE_QUANT_BLOCK128_KERNEL": "simple"}, {"MXMOE_QUANT_BLOCK128_KERNEL": "pipelined"}
+            oks = []
+            for env in (simple, pipelined):  # each kernel's output, bitwise against the two passes
+                for t in one:
+                    t.fill_(0xEE)
+                with kernel_env(env):
+                    one_pass()
+                oks.append(all(torch.equal(a, b) for a, b in zip(one, two)))
+            t2, ts, tp = timer.many([(None, two_pass), (simple, one_pass), (pipelined, one_pass)])
+            nbytes = E * N * K * (2 + 2)  # BF16 read once, two 1-byte outputs
 
-    print_table("quantize_mxfp8_block128 (one pass) vs quantize_mxfp8 + 2 x rebase (two passes)",
-                ["shape", "two passes us", "one pass us", "speed-up", "one pass GB/s (% copy)", "bitwise equal"],
+            def rate(t):
+                gbs = nbytes / (t * 1e-6) / 1e9
+                return f"{gbs:.0f} ({100 * gbs / copy:.1f}%)"
+            shape = f"{model} {what} [{E}, {N}, {K}] both ways"
+            results["rows"].append({"shape": shape, "ok": all(oks), "ok_simple": oks[0], "ok_pipelined": oks[1],
+                                    "two_pass_us": t2, "simple_us": ts, "pipelined_us": tp,
+                                    "simple_pct_copy": 100 * nbytes / (ts * 1e-6) / 1e9 / copy,
+                                    "pipelined_pct_copy": 100 * nbytes / (tp * 1e-6) / 1e9 / copy})
+            table2.append([shape, f"{t2:.1f}", f"{ts:.1f}", f"{tp:.1f}", f"{t2 / tp:.2f}", f"{ts / tp:.2f}", rate(ts),
+                           rate(tp), "/".join("yes" if ok else "NO" for ok in oks)])
+
+    print_table("quantize_mxfp8_block128 (one pass: simple and pipelined kernels) vs quantize_mxfp8 + 2 x rebase "
+                "(two passes), in alternation",
+                ["shape", "two passes us", "simple us", "pipelined us", "two / pipelined", "simple / pipelined",
+                 "simple GB/s (% copy)", "pipelined GB/s (% copy)", "bitwise = two passes (simple/pipelined)"],
                 table2)
     if args.json:
         write_json(args.json, results)

@@ -24,9 +24,12 @@
 // Tests: tests/gpu/test_quantize_block128_gpu.cpp; argument checks in tests/cpu/test_quantize_args.cpp.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "device/mx_convert.cuh"
 #include "kernels/quantize/block128_common.cuh"
+#include "kernels/quantize/quantize_block128_launch.h"
 #include "host/check.h"
 #include "mxmoe/quantize.h"
 
@@ -145,6 +148,16 @@ __global__ void __launch_bounds__(kThreads) quantize_block128_kernel(const Block
   }
 }
 
+// Which kernel (MXMOE_QUANT_BLOCK128_KERNEL, read on every call so that one process can time both):
+// unset, empty or "pipelined" = quantize_block128_pipelined_sm90.cu's where its TMA maps can be made
+// (detail::block128_pipelined_applies), this file's otherwise; "simple" = this file's kernel.
+bool use_pipelined_kernel(const char* fn) {
+  const char* e = std::getenv("MXMOE_QUANT_BLOCK128_KERNEL");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "pipelined") == 0) return true;
+  if (std::strcmp(e, "simple") == 0) return false;
+  detail::throw_arg(fn, "MXMOE_QUANT_BLOCK128_KERNEL", e, "must be pipelined (default) or simple");
+}
+
 }  // namespace
 
 void quantize_mxfp8_block128(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols,
@@ -182,6 +195,24 @@ void quantize_mxfp8_block128(const __nv_bfloat16* x, int64_t batch, int64_t rows
     detail::check_not_null(fn, "colwise.scales", colwise->scales);
     a.col_data = colwise->data;
     a.col_scales = colwise->scales;
+  }
+  if (use_pipelined_kernel(fn)) {
+    detail::Block128Params bp;
+    bp.x = a.x;
+    bp.batch = batch;
+    bp.rows = rows;
+    bp.cols = cols;
+    bp.mode = mode;
+    bp.row_data = a.row_data;
+    bp.row_scales = a.row_scales;
+    bp.col_data = a.col_data;
+    bp.col_scales = a.col_scales;
+    bp.row_pitch = a.row_pitch;
+    bp.col_pitch = a.col_pitch;
+    if (detail::block128_pipelined_applies(bp)) {
+      detail::launch_quantize_block128_pipelined(bp, stream);
+      return;
+    }
   }
   const dim3 grid{unsigned(nct), unsigned(nrt), unsigned(batch)};
   if (rowwise != nullptr && colwise != nullptr)

@@ -51,6 +51,7 @@
 #include "host/kernel_attr.h"
 #include "kernels/gemm/tensor_map.h"
 #include "kernels/quantize/quantize_launch.h"
+#include "kernels/quantize/pipe_slice.cuh"
 #include "kernels/quantize/quantize_unit_walk.h"
 #include "mxmoe/quantize.h"
 
@@ -1235,6 +1236,7 @@ struct PipeLayout {
   static constexpr int kUsed = kUnit + kUnitBufferBytes;
   static constexpr int kBytes = kUsed + 2048;  // slack: the base is aligned up to 2048 at run time
 };
+static_assert(kPipeBoxBytes == pipe_slice::kBoxBytes, "pipe_slice.cuh's box");
 static_assert(kStageBytes == 2 * kPipeBoxBytes && kPipeBoxBytes % 2048 == 0 && kPipeSliceBytes == 2048,
               "2048-byte aligned stages, boxes and slices");
 static_assert(kTileRows == 8 * 16 && kTileCols == 8 * 16, "8 warps of 16 rows / 16 columns cover a tile");
@@ -1247,32 +1249,18 @@ static_assert(PipeLayout::kUnit % 128 == 0 && 2 * kTmasBufBytes <= kUnitBufferBy
               "two TMA scale unit buffers in the unit buffer, 128-byte aligned (TMA store source)");
 static_assert(kPipeScaleSlots >= 2, "ufull / uempty are sfull / sempty [0..1]");
 
-// Row-wise slice: the thread's row (tile row r) and half, 8 x 16 bytes from the box of its half:
-// vector j of the row at chunk j ^ (r % 8). `stage`: shared address of the stage (2048-aligned).
+// Row-wise slice: the thread's row (tile row r) and half (pipe_slice.cuh).
 __device__ __forceinline__ RowVecs pipe_row_load(uint32_t stage, int r, int half) {
   RowVecs rv;
-  const uint32_t row = stage + uint32_t(half * kPipeBoxBytes + r * 128) + uint32_t((r & 7) << 4);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) rv.v[j] = device::ld_shared_v4_u32(row ^ uint32_t(j << 4));
+  pipe_slice::row_load(stage, r, half, rv.v);
   return rv;
 }
 
 // Column-wise slice of warp w (tile columns 16w..16w+15), thread (q, h): w[2i] = columns
-// (16w + 4q, +1) and w[2i+1] = (16w + 4q + 2, +3) of tile row 16h + (i ^ h).
+// (16w + 4q, +1) and w[2i+1] = (16w + 4q + 2, +3) of tile row 16h + (i ^ h) (pipe_slice.cuh).
 __device__ __forceinline__ ColWords pipe_col_load(uint32_t stage, int w, int q, int h) {
   ColWords cw;
-  // Row 16h + (i ^ h) of box w / 4 holds the quad in chunk (2 (w % 4) + q / 2) ^ (i % 8) ^ h, at byte
-  // 8 (q % 2). With i = 8 i3 + i_lo and a 2048-aligned stage, the address is one XOR of `base`:
-  // (i ^ h) << 7 = (i3 << 10) | ((i_lo ^ h) << 7), no carries into or out of bits 4-10.
-  const uint32_t chunk = uint32_t((2 * (w % 4) + q / 2) ^ h);
-  const uint32_t base = stage + uint32_t((w / 4) * kPipeBoxBytes + h * 2048 + (q % 2) * 8) +
-                        (uint32_t(h) << 7) + (chunk << 4);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const uint2 v = device::ld_shared_v2_u32(base ^ uint32_t(((i >> 3) << 10) | ((i & 7) << 7) | ((i & 7) << 4)));
-    cw.w[2 * i] = v.x;
-    cw.w[2 * i + 1] = v.y;
-  }
+  pipe_slice::col_load(stage, w, q, h, cw.w);
   return cw;
 }
 
@@ -1282,27 +1270,10 @@ __device__ __forceinline__ ColWords pipe_col_load(uint32_t stage, int w, int q, 
 __device__ __forceinline__ ScaleStores pipe_col_convert(const QuantizeParams& p, const PipeTile& t, const ColWords& cw,
                                                         int w, int q, int h, uint32_t slice) {
   const uint32_t* x = cw.w;
-  // max |x| per column as BF16 bits without a mask per word (abs_max_bf16x2_from_maxes).
-  uint32_t u01 = 0, u23 = 0, s01 = 0, s23 = 0;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    u01 = __vmaxu2(u01, x[2 * i]);
-    s01 = __vmaxs2(s01, x[2 * i]);
-    u23 = __vmaxu2(u23, x[2 * i + 1]);
-    s23 = __vmaxs2(s23, x[2 * i + 1]);
-  }
-  uint32_t m01 = dev::abs_max_bf16x2_from_maxes(u01, s01), m23 = dev::abs_max_bf16x2_from_maxes(u23, s23);
-  m01 = __vmaxu2(m01, __shfl_xor_sync(0xFFFFFFFFu, m01, 1));  // the other 16 rows of the 32-row block
-  m23 = __vmaxu2(m23, __shfl_xor_sync(0xFFFFFFFFu, m23, 1));
   uint32_t sc[4];
-  sc[0] = dev::e8m0_scale_byte(m01 & 0xFFFFu, p.mode);
-  sc[1] = dev::e8m0_scale_byte(m01 >> 16, p.mode);
-  sc[2] = dev::e8m0_scale_byte(m23 & 0xFFFFu, p.mode);
-  sc[3] = dev::e8m0_scale_byte(m23 >> 16, p.mode);
-  // Slot s holds row s ^ h, so output byte k of word j (row 4j + k) is byte k ^ (h % 4) of the
-  // slot-order word j ^ (h / 4): PRMT(word j, word j ^ 1) with selector nibbles (k ^ (h % 4)) + 4 (h / 4).
-  const uint32_t sel = (0x3210u ^ (uint32_t(h & 3) * 0x1111u)) + uint32_t(h >> 2) * 0x4444u;
-  const uint32_t row0 = slice + uint32_t(4 * q * 128) + (uint32_t(h ^ (4 * (q & 1))) << 4);
+  pipe_slice::col_scale_bytes(x, p.mode, sc);
+  const uint32_t sel = pipe_slice::col_selector(h);
+  const uint32_t row0 = pipe_slice::col_row0(slice, q, h);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const float rcp = dev::e8m0_reciprocal(sc[c]);
@@ -1312,10 +1283,7 @@ __device__ __forceinline__ ScaleStores pipe_col_convert(const QuantizeParams& p,
     uint32_t nat[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) nat[j] = (col_codes_x4(x, c, j, rcp) & ~nan_mask) | (dev::kE4M3NanX4 & nan_mask);
-    const uint4 o = make_uint4(__byte_perm(nat[0], nat[1], sel), __byte_perm(nat[1], nat[0], sel),
-                               __byte_perm(nat[2], nat[3], sel), __byte_perm(nat[3], nat[2], sel));
-    // Staging row y = 4q + c, chunk h ^ (y % 8) = (h ^ 4 (q % 2)) ^ c.
-    device::st_shared_v4_u32(row0 ^ uint32_t((c << 7) | (c << 4)), o);
+    pipe_slice::col_store(row0, c, pipe_slice::col_in_row_order(nat, sel));
   }
   return col_scale_stores(p, t.b, t.r0, t.out_valid, t.c0 + 16 * w + 4 * q, h,
                           sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24));
