@@ -108,7 +108,8 @@ struct MxBlockOut {
 // block form of x[b] ([rows, cols]), colwise (may be null) that of x[b]ᵀ ([cols, rows], needs
 // rows % 32 == 0). Bitwise what quantize_mxfp8 (plain copy) and then rebase_mxfp8_fast_block128
 // make, without the plain copy in between (for weights that change every step).
-// Kernel: src/kernels/quantize/quantize_block128_sm90.cu.
+// Kernels: src/kernels/quantize/quantize_block128_pipelined_sm90.cu (default), quantize_block128_sm90.cu
+// (MXMOE_QUANT_BLOCK128_KERNEL=simple, or where the pipelined kernel's TMA maps cannot be made).
 void quantize_mxfp8_block128(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols,
                              const MxBlockOut* rowwise, const MxBlockOut* colwise,
                              ScaleMode mode = ScaleMode::kRceil, cudaStream_t stream = nullptr);

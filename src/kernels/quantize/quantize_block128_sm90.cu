@@ -21,6 +21,8 @@
 // Partial tiles (rows or cols not multiples of 128; multiples of 32 where the direction needs it) read
 // and write only their valid part.
 // Roofline: memory-bound; reads 2 bytes and writes 1 (+ scales) per element and direction.
+// The default kernel is quantize_block128_pipelined_sm90.cu's (persistent, TMA); this one runs with
+// MXMOE_QUANT_BLOCK128_KERNEL=simple and where that one does not apply (use_pipelined_kernel below).
 // Tests: tests/gpu/test_quantize_block128_gpu.cpp; argument checks in tests/cpu/test_quantize_args.cpp.
 #include <algorithm>
 #include <cstdint>
