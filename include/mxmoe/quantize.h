@@ -22,11 +22,18 @@ namespace mxmoe {
 //   fast_scales E8M0 [ceil(cols/128), rows]      (optional; chunk-major, see mx_format.h)
 // data and scales may also both be null when the fast pair is given: then only the fast form is
 // written (what a fast-mode GEMM reads), saving half the output bytes. At least one pair is needed.
+// fast_blocks (column-wise copies only): the fast pair in the 128x128-block form instead (gemm.h
+// FastScaleLayout::kBlock128, the wgrad GEMMs' operand b): fast_scales E8M0
+// [ceil(cols/128), fast_block_scales_pitch(rows)] of the copy [rows, cols] (for colwise of x [R, C]:
+// [ceil(R/128), fast_block_scales_pitch(C)]), padding bytes written as 0; bitwise the plain copy
+// followed by rebase_mxfp8_fast_block128. Only with data = scales = null, and with rowwise null or
+// its fast pair alone (the training layer's request); other mixes throw.
 struct MxOut {
   uint8_t* data = nullptr;
   uint8_t* scales = nullptr;
   uint8_t* fast_data = nullptr;
   uint8_t* fast_scales = nullptr;
+  bool fast_blocks = false;
 };
 
 // Quantize x [batch, rows, cols] (row-major BF16; batch = 1 for a matrix, E for weights [E, N, K]).

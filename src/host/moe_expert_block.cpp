@@ -2,6 +2,8 @@
 #include "host/moe_expert_block.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "host/check.h"
@@ -125,6 +127,16 @@ void check_activation_fast_layout(const char* fn, GemmMode mode, FastScaleLayout
                     ep ? "the block rebase of its dispatched x is not wired" : nullptr);
 }
 
+bool ExpertBlock::direct_col_blocks() const {
+  if (!activation_blocks()) return false;
+  const char* e = std::getenv("MXMOE_QUANT_COL_BLOCK");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "direct") == 0) return true;
+  if (std::strcmp(e, "rebase") == 0) return false;
+  throw_arg("MoeLayer", "MXMOE_QUANT_COL_BLOCK", e,
+            "must be direct (default: the quantizer writes the 128x128-block form) or rebase (plain copy, then "
+            "rebase_mxfp8_fast_block128)");
+}
+
 MxBuf ExpertBlock::mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const {
   return mx_buf(c, mode, batch, rows, cols);
 }
@@ -209,11 +221,15 @@ void ExpertBlock::forward(const int32_t* padded_offsets, cudaStream_t stream, co
   mark("GEMM1 (gate/up)");
   // SwiGLU, then quantize both ways over the used rows (pad rows are exact zeros)
   moe_swiglu(gu, cap, I, rows_used, hact, stream);
-  const MxOut hr = h_row.out(), hc = h_col.out();
+  // (activation blocks: Hactᵀ [I, cap] in the block form, written directly or rebased after)
+  const bool direct = direct_col_blocks();
+  const MxOut hr = h_row.out(), hc = act_col_out(h_col, direct);
   quantize_mxfp8_grouped(hact, cap, I, padded_offsets, padded_offsets, experts, cap, &hr, &hc, ScaleMode::kRceil,
                          stream);
-  rebase_in_place(h_col, 1, I, cap, stream);  // activation blocks: Hactᵀ [I, cap] to the block form
-  mark(activation_blocks() ? "SwiGLU + quantize + 128x128-block rebase of Hact col-wise" : "SwiGLU + quantize");
+  if (!direct) rebase_in_place(h_col, 1, I, cap, stream);
+  mark(!activation_blocks() ? "SwiGLU + quantize"
+       : direct             ? "SwiGLU + quantize (Hact col-wise in 128x128 blocks)"
+                            : "SwiGLU + quantize + 128x128-block rebase of Hact col-wise");
   // GEMM2: Y [cap, H] = Hact · W2[e]ᵀ (to y, or to the rows' combine slots)
   m_grouped_to(gemm_operand(h_row.operand(), cap, I, img_a, stream), cap,
                gemm_operand(w2r_op, experts * H, I, img_b, stream), experts, H, I, padded_offsets, y, y_rows, go);

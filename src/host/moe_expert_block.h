@@ -26,13 +26,22 @@ namespace mxmoe::detail {
 // An MX copy in a workspace: data, scales, fast data, fast scales. fast_layout kBlock128 (weights,
 // MoeLayerConfig::weight_fast_layout; the wgrad activations, activation_fast_layout): the quantizer
 // writes the plain pair (out() gives only that), rebase_in_place makes the fast pair from it
-// (fast == data: in place).
+// (fast == data: in place); or, for a column-wise activation copy, the quantizer writes the block
+// form itself (block_out(), MXMOE_QUANT_COL_BLOCK=direct, ExpertBlock::act_col_out).
 struct MxBuf {
   uint8_t *data = nullptr, *scales = nullptr, *fast = nullptr, *fast_scales = nullptr;
   FastScaleLayout fast_layout = FastScaleLayout::kRow128;
   MxOut out() const {
     if (fast_layout == FastScaleLayout::kBlock128) return MxOut{data, scales, nullptr, nullptr};
     return MxOut{data, scales, fast, fast_scales};
+  }
+  // A kBlock128 column-wise copy's block form, written by the quantizer (MxOut::fast_blocks).
+  MxOut block_out() const {
+    MxOut o;
+    o.fast_data = fast;
+    o.fast_scales = fast_scales;
+    o.fast_blocks = true;
+    return o;
   }
   MxOperand operand() const {
     MxOperand o{data, scales, fast, fast_scales};
@@ -152,9 +161,19 @@ struct ExpertBlock {
   // mx_buf in this block's GEMM mode.
   MxBuf mx(Carver& c, int64_t batch, int64_t rows, int64_t cols) const;
   bool activation_blocks() const { return activation_layout == FastScaleLayout::kBlock128; }
-  // After the caller's gather-quantize of x: x_col [H, cap] to the block form (activation_blocks();
-  // otherwise nothing).
-  void rebase_x_col(cudaStream_t stream) const { rebase_in_place(x_col, 1, hidden, cap, stream); }
+  // With activation_blocks(), how this call makes x_col's and h_col's block form: true (the default,
+  // MXMOE_QUANT_COL_BLOCK unset or "direct") the quantizer writes it (act_col_out); false ("rebase",
+  // session 11's path) the quantizer writes the plain pair and rebase_in_place turns it into the
+  // block form. Read on every call, so that one process can time both; any other value throws
+  // mxmoe::Error naming the variable. Without activation blocks: false, and nothing is read.
+  bool direct_col_blocks() const;
+  // The column-wise output of x_col or h_col for a quantizer call (direct: direct_col_blocks()).
+  static MxOut act_col_out(const MxBuf& b, bool direct) { return direct ? b.block_out() : b.out(); }
+  // After the caller's gather-quantize of x: x_col [H, cap] to the block form (activation_blocks()
+  // without direct_col_blocks(); otherwise nothing).
+  void rebase_x_col(bool direct, cudaStream_t stream) const {
+    if (!direct) rebase_in_place(x_col, 1, hidden, cap, stream);
+  }
   void carve(Carver& c);  // every buffer above (cap, hidden, inter, experts, mode set before)
 
   // Quantize BF16 master weights w1 [experts, 2I, H], w2 [experts, H, I] both ways (kBlock128: to

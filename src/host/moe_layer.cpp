@@ -143,6 +143,7 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
   const MoeLayerConfig& c = m.cfg;
   const int64_t H = c.hidden, E = c.num_experts;
   const int k = c.routing.top_k;
+  const bool direct = m.blk.direct_col_blocks();  // MXMOE_QUANT_COL_BLOCK, checked before any launch
   m.timer.restart(stream);
   // 1. logits [T, E] = x · wrᵀ (FP32 out)
   m.router.forward(x, tokens, wr, stream);
@@ -153,11 +154,14 @@ void MoeLayer::Impl::run_forward(const __nv_bfloat16* x, int64_t tokens, const _
   const int32_t* rows_used = m.plan.padded_offsets + E;
   m.mark("top-k + routing plan", stream);
   // 4. gather + quantize x both ways (the column-wise copy is the W1 wgrad operand; activation
-  //    blocks: plain, then rebased to the block form here, where backward finds it)
-  const MxOut xr = m.blk.x_row.out(), xc = m.blk.x_col.out();
+  //    blocks: written in the block form, or plain and then rebased to it here, where backward
+  //    finds it; MXMOE_QUANT_COL_BLOCK)
+  const MxOut xr = m.blk.x_row.out(), xc = detail::ExpertBlock::act_col_out(m.blk.x_col, direct);
   quantize_mxfp8_gather(x, tokens, H, m.plan.row_index, m.cap, rows_used, &xr, &xc, ScaleMode::kRceil, stream);
-  m.blk.rebase_x_col(stream);
-  m.mark(m.blk.activation_blocks() ? "permute + quantize x + 128x128-block rebase of x col-wise" : "permute + quantize x",
+  if (m.blk.activation_blocks()) m.blk.rebase_x_col(direct, stream);
+  m.mark(!m.blk.activation_blocks() ? "permute + quantize x"
+         : direct                   ? "permute + quantize x (x col-wise in 128x128 blocks)"
+                                    : "permute + quantize x + 128x128-block rebase of x col-wise",
          stream);
   // 5. weights, both directions, one pass each (unless given pre-quantized)
   if (quantize_weights) {

@@ -56,6 +56,20 @@ void check_outputs(const char* fn, const MxOut* rowwise, const MxOut* colwise) {
   if (!rowwise && !colwise) throw_arg(fn, "rowwise", "null", "at least one of rowwise, colwise must be given");
   if (rowwise) check_out(fn, "rowwise", *rowwise);
   if (colwise) check_out(fn, "colwise", *colwise);
+  // The column-wise 128x128-block form: the staged kernel's, beside the row-wise fast form alone or alone.
+  if (rowwise && rowwise->fast_blocks)
+    throw_arg(fn, "rowwise.fast_blocks", "true",
+              "the block form is written for colwise only here (quantize_mxfp8_block128 makes both ways)");
+  if (colwise && colwise->fast_blocks) {
+    if (colwise->fast_data == nullptr)
+      throw_arg(fn, "colwise.fast_data", "null", "colwise.fast_blocks needs the fast pair (the block form)");
+    if (colwise->data != nullptr)
+      throw_arg(fn, "colwise.data", "non-null",
+                "with colwise.fast_blocks the block form is written alone: give data = scales = null");
+    if (rowwise && (rowwise->data != nullptr || rowwise->fast_data == nullptr))
+      throw_arg(fn, "rowwise.data", rowwise->data ? "non-null" : "null",
+                "with colwise.fast_blocks the row-wise copy must be its fast pair alone (or rowwise null)");
+  }
 }
 
 // Inputs and outputs shared by the grouped and gather quantizers (x rows mapped into a padded
@@ -103,6 +117,7 @@ detail::QuantizeParams make_params(const __nv_bfloat16* x, int64_t batch, int64_
     p.col_scales = colwise->scales;
     p.col_fast_data = colwise->fast_data;
     p.col_fast_scales = colwise->fast_scales;
+    p.col_fast_blocks = colwise->fast_blocks;
   }
   return p;
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/arg_test_util.h"
+#include "common/scoped_env.h"
 #include "host/moe_expert_block.h"
 #include "mxmoe/c_api.h"
 #include "mxmoe/moe_layer.h"
@@ -88,4 +89,47 @@ TEST(MoeLayerArgs, CApiBlockFormsInExactModeFail) {
   expect_fails_naming(0, 3, 0, "cfg.weight_fast_layout");
   expect_fails_naming(1, 0, 1, "cfg.activation_fast_layout");
   expect_fails_naming(0, 0, 3, "cfg.activation_fast_layout");
+}
+
+// MXMOE_QUANT_COL_BLOCK (read on every call by ExpertBlock::direct_col_blocks): how a layer with
+// activation blocks makes x_col and h_col's block form. Unset, empty or "direct": the quantizer
+// writes it (act_col_out gives the block-form fast pair, MxOut::fast_blocks); "rebase": the plain
+// pair, which rebase_in_place turns into it; anything else throws naming the variable. Without
+// activation blocks the variable is not read (a bad value does not throw) and the plain/fast
+// output is as before.
+TEST(MoeLayerArgs, ColumnBlockSwitchIsReadPerCallAndChecked) {
+  using mxmoe::test::ScopedEnv;
+  detail::ExpertBlock blk;
+  detail::MxBuf b;
+  b.data = b.fast = mxmoe::test::fake(0x1000);
+  b.scales = mxmoe::test::fake(0x2000);
+  b.fast_scales = mxmoe::test::fake(0x3000);
+  b.fast_layout = FastScaleLayout::kBlock128;
+  {
+    const ScopedEnv env("MXMOE_QUANT_COL_BLOCK", "bogus");
+    EXPECT_FALSE(blk.direct_col_blocks());  // kRow128 activations: not read
+  }
+  blk.activation_layout = FastScaleLayout::kBlock128;
+  for (const char* v : {"", "direct"}) {
+    const ScopedEnv env("MXMOE_QUANT_COL_BLOCK", v);
+    EXPECT_TRUE(blk.direct_col_blocks()) << "'" << v << "'";
+  }
+  {
+    const ScopedEnv env("MXMOE_QUANT_COL_BLOCK", "rebase");
+    EXPECT_FALSE(blk.direct_col_blocks());
+  }
+  for (const char* v : {"bogus", "Direct", "1"}) {
+    const ScopedEnv env("MXMOE_QUANT_COL_BLOCK", v);
+    expect_error_naming([&] { (void)blk.direct_col_blocks(); }, "MXMOE_QUANT_COL_BLOCK");
+  }
+  const MxOut direct = detail::ExpertBlock::act_col_out(b, true), plain = detail::ExpertBlock::act_col_out(b, false);
+  EXPECT_TRUE(direct.fast_blocks);
+  EXPECT_EQ(direct.data, nullptr);
+  EXPECT_EQ(direct.scales, nullptr);
+  EXPECT_EQ(direct.fast_data, b.fast);
+  EXPECT_EQ(direct.fast_scales, b.fast_scales);
+  EXPECT_FALSE(plain.fast_blocks);
+  EXPECT_EQ(plain.data, b.data);
+  EXPECT_EQ(plain.scales, b.scales);
+  EXPECT_EQ(plain.fast_data, nullptr);
 }

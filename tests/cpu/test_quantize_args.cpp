@@ -2,6 +2,7 @@
 // CUDA call (so these run on machines without a GPU). Pointers here are never dereferenced.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "common/arg_test_util.h"
@@ -98,6 +99,50 @@ TEST(QuantizeArgs, GatherRejectsBadArguments) {
                                                          nullptr); }, "row_scale");
   expect_error_naming([&] { quantize_mxfp8_gather_scaled(X, 256, 128, nullptr, sc, 512, nullptr, &o, nullptr); },
                       "row_index");
+}
+
+// MxOut::fast_blocks (the column-wise 128x128-block form): colwise only, the block form alone, and
+// beside the row-wise fast form alone or no row-wise copy; every other mix is named, in all three
+// row maps, before any CUDA call.
+TEST(QuantizeArgs, ColumnBlockFormRejectsOtherMixes) {
+  MxOut blk;
+  blk.fast_data = fake(0x40000);
+  blk.fast_scales = fake(0x50001);  // block scales need no alignment
+  blk.fast_blocks = true;
+  MxOut row_fast;
+  row_fast.fast_data = fake(0x60000);
+  row_fast.fast_scales = fake(0x70000);
+  const MxOut plain = good_out();
+  const int32_t* offs = fake<const int32_t>(0x80000);
+  const int32_t* pad = fake<const int32_t>(0x90000);
+  const int32_t* idx = fake<const int32_t>(0xA0000);
+  const std::function<void(const MxOut*, const MxOut*)> calls[] = {
+      [&](const MxOut* r, const MxOut* c) { quantize_mxfp8(X, 1, 256, 128, r, c); },
+      [&](const MxOut* r, const MxOut* c) { quantize_mxfp8_grouped(X, 256, 128, offs, pad, 4, 512, r, c); },
+      [&](const MxOut* r, const MxOut* c) { quantize_mxfp8_gather(X, 256, 128, idx, 512, nullptr, r, c); },
+  };
+  for (const auto& call : calls) {
+    MxOut rb = row_fast;
+    rb.fast_blocks = true;
+    expect_error_naming([&] { call(&rb, nullptr); }, "rowwise.fast_blocks");
+    expect_error_naming([&] { call(&rb, &blk); }, "rowwise.fast_blocks");
+    MxOut both = blk;  // plain + block form in one copy
+    both.data = plain.data;
+    both.scales = plain.scales;
+    expect_error_naming([&] { call(nullptr, &both); }, "colwise.data");
+    MxOut only_plain = plain;  // fast_blocks without the fast pair
+    only_plain.fast_blocks = true;
+    expect_error_naming([&] { call(nullptr, &only_plain); }, "colwise.fast_data");
+    expect_error_naming([&] { call(&plain, &blk); }, "rowwise.data");  // row-wise plain copy beside it
+    MxOut row_both = row_fast;
+    row_both.data = plain.data;
+    row_both.scales = plain.scales;
+    expect_error_naming([&] { call(&row_both, &blk); }, "rowwise.data");
+    MxOut half = blk;
+    half.fast_scales = nullptr;
+    expect_error_naming([&] { call(&row_fast, &half); }, "colwise.fast_scales");
+  }
+  expect_error_naming([&] { quantize_mxfp8(X, 1, 100, 128, &row_fast, &blk); }, "rows");  // colwise: rows % 32
 }
 
 TEST(QuantizeArgs, MessageNamesFunctionArgumentAndValue) {

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "common/gpu_test_util.h"
+#include "common/scoped_env.h"
 #include "mxmoe/dequantize.h"
 #include "mxmoe/moe_layer.h"
 #include "mxmoe/quantize.h"
@@ -607,4 +608,75 @@ TEST(MoeLayerGpu, PreQuantizedBlockWeightsGiveTheSameBits) {
   MxWeights bad = q1.weights();
   bad.colwise.fast_scales += 8;
   expect_rejects(row, bad, "w1.colwise.fast_scales");
+}
+
+// MXMOE_QUANT_COL_BLOCK (activation_fast_layout = kBlock128): the quantizers writing Xᵀ's and Hactᵀ's
+// block form directly (direct, the default) and the plain copies rebased after (rebase) give the same
+// bits in every output of a forward + backward step (out, dw, dx, dWr, dW1, dW2), with and without
+// block weights, including partial blocks (H = 160: Xᵀ's second block of 32 rows; I = 96: Hactᵀ's
+// one short block), empty experts (skewed routing, E = 16, k = 8) and T % 128 != 0. A bad value
+// throws naming the variable.
+TEST(MoeLayerGpu, ColumnBlocksDirectAndRebaseGiveTheSameBits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  struct Case {
+    int64_t T, H, I, E;
+    int k;
+    bool weight_blocks;
+  };
+  for (const Case& k : {Case{200, 256, 96, 8, 2, true}, Case{300, 256, 128, 16, 8, false},
+                        Case{130, 160, 64, 8, 1, false}}) {
+    SCOPED_TRACE("T=" + std::to_string(k.T) + " H=" + std::to_string(k.H) + " I=" + std::to_string(k.I) +
+                 " E=" + std::to_string(k.E) + " k=" + std::to_string(k.k) + (k.weight_blocks ? " block weights" : ""));
+    MoeLayerConfig cfg = small_layer(k.H, k.I, k.E, k.k, k.T);
+    cfg.activation_fast_layout = FastScaleLayout::kBlock128;
+    if (k.weight_blocks) cfg.weight_fast_layout = FastScaleLayout::kBlock128;
+    MoeLayer layer(cfg);
+    const StepInputs in(k.T, k.H, k.I, k.E, rng);
+    DevBuf<uint16_t> x{size_t(k.T * k.H)};
+    auto xs = rand_bf16(x.n, 1.0, rng);
+    if (k.E == 16)  // skewed: a shared direction, so that some experts stay empty
+      for (auto& v : xs) v = ref::float_to_bf16(ref::bf16_to_float(v) + 0.5f);
+    x.upload(xs);
+    struct Step {
+      std::vector<uint16_t> out, dx;
+      std::vector<float> dw, dwr, dw1, dw2;
+    };
+    auto step = [&](const char* value) {
+      const ScopedEnv env("MXMOE_QUANT_COL_BLOCK", value);
+      DevBuf<uint16_t> out{size_t(k.T * k.H)}, dx{size_t(k.T * k.H)};
+      DevBuf<float> dwr{in.wr.n}, dw1{in.w1.n}, dw2{in.w2.n};
+      layer.forward(c(x), k.T, c(in.wr), c(in.w1), c(in.w2), m(out));
+      layer.backward(c(in.dout), c(x), c(in.wr), m(dx), dwr.p, dw1.p, dw2.p);
+      Step s;
+      std::vector<float> dw(size_t(k.T * k.k));
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(dw.data(), layer.topk_weight_grads(), dw.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      s.out = out.download();
+      s.dx = dx.download();
+      s.dw = dw;
+      s.dwr = dwr.download();
+      s.dw1 = dw1.download();
+      s.dw2 = dw2.download();
+      return s;
+    };
+    const Step a = step("direct"), b = step("rebase"), d = step("");
+    for (const Step* s : {&b, &d}) {
+      SCOPED_TRACE(s == &b ? "direct vs rebase" : "direct vs unset (the default)");
+      EXPECT_EQ(a.out, s->out);
+      EXPECT_EQ(a.dx, s->dx);
+      EXPECT_EQ(a.dw, s->dw);
+      EXPECT_EQ(a.dwr, s->dwr);
+      EXPECT_EQ(a.dw1, s->dw1);
+      EXPECT_EQ(a.dw2, s->dw2);
+    }
+    const ScopedEnv env("MXMOE_QUANT_COL_BLOCK", "fused");
+    DevBuf<uint16_t> out{size_t(k.T * k.H)};
+    try {
+      layer.forward(c(x), k.T, c(in.wr), c(in.w1), c(in.w2), m(out));
+      ADD_FAILURE() << "MXMOE_QUANT_COL_BLOCK=fused accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MXMOE_QUANT_COL_BLOCK"), std::string::npos) << e.what();
+    }
+  }
 }

@@ -35,7 +35,12 @@ struct QuantizeParams {
   // gather only, optional: output row r holds bf16_rn(row_scale[r] · x[row_index[r]])
   const float* row_scale = nullptr;
   ScaleMode mode = ScaleMode::kRceil;
+  // The column-wise fast pair in the 128x128-block form (MxOut::fast_blocks): col_fast_scales
+  // [batch, ceil(rows_out/128), fast_block_scales_pitch(cols)]. Read by the host dispatch only (it
+  // fills the tail padding after `mode`: the kernels' parameter layout is unchanged).
+  bool col_fast_blocks = false;
 };
+static_assert(sizeof(QuantizeParams) == 160, "col_fast_blocks must stay in the tail padding after mode");
 
 void launch_quantize_mxfp8(const QuantizeParams& p, cudaStream_t stream);
 void launch_compute_padded_offsets(const int32_t* offsets, int32_t* padded, int num_groups,

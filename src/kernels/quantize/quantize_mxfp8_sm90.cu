@@ -31,9 +31,11 @@
 //    column-wise pass through shared memory with 16-byte stores of whole 128-byte lines; 3 stages
 //    (96 KB).
 // Registers: at most 128 a thread (2 CTAs per SM; two-group: 512 threads, 1 CTA), no spills
-// (checked with -Xptxas -v; fast-only staged 93-128, two-group 128).
+// (checked with -Xptxas -v; fast-only staged 93-128, two-group 128; the column-wise 128x128-block
+// form, kColBlock: 80-128, see "column-wise 128x128-block form").
 // Roofline: memory-bound. Bytes per element: read 2; write 1 + 1/32 per copy (+1 + 1/128 fast).
-// Tests: tests/gpu/test_quantize_gpu.cpp (bit-exact against src/ref). Bench: bench/bench_quant.py.
+// Tests: tests/gpu/test_quantize_gpu.cpp, test_quantize_col_block_gpu.cpp (bit-exact against src/ref).
+// Bench: bench/bench_quant.py.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -50,6 +52,7 @@
 #include "host/check.h"
 #include "host/kernel_attr.h"
 #include "kernels/gemm/tensor_map.h"
+#include "kernels/quantize/block128_common.cuh"
 #include "kernels/quantize/quantize_launch.h"
 #include "kernels/quantize/pipe_slice.cuh"
 #include "kernels/quantize/quantize_unit_walk.h"
@@ -592,6 +595,12 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_bf16_sm90_kernel(c
 // on the fast data and the chunk exponents stored as the scale bytes (128 contiguous bytes per
 // tile and direction); plain + fast together would need a second staging tile per direction
 // (2 CTAs per SM would no longer fit), so it stays on the register-store kernel.
+// Column-wise 128x128-block form (kColBlock, QuantizeParams::col_fast_blocks): a tile's column-wise
+// output is exactly one block of that form, so the staging gets the block's codes and thread 0
+// stores its one exponent byte. Its exponent needs the whole tile: every thread publishes the
+// largest |x| of its 16 x 4 inputs (a warp max, one shared word per warp) before barrier C, which
+// already separates those writes from the reads after it (no extra barrier; the next tile's writes
+// come after barrier B and A). See "column-wise 128x128-block form" below.
 constexpr int kStageBytes = kTileRows * kTileCols * 2;  // one BF16 tile
 constexpr int kOutTileBytes = kTileRows * kTileCols;    // one E4M3 tile
 
@@ -805,6 +814,52 @@ __device__ __forceinline__ void colwise_staged(const QuantizeParams& p, const Ti
   }
 }
 
+// ---- column-wise 128x128-block form (kColBlock) ------------------------------------------------
+// The tile's column-wise output [128 columns of x, 128 rows (tokens)] is one block of gemm.h's
+// FastScaleLayout::kBlock128 form of the column-wise copy (mx_format.h), block scales
+// [batch, ceil(rows_out/128), fast_block_scales_pitch(cols)]. Bitwise what the plain column-wise
+// copy followed by rebase_mxfp8_fast_block128 gives:
+//  - the block exponent E is the largest 32-block scale byte of the tile; e8m0_scale_byte is
+//    non-decreasing in |x|'s BF16 bits (Inf/NaN bits, the largest, give 0xFF), so E is the scale
+//    byte of the tile's largest |x| as bits: one max over the CTA instead of one per 32-block.
+//    Rows and columns past the data are zeros in the stage (byte 0, as a 32-block the rebase
+//    never reads); a NaN or Inf anywhere makes E = 0xFF and the whole block 0x7F (rebase_x16);
+//  - each code is the plain MX code (colwise_quantize) re-expressed against E by rebase_x16, the
+//    rebase's conversion; E goes to [b][r0 / 128][c0 / 128], and the tile of the last column
+//    block writes the row's pitch padding as 0 (block128::store_block_scale, as the rebase does).
+constexpr int kColBlockSmemBytes = (kThreads / 32) * int(sizeof(uint32_t));  // one word per warp, after the layout
+
+// Before barrier C: this warp's largest |x| (BF16 bits) of the tile's inputs held in cw.
+__device__ __forceinline__ void publish_col_block_amax(const ColWords& cw, uint32_t* warp_amax) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) m = dev::abs_max_bf16x2(m, cw.w[i]);
+  const uint32_t wm = __reduce_max_sync(0xFFFFFFFFu, dev::halves_max(m));
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = wm;
+}
+
+// After barrier C: the codes of this thread's 4 columns x 16 rows against the block exponent, to
+// the staging (as colwise_staged), and the block's scale byte.
+__device__ __forceinline__ void colwise_staged_block(const QuantizeParams& p, const Tile& t, const ColWords& cw,
+                                                     uint8_t* out, const uint32_t* warp_amax) {
+  uint32_t amax = warp_amax[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) amax = max(amax, warp_amax[w]);
+  const uint32_t emax = dev::e8m0_scale_byte(amax, p.mode);
+  const ColQuad cq = colwise_quantize(p, cw);
+  const int q = cq.q, h = cq.h;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int y = 4 * q + c;  // staging row = tile column
+    const uint4 o = dev::rebase_x16(make_uint4(cq.qv[c][0], cq.qv[c][1], cq.qv[c][2], cq.qv[c][3]), cq.sc[c], emax);
+    *reinterpret_cast<uint4*>(out + y * kTileRows + 16 * (h ^ (y & 7))) = o;
+  }
+  const int64_t nrb = (p.rows_out + kFastBlockRows - 1) / kFastBlockRows, ncb = (p.cols + kFastChunk - 1) / kFastChunk;
+  const int64_t pitch = fast_block_scales_pitch(p.cols);
+  block128::store_block_scale<kThreads>(p.col_fast_scales + (int64_t(t.b) * nrb + t.r0 / kFastBlockRows) * pitch,
+                                        t.c0 / kFastChunk, ncb, pitch, emax);
+}
+
 // A gather tile with rows at or past *rows_used: every thread copies the valid part of the
 // staging out (16-byte pieces; a column's last piece byte by byte when it is cut), to the plain
 // data or, with kRowFast / kColFast, to that direction's fast data.
@@ -844,7 +899,9 @@ __device__ __forceinline__ void trap_unless_staging_aligned(const uint8_t* smem)
 // kRowFast / kColFast: that direction's staging gets the fast form instead of the plain codes (each
 // direction writes one of its two forms; they may differ, e.g. the layer's fast row-wise x with a
 // plain column-wise copy to rebase into the 128x128-block form).
-template <bool kRow, bool kCol, bool kRowFast, bool kColFast, RowMap kMap, bool kLate = false>
+// kColBlock (with kColFast): the column-wise fast form in 128x128 blocks instead of per row (the
+// layer's fast row-wise x with its column-wise copy straight in the block form).
+template <bool kRow, bool kCol, bool kRowFast, bool kColFast, RowMap kMap, bool kLate = false, bool kColBlock = false>
 __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(const QuantizeParams p, const TileGrid g,
                                                                           const __grid_constant__ CUtensorMap row_map,
                                                                           const __grid_constant__ CUtensorMap col_map) {
@@ -883,6 +940,8 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
 #pragma unroll
   for (int k = 0; k < S; ++k) issue(k);
   static_assert(!kLate || (!(kRow && kCol) && !kRowFast && !kColFast), "late scales: plain copies, one direction");
+  static_assert(!kColBlock || (kCol && kColFast), "the column-wise block form is a column-wise fast form");
+  uint32_t* const warp_amax = reinterpret_cast<uint32_t*>(smem + L::kBytes);  // kColBlock: kColBlockSmemBytes
   for (uint32_t k = 0; first + k * step < num_tiles; ++k) {
     dev::cp_async_wait_group<S - 1>();  // this thread's part of tile k landed
     const Tile t = tile_k(k);
@@ -896,12 +955,19 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       // between two barriers instead: C frees the staging, D ends the reads of the stage.
       ColWords cw;
       if (valid) cw = colwise_load(reinterpret_cast<const uint32_t*>(stage));
+      if constexpr (kColBlock) {
+        if (valid) publish_col_block_amax(cw, warp_amax);
+      }
       if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // previous stores read the staging
-      __syncthreads();  // C: the staging is free
+      __syncthreads();  // C: the staging is free (kColBlock: the warps' maxima are visible)
       if (valid) rowwise_staged<kRowFast>(p, t, rowwise_load(stage), row_out);
       __syncthreads();  // D: stage k % S has been read
       issue(k + S);
-      if (valid) colwise_staged<kColFast>(p, t, cw, col_out);
+      if constexpr (kColBlock) {
+        if (valid) colwise_staged_block(p, t, cw, col_out, warp_amax);
+      } else {
+        if (valid) colwise_staged<kColFast>(p, t, cw, col_out);
+      }
     } else {
       // The pass's inputs into registers, then the stage is refilled while they are converted.
       RowVecs rv;
@@ -909,13 +975,15 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_mxfp8_staged_kernel(cons
       if (valid) {
         if constexpr (kRow) rv = rowwise_load(stage);
         if constexpr (kCol) cw = colwise_load(reinterpret_cast<const uint32_t*>(stage));
+        if constexpr (kColBlock) publish_col_block_amax(cw, warp_amax);
       }
       if (threadIdx.x == 0) device::cp_async_bulk_wait_group_read<0>();  // previous stores read the staging
       __syncthreads();  // C: stage k % S has been read; the staging is free
       issue(k + S);     // the refill runs while this tile is converted and stored
       if (valid) {
         if constexpr (kRow) rowwise_staged<kRowFast>(p, t, rv, row_out, row_of_thread(), half_of_thread(), kLate ? &late : nullptr);
-        if constexpr (kCol) colwise_staged<kColFast>(p, t, cw, col_out, kLate ? &late : nullptr);
+        if constexpr (kColBlock) colwise_staged_block(p, t, cw, col_out, warp_amax);
+        else if constexpr (kCol) colwise_staged<kColFast>(p, t, cw, col_out, kLate ? &late : nullptr);
       }
     }
     device::fence_proxy_async_shared_cta();
@@ -1693,7 +1761,8 @@ bool use_late_scales() {
 
 // kRowFast / kColFast: that direction's fast form alone (its plain pointers null); otherwise its plain
 // copy alone. kFast: both directions' forms fast (the paths measured before the mixed form).
-template <bool kRow, bool kCol, bool kRowFast, bool kColFast, RowMap kMap>
+// kColBlock (with kColFast): the column-wise fast form in 128x128 blocks (QuantizeParams::col_fast_blocks).
+template <bool kRow, bool kCol, bool kRowFast, bool kColFast, RowMap kMap, bool kColBlock = false>
 void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   constexpr bool kAnyFast = kRowFast || kColFast;
   const TileGrid g = make_grid(p);
@@ -1748,8 +1817,8 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
     }
   }
   {
-    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kRowFast, kColFast, kMap>;
-    constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes;
+    constexpr auto kernel = quantize_mxfp8_staged_kernel<kRow, kCol, kRowFast, kColFast, kMap, false, kColBlock>;
+    constexpr int kSmem = StagedLayout<kRow, kCol>::kBytes + (kColBlock ? kColBlockSmemBytes : 0);
     kernel<<<persistent_grid<kernel>(kSmem, g.num_tiles), kThreads, kSmem, stream>>>(p, g, row_map, col_map);
   }
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
@@ -1984,6 +2053,15 @@ void dispatch_staged(bool row, bool col, const QuantizeParams& p, cudaStream_t s
   else if (col) launch_staged<false, true, kFast, kFast, kMap>(p, stream);
 }
 
+// The column-wise fast form in 128x128 blocks (QuantizeParams::col_fast_blocks; the host checks allow
+// it alone or with the row-wise fast form alone): staged kernels only, whatever MXMOE_QUANT_STAGED
+// says (no other kernel writes it).
+template <RowMap kMap>
+void dispatch_col_blocks(const QuantizeParams& p, cudaStream_t stream) {
+  if (p.row_fast_data != nullptr) launch_staged<true, true, true, true, kMap, true>(p, stream);
+  else launch_staged<false, true, false, true, kMap, true>(p, stream);
+}
+
 // Plain copies alone, or fast forms alone (the training layer's fast mode), or the row-wise fast form
 // alone with the column-wise plain copy alone: staged kernels. Other mixes of plain and fast: the
 // register-store kernel (the staged kernels stage one E4M3 tile per direction, and a second one
@@ -2001,8 +2079,10 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
   // alone (the layer's activation_fast_layout = kBlock128). Others with both forms: register-store.
   // (dispatch_dirs stays first in the text, see above.)
   const bool mixed_staged = use_staged() && row_fast && !row_plain && col_plain && !col_fast;
-  if (fast && (plain || !use_staged()) && !mixed_staged) {
+  if (fast && (plain || !use_staged()) && !mixed_staged && !p.col_fast_blocks) {
     dispatch_dirs<true, kMap>(p, stream);
+  } else if (p.col_fast_blocks) {
+    dispatch_col_blocks<kMap>(p, stream);
   } else if (mixed_staged) {
     launch_staged<true, true, true, false, kMap>(p, stream);
   } else if (fast) {
