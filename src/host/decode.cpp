@@ -49,6 +49,9 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
 // Defaults by weight dtype (runs 75, 77, docs/notes/decode.md "Run 77"): MXFP8 8 rows a warp with one
 // chunk of each in flight (D alone 1.04-1.39x the 4 x 2 kernel on all six MXFP8 cases measured, B = 1
 // and 8 on Qwen3-30B, Qwen3-235B, DeepSeek-V3), BF16 the 4 x 2 kernel (8 x 1 lost 5% on DeepSeek-V3).
+// Both persistent with 2 CTAs a SM walking the tiles (run 88, "Run 88" in decode.md: the step 1.03-1.09x
+// on 11 of the 12 cases — both dtypes, B = 1 and 8, the three models — and 0.999x on the twelfth,
+// Qwen3-30B MXFP8 B = 1; D alone 1.01-1.22x); MXMOE_DECODE_DOWN_PERSIST=0 is one CTA a tile.
 void read_down_switches(const char* fn, detail::DownLaunch& p) {
   p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
   // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
@@ -59,7 +62,7 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
     throw_arg(fn, "MXMOE_DECODE_DOWN_UNROLL", to_str(p.down_unroll),
               "MXMOE_DECODE_DOWN_ROWS x MXMOE_DECODE_DOWN_UNROLL must be <= 16 (16-byte loads in flight a lane; "
               "ROWS " + to_str(p.down_rows) + " allows UNROLL <= " + to_str(16 / p.down_rows) + ")");
-  p.down_persist = env_choice(fn, "MXMOE_DECODE_DOWN_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
+  p.down_persist = env_choice(fn, "MXMOE_DECODE_DOWN_PERSIST", 2, {0, 1, 2, 3, 4, 6, 8});
   p.down_prefetch = env_choice(fn, "MXMOE_DECODE_DOWN_PREFETCH", 0, {0, 1});
   if (p.down_prefetch && p.down_persist == 0)
     throw_arg(fn, "MXMOE_DECODE_DOWN_PREFETCH", "1", "needs MXMOE_DECODE_DOWN_PERSIST > 0 (it prefetches the next tile)");

@@ -1010,8 +1010,9 @@ TEST(DecodeGpu, PdlChainedStepsMatchSerializedLaunches) {
 // round; 25 scale bytes a row: rows not 4-byte aligned), BF16 H = 520 (the last 16-row tile reaches
 // past H) — and 17 slots (k = 16 + shared: more slots than the 16 warps, a warp takes two); B = 1,
 // 3, 8 (B = 8 at 4 rows: more tiles than a persistent grid's CTAs, so CTAs walk several tiles);
-// FP32 and BF16 h. The default is 4 rows x 2 for BF16 weights and 8 rows x 1 for MXFP8 (run 77);
-// "defaults written out" selects the 4 x 2 base kernel for both, so MXFP8 compares it too.
+// FP32 and BF16 h. The default is 4 rows x 2 for BF16 weights and 8 rows x 1 for MXFP8 (run 77), both
+// persistent at 2 CTAs a SM (run 88); "base kernel" selects the 4 x 2 one-CTA-a-tile kernel for both
+// (down_default), so both dtypes compare it too, and "persist0" the defaults' rows one CTA a tile.
 namespace {
 
 struct DownSetting {
@@ -1026,6 +1027,7 @@ const std::vector<DownSetting>& down_settings() {
       {"unroll1", {{"UNROLL", "1"}}},
       {"unroll4", {{"ROWS", "4"}, {"UNROLL", "4"}}},  // ROWS pinned: MXFP8's default is 8 (8 x 4 > 16)
       {"rows8 unroll1", {{"ROWS", "8"}, {"UNROLL", "1"}}},
+      {"persist0", {{"PERSIST", "0"}}},
       {"persist1", {{"PERSIST", "1"}}},
       {"persist2 prefetch", {{"PERSIST", "2"}, {"PREFETCH", "1"}}},
       {"persist8", {{"PERSIST", "8"}}},
@@ -1039,7 +1041,7 @@ const std::vector<DownSetting>& down_settings() {
       {"rows8 unroll1 regs80 persist3 prefetch scales row",
        {{"ROWS", "8"}, {"UNROLL", "1"}, {"REGS", "80"}, {"PERSIST", "3"}, {"PREFETCH", "1"}, {"SCALES", "row"}}},
       {"rows16 persist2 prefetch regs64", {{"ROWS", "16"}, {"PERSIST", "2"}, {"PREFETCH", "1"}, {"REGS", "64"}}},
-      {"defaults set explicitly",
+      {"base kernel",
        {{"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "0"}, {"PREFETCH", "0"}, {"SCALES", "chunk"}, {"REGS", "128"}}},
   };
   return s;

@@ -1,11 +1,12 @@
-// Down-projection design-space variants (A/B timing only; src/host/decode.cpp selects them from
-// MXMOE_DECODE_DOWN_*, docs/notes/decode.md "Session 11"). Same formula, inputs and outputs as
-// warp_decode_down_sm90.cu (the library default, untouched):
+// Down-projection variants (src/host/decode.cpp selects them from MXMOE_DECODE_DOWN_*, docs/notes/decode.md
+// "Session 11"; since run 88 the library's default is one of them: PERSIST = 2, with 8 rows x 1 for MXFP8
+// weights and 4 rows x 2 for BF16). Same formula, inputs and outputs as warp_decode_down_sm90.cu (the
+// base kernel: one CTA a tile, 4 rows x 2, MXMOE_DECODE_DOWN_PERSIST=0 with BF16 weights):
 //   out[b, n] = Σ_{j=0..S-1} w[b, j] · (h[b, j] · W2[e_j][n]),  h FP32 or BF16 [B, S, I],
 //   W2 BF16 or MXFP8 [E, H, I] (+ E8M0 scales [E, H, I/32]), shared W2s [H, I], out BF16 [B, H].
 // A tile = kR adjacent outputs n0 .. n0+kR-1 of one token; tiles are numbered b-major
 // (tile = b·tiles + n0/kR). A CTA of W = min(S, 16) warps walks the tiles blockIdx.x, + gridDim.x, ...:
-// with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the default; with PERSIST = N the grid
+// with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the base kernel; with PERSIST = N the grid
 // is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots
 // j = w, w+W, ... (down::slot_dots: per lane its chunks in increasing K, the xor butterfly), lane 0
 // writes the kR sums to shared memory, __syncthreads, threads 0..kR-1 add the slots in order
@@ -13,7 +14,7 @@
 // threads 0..kR-1 combine this one (one barrier a tile; a buffer is rewritten two rounds later, after
 // the next round's barrier, which every combining thread passes only after its combine).
 // Variant parameters (none changes the order of any FP operation, so every variant gives the default's
-// bits — DecodeGpu.DownSwitchesGiveDefaultBits):
+// bits — DecodeGpu.DownSwitchesGiveDefaultBits, which also compares the base kernel):
 //   kR        rows a warp streams per slot: 4 | 8 | 16 (h read once for kR rows instead of 4);
 //   kUnroll   chunks of each row in flight per lane: 1 | 2 | 4 (kR·kUnroll <= 16 loads in flight);
 //   kRowScales  MXFP8: scale bytes loaded warp-wide once per round, handed out by shuffles
