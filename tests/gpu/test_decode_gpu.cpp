@@ -1133,7 +1133,7 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"ROWS 16 UNROLL 2", {{"ROWS", "16"}, {"UNROLL", "2"}}},
       {"PERSIST 5", {{"PERSIST", "5"}}},
       {"PERSIST -1", {{"PERSIST", "-1"}}},
-      {"PREFETCH 1 without PERSIST", {{"PREFETCH", "1"}}},
+      {"PREFETCH 1 with PERSIST 0", {{"PERSIST", "0"}, {"PREFETCH", "1"}}},  // (the default PERSIST is 2)
       {"PREFETCH 2", {{"PERSIST", "1"}, {"PREFETCH", "2"}}},
       {"SCALES block", {{"SCALES", "block"}}},
       {"REGS 96", {{"REGS", "96"}}},
@@ -1141,7 +1141,7 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
   for (const DownSetting& g : bad) {
     ScopedDownEnv env(g);
     // The variable the message must name: the last one set (UNROLL for the two combinations, PREFETCH
-    // for PREFETCH without PERSIST).
+    // for PREFETCH with PERSIST 0).
     const std::string var = std::string("MXMOE_DECODE_DOWN_") + g.env.back().first;
     try {
       s.down();
