@@ -1096,6 +1096,19 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
                           << "]: " << ref::bf16_to_float(o1[i]) << " (bits " << o1[i] << ") vs default "
                           << ref::bf16_to_float(o0[i]) << " (bits " << o0[i] << ")";
         }
+        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST): the same h bytes.
+        const std::vector<uint8_t> h0 = s.h.download();
+        for (const char* n : {"1", "2", "3", "8"}) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + n);
+          ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", n);
+          s.poison();
+          s.gate_up();
+          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+          const std::vector<uint8_t> h1 = s.h.download();
+          size_t i = 0;
+          while (i < h0.size() && h1[i] == h0[i]) ++i;
+          if (i < h0.size()) ADD_FAILURE() << "h differs first at byte " << i;
+        }
       }
     }
   }
@@ -1138,6 +1151,15 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"SCALES block", {{"SCALES", "block"}}},
       {"REGS 96", {{"REGS", "96"}}},
   };
+  {
+    ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", "5");
+    try {
+      s.gate_up();
+      ADD_FAILURE() << "MXMOE_DECODE_GATE_UP_PERSIST=5: accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("MXMOE_DECODE_GATE_UP_PERSIST"), std::string::npos) << e.what();
+    }
+  }
   for (const DownSetting& g : bad) {
     ScopedDownEnv env(g);
     // The variable the message must name: the last one set (UNROLL for the two combinations, PREFETCH

@@ -14,6 +14,9 @@
 // Programmatic Dependent Launch (src/host/pdl_launch.h): griddepcontrol.wait before x and the ids
 // are read (they come from the kernels ahead of this one) and before h is written, then the
 // dependents (decode_down) may launch.
+// Persistent variant (MXMOE_DECODE_GATE_UP_PERSIST = N, src/host/decode.cpp): N·SMs CTAs whose warps
+// walk the tasks (warp w of CTA c: tasks c·8 + w, + gridDim·8, ...); the same per-task code, so the
+// same bits.
 // Registers: BF16 54; MXFP8 80 with the default launch bound (3 CTAs a SM; run 56: 1.02-1.08x a
 // step) or 102 at 2 CTAs a SM (host switch MXMOE_DECODE_MX_GATE_UP_CTAS=2); no spills (-res-usage).
 // Roofline: 2·2·I·H FLOPs per (token, slot); bytes 2·I·H·(2 | 1 + 1/32) per distinct expert.
@@ -37,18 +40,25 @@ static_assert(kThreads % 32 == 0, "whole warps");
 template <bool kMx, bool kHBf16, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
   const int lane = threadIdx.x & 31;
-  const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
   device::griddepcontrol_launch_dependents();
-  if (task >= total) return;  // the whole warp leaves together
-  gate_up::output<kMx, kHBf16, kUnroll>(p, task, lane);
+  // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
+  for (int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); task < total;
+       task += int64_t(gridDim.x) * kWarps)
+    gate_up::output<kMx, kHBf16, kUnroll>(p, task, lane);
 }
 
 template <bool kMx, bool kHBf16, int kMinCtas = 1>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
-  const int64_t blocks = (total + kWarps - 1) / kWarps;
+  int64_t blocks = (total + kWarps - 1) / kWarps;
+  if (p.persist > 0) {
+    int device = 0, sms = 0;
+    MXMOE_CUDA_CHECK("decode_gate_up", cudaGetDevice(&device));
+    MXMOE_CUDA_CHECK("decode_gate_up", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    blocks = int64_t(p.persist) * sms < blocks ? int64_t(p.persist) * sms : blocks;
+  }
   launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
                   dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
