@@ -9,11 +9,18 @@ For the plain MX copy of one direction of a dense input the default kernel is th
 form alone ("fast-only": what the training layer's fast mode asks for) the staged one (outputs
 leave through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
 (MXMOE_QUANT_STAGED=0, the only one that writes plain + fast together, "+fast" lines) on the same
-data, in the same run; for both directions of dense and gather inputs the default is the
-two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
+data, in the same run; for both directions of dense inputs whose rows and K are multiples of 512 the
+default is the pipelined kernel with 4x4-tile TMA scale units (session 12, quant-tmas2), for the other
+both-direction dense and gather inputs the two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
 staged kernel (MXMOE_QUANT_TWO_GROUP=0). With --tma, the plain copies of dense inputs are also
 timed with MXMOE_QUANT_TMA=1 (the "tma % copy" column: both directions on the pipelined kernel too;
 one direction is the default's kernel), in the same run;
+For both directions of dense inputs, --tma also times three kernels in alternation (Timer.many, the L2
+flushed before every rep) and prints them in a second table, each as us and % of copy with its
+output checked: "2grp" the two-group kernel (MXMOE_QUANT_TMA=0), "tma-rr" the pipelined kernel with
+per-tile scale stores (MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_TMA=0), "tmas" the pipelined kernel with
+TMA-stored 4x4-tile scale units (MXMOE_QUANT_TMA=1 MXMOE_QUANT_SCALE_TMA=1; per-tile stores where
+rows or K are not multiples of 512).
 --scale-unit V sets its walk (MXMOE_QUANT_SCALE_UNIT: unset = the unit walk with the default units,
 0 = the round-robin walk of runs 56-62, RxC = units of R x C tiles).
 Every variant's output is checked against the PyTorch baseline (the grouped and gather rows: every
@@ -131,17 +138,42 @@ UNIT_ENV = "MXMOE_QUANT_SCALE_UNIT"  # the pipelined kernel's walk ("" = its def
 SCALE_UNIT = ""  # --scale-unit
 
 
-def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_copy, i, t: t, tma=False):
+def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_copy, i, t: t, tma=None):
     """Time `run` with the staged kernels on or off (MXMOE_QUANT_STAGED), the two-group kernel
-    on or off (MXMOE_QUANT_TWO_GROUP) and the pipelined kernel on or off (MXMOE_QUANT_TMA), then
+    on or off (MXMOE_QUANT_TWO_GROUP) and the pipelined kernel on, off or the library's choice
+    (MXMOE_QUANT_TMA = 1 / 0 / unset for tma True / False / None), then
     check its outputs against the baseline's. Outputs are poisoned first so that a kernel that
     writes nothing cannot pass on a previous kernel's bytes."""
     for t in mx.tensors():
         t.fill_(0xA5)
     with kernel_env({STAGED_ENV: "1" if staged else "0", TWO_GROUP_ENV: "1" if two_group else "0",
-                     TMA_ENV: "1" if tma else "", UNIT_ENV: SCALE_UNIT if tma else ""}):
+                     TMA_ENV: {True: "1", False: "0", None: ""}[tma], UNIT_ENV: SCALE_UNIT if tma else ""}):
         us = timer(run)
     return us, compare(mx, ref, crop)
+
+
+# Both directions, --tma: (label, env) timed in alternation (session 12, branch quant-tmas2).
+BOTH_AB = [("2grp", {TMA_ENV: "0", "MXMOE_QUANT_SCALE_TMA": ""}),
+           ("tma-rr", {TMA_ENV: "1", "MXMOE_QUANT_SCALE_TMA": "0"}),
+           ("tmas", {TMA_ENV: "1", "MXMOE_QUANT_SCALE_TMA": "1"})]
+
+
+def alternated_variants(timer, run, mx, ref, variants):
+    """Medians of `run` under each variant's env, timed in alternation (Timer.many); then every
+    variant's output is checked: outputs poisoned, one run under its env, compared with the baseline.
+    Returns [(us, mismatched bytes)] in the order of `variants`."""
+    common = {STAGED_ENV: "1", TWO_GROUP_ENV: "1", UNIT_ENV: ""}
+    envs = [{**common, **env} for _, env in variants]
+    times = timer.many([(env, run) for env in envs])
+    out = []
+    for us, env in zip(times, envs):
+        for t in mx.tensors():
+            t.fill_(0xA5)
+        with kernel_env(env):
+            run()
+        torch.cuda.synchronize()
+        out.append((us, compare(mx, ref)))
+    return out
 
 
 def main():
@@ -178,7 +210,7 @@ def main():
               ("weights row+col fast-only", 128, 1536, 2048, True, True, True, False),
               ("weights row+col+fast", 32, 7168, 2048, True, True, True, True),     # DeepSeek-V3 EP8 W2 [E, H, I]
               ("weights row+col fast-only", 32, 7168, 2048, True, True, True, False)]
-    table = []
+    table, ab_table = [], []
     for name, b, r, c, row, col, fast, plain in cases:
         shape = f"{b}x{r}x{c}" if b > 1 else f"{r}x{c}"
         if not keep(name, shape):
@@ -196,15 +228,26 @@ def main():
         if staged_default:  # the register-store kernel on the same data, output checked too
             us_reg, bad_reg = timed_variant(timer, run, mx, ref, staged=False)
         if row and col and staged_default:  # both directions on the 256-thread staged kernel
-            us_one, bad_one = timed_variant(timer, run, mx, ref, staged=True, two_group=False)
+            us_one, bad_one = timed_variant(timer, run, mx, ref, staged=True, two_group=False, tma=False)
         us_tma = None
         if args.tma and plain and not fast:  # the pipelined kernel (plain copies of dense inputs)
             us_tma, bad_tma = timed_variant(timer, run, mx, ref, staged=True, tma=True)
         us, bad = timed_variant(timer, run, mx, ref, staged=True)
         bad += (bad_reg if us_reg is not None else 0) + (bad_one if us_one is not None else 0)
         bad += bad_tma if us_tma is not None else 0
-        t_us = timer(lambda: torch_quant(x, row, col, fast))  # (the baseline computes the plain copy too)
         nbytes = x.numel() * 2 + mx.nbytes()
+        if args.tma and row and col and plain and not fast:  # both directions: 2grp / tma-rr / tmas alternated
+            ab = alternated_variants(timer, run, mx, ref, BOTH_AB)
+            bad += sum(m for _, m in ab)
+            pcts = [100 * nbytes / (t * 1e-6) / 1e9 / copy_gbs for t, _ in ab]
+            results.setdefault("both_ab", []).append(
+                {"kernel": name, "shape": shape, **{f"{lab}_us": t for (lab, _), (t, _) in zip(BOTH_AB, ab)},
+                 **{f"{lab}_pct_copy": v for (lab, _), v in zip(BOTH_AB, pcts)},
+                 "mismatched_bytes": sum(m for _, m in ab)})
+            ab_table.append([name, shape] + [f"{t:.1f}" for t, _ in ab] + [f"{v:.1f}%" for v in pcts] +
+                            [f"{ab[0][0] / ab[2][0]:.3f}x", "bit-exact" if all(m == 0 for _, m in ab) else "MISMATCH"])
+            print("A/B: " + " | ".join(ab_table[-1]), flush=True)
+        t_us = timer(lambda: torch_quant(x, row, col, fast))  # (the baseline computes the plain copy too)
         gbs = nbytes / (us * 1e-6) / 1e9
         reg_pct = 100 * nbytes / (us_reg * 1e-6) / 1e9 / copy_gbs if us_reg else None
         one_pct = 100 * nbytes / (us_one * 1e-6) / 1e9 / copy_gbs if us_one else None
@@ -322,6 +365,12 @@ def main():
                  "x torch",
                  "output check"],
                 table)
+    if ab_table:
+        labels = [lab for lab, _ in BOTH_AB]
+        print_table(f"Both directions in alternation (--tma), copy ceiling {copy_gbs:.0f} GB/s: 2grp = two-group kernel, "
+                    "tma-rr = pipelined + per-tile scale stores, tmas = pipelined + TMA-stored 4x4-tile scale units",
+                    ["kernel", "shape"] + [f"{lab} us" for lab in labels] + [f"{lab} % copy" for lab in labels] +
+                    ["2grp / tmas", "output check"], ab_table)
     write_json(args.json, results)
     if any(r["mismatched_bytes"] for r in results["rows"]):
         print("ERROR: mxmoe output differs from the PyTorch baseline", file=sys.stderr)

@@ -83,6 +83,8 @@ VARIANTS = [
     ("skel-sc-unit", {**SKEL, **UNIT, "MXMOE_QUANT_TMA_SKEL_SCALES": "1"}, False),  # the unit walk + unit writer
     # session 12: TMA-stored scale units (one direction; both directions run tma-rr's path)
     ("tmas", {**TMA, "MXMOE_QUANT_SCALE_TMA": "1"}, True),            # unit round robin + one TMA store a unit
+    # (both directions since quant-tmas2: tmas / tmas-walk / tmas-split / tmas-across are the 4x4-tile
+    # units where rows and K are multiples of 512; skel-tmas* stay on the round robin there)
     ("tmas-walk", {**TMA, "MXMOE_QUANT_SCALE_TMA": "walk"}, True),    # the same walk, per-tile late stores
     ("tmas-split", {**TMA, "MXMOE_QUANT_TMA_SPLIT": "1"}, True),      # the last partial wave as single tiles
     ("tmas-across", {**TMA, "MXMOE_QUANT_TMA_UNIT_ORDER": "across"}, True),  # unit ids across the lines first
@@ -191,6 +193,7 @@ PROFILE = [  # (label, kernel, env) on 16384x7168; kernel: "copy", "2:1", or (ro
     ("row+col late", (True, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),
     ("row+col tma-run59", (True, True), {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "early", "MXMOE_QUANT_TMA_STORE_HINT": "none"}),
     ("row+col tma-rr", (True, True), {**TMA, **RR}),
+    ("row+col tmas", (True, True), {**TMA, "MXMOE_QUANT_SCALE_TMA": "1"}),  # quant-tmas2: 4x4-tile TMA scale units
     ("row+col tma-warp", (True, True), {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "warp"}),
     ("row+col skel-sc-early", (True, True), {**SKEL, **RR, "MXMOE_QUANT_TMA_SKEL_SCALES": "1", "MXMOE_QUANT_TMA_SCALES": "early"}),
     ("colwise late", (False, True), {"MXMOE_QUANT_LATE_SCALES": "1"}),

@@ -76,24 +76,56 @@ __device__ __forceinline__ void mbarrier_expect_tx(uint64_t* bar, uint32_t tx_by
 #endif
 }
 
-// mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 in a loop: returns once the phase with
-// the given parity has completed. A fresh barrier is in phase 0, so waiting for parity 1 returns
-// at once (the "previous phase" convention producers use for empty slots).
+// mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 once (it may suspend the thread for a
+// hardware-defined time): whether the phase with the given parity has completed.
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity) {
+#ifdef MXMOE_SM90A_ENABLED
+  uint32_t done = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+  return true;
+#endif
+}
+
+// mbarrier.try_wait.parity in a loop: returns once the phase with the given parity has completed.
+// A fresh barrier is in phase 0, so waiting for parity 1 returns at once (the "previous phase"
+// convention producers use for empty slots).
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
 #ifdef MXMOE_SM90A_ENABLED
   const uint32_t addr = smem_addr(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
+  while (!mbarrier_try_wait_parity(addr, parity)) {
+  }
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
+// As mbarrier_wait_parity, but traps once the phase has not completed within timeout_ns of
+// %globaltimer (read only after the first 1024 failed tries, so a wait that passes soon costs
+// nothing more): a mis-counted barrier fails the launch (an unspecified launch failure at the
+// next synchronisation) instead of hanging the process. For new barrier protocols (the
+// quantizer's TMA scale units of both directions).
+__device__ __forceinline__ void mbarrier_wait_parity_or_trap(uint64_t* bar, uint32_t parity, uint64_t timeout_ns) {
+#ifdef MXMOE_SM90A_ENABLED
+  const uint32_t addr = smem_addr(bar);
+  uint64_t t0 = 0;
+  for (uint32_t spin = 1; !mbarrier_try_wait_parity(addr, parity); ++spin) {
+    if ((spin & 1023u) != 0u) continue;
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t0 == 0) t0 = t;
+    else if (t - t0 > timeout_ns) __trap();
+  }
 #else
   MXMOE_DEVICE_UNSUPPORTED();
 #endif

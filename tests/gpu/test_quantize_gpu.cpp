@@ -8,8 +8,9 @@
 // everything with MXMOE_QUANT_STAGED=0). Every case that asks for the fast form also runs with the
 // fast form alone on the default kernels and on the register-store one, and without its fast form,
 // so that every kernel sees every input. The pipelined kernel takes the plain copy of one direction
-// of a dense input by default (both with MXMOE_QUANT_TMA=1; the staged kernel with =0): such cases
-// run on both; PipelinedKernelOnPlainCopies and PipelinedKernelScaleTmaUnits test it further.
+// of a dense input by default, and both directions where rows and K are multiples of 512 (the 4x4
+// TMA scale units; both always with MXMOE_QUANT_TMA=1; the staged / two-group kernels with =0): such
+// cases run on both; PipelinedKernelOnPlainCopies and PipelinedKernelScaleTmaUnits test it further.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -126,10 +127,12 @@ void poison_some(std::vector<uint16_t>& x, std::mt19937& rng) {
 }
 
 // The plain copies of a case (no fast form) on the default kernels, and for one direction also on
-// the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one).
+// the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one); for both directions where
+// rows and K are multiples of 512 (the default: the pipelined kernel with 4x4-tile TMA scale units,
+// since session 12 quant-tmas2) also on the two-group kernel (MXMOE_QUANT_TMA=0).
 void run_plain(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
   run_dense_once(c, mode, x, label);
-  if (c.row != c.col) {
+  if (c.row != c.col || (c.rows % 512 == 0 && c.cols % 512 == 0)) {
     const ScopedEnv staged("MXMOE_QUANT_TMA", "0");
     run_dense_once(c, mode, x, label + " [MXMOE_QUANT_TMA=0]");
   }
@@ -891,6 +894,53 @@ TEST(QuantizeGpu, PipelinedKernelScaleUnits) {
 
 namespace {
 
+// One setting of the unit round robin's switches ("" = unset): MXMOE_QUANT_TMA_GRID,
+// MXMOE_QUANT_TMA_SPLIT, MXMOE_QUANT_TMA_UNIT_ORDER, MXMOE_QUANT_SCALE_TMA.
+struct TmaSetting {
+  const char* grid;
+  const char* split;
+  const char* order;
+  const char* tma;
+};
+// The switches of a TmaSetting for one scope (tma overrides its MXMOE_QUANT_SCALE_TMA).
+struct TmaSettingEnv {
+  ScopedEnv g, sp, o, t;
+  std::string label;
+  TmaSettingEnv(const TmaSetting& s, const char* tma)
+      : g("MXMOE_QUANT_TMA_GRID", s.grid), sp("MXMOE_QUANT_TMA_SPLIT", s.split),
+        o("MXMOE_QUANT_TMA_UNIT_ORDER", s.order), t("MXMOE_QUANT_SCALE_TMA", tma),
+        label(std::string("grid=") + s.grid + " split=" + s.split + " order=" + s.order +
+              " MXMOE_QUANT_SCALE_TMA=" + tma) {}
+};
+// The references (RCEIL) of each batch entry of x [batch, rows, cols]: row-wise and / or column-wise.
+void batch_references(const std::vector<uint16_t>& x, int64_t batch, int64_t rows, int64_t cols, bool row, bool col,
+                      std::vector<ref::MxMatrix>* rref, std::vector<ref::MxMatrix>* cref) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const uint16_t* xb = x.data() + b * rows * cols;
+    if (row) rref->push_back(ref::quantize_rows(xb, rows, cols, ScaleMode::kRceil));
+    if (col) cref->push_back(ref::quantize_cols(xb, rows, cols, ScaleMode::kRceil));
+  }
+}
+
+// One quantized copy [batch, R, C] (its data, and its scales `scale_off` bytes into their buffer)
+// against the reference of each batch entry; the bytes before the scales must keep `poison`.
+// Returns data then scales.
+std::vector<uint8_t> expect_copy_bytes(const char* dir, const DevBuf<uint8_t>& data, const DevBuf<uint8_t>& scales,
+                                       int64_t batch, int64_t R, int64_t C, const std::vector<ref::MxMatrix>& want,
+                                       int scale_off, uint8_t poison) {
+  auto d = data.download();
+  const auto s = scales.download();
+  for (int i = 0; i < scale_off; ++i) EXPECT_EQ(s[size_t(i)], poison) << dir << " byte " << i << " before the scales";
+  for (int64_t b = 0; b < batch; ++b) {
+    EXPECT_TRUE(bytes_equal((std::string(dir) + " data").c_str(), d.data() + b * R * C, C, want[size_t(b)].data.data(),
+                            C, R, C));
+    EXPECT_TRUE(bytes_equal((std::string(dir) + " scales").c_str(), s.data() + scale_off + b * R * (C / 32), C / 32,
+                            want[size_t(b)].scales.data(), C / 32, R, C / 32));
+  }
+  d.insert(d.end(), s.begin() + scale_off, s.end());
+  return d;
+}
+
 // One direction of x [batch, rows, cols] on the current switches against the reference of each batch
 // entry (`want`, computed once per input), into buffers poisoned with `poison`; the scales start
 // `scale_off` bytes into their buffer (those bytes must keep the poison). Returns data then scales.
@@ -908,16 +958,7 @@ std::vector<uint8_t> expect_one_direction(const std::string& what, const DevBuf<
   quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), batch, rows, cols, row ? &o : nullptr,
                  row ? nullptr : &o);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto d = data.download();
-  const auto s = scales.download();
-  for (int i = 0; i < scale_off; ++i) EXPECT_EQ(s[size_t(i)], poison) << "byte " << i << " before the scales";
-  for (int64_t b = 0; b < batch; ++b) {
-    EXPECT_TRUE(bytes_equal("data", d.data() + b * R * C, C, want[size_t(b)].data.data(), C, R, C));
-    EXPECT_TRUE(bytes_equal("scales", s.data() + scale_off + b * R * (C / 32), C / 32, want[size_t(b)].scales.data(),
-                            C / 32, R, C / 32));
-  }
-  d.insert(d.end(), s.begin() + scale_off, s.end());
-  return d;
+  return expect_copy_bytes(row ? "rowwise" : "colwise", data, scales, batch, R, C, want, scale_off, poison);
 }
 
 }  // namespace
@@ -952,13 +993,7 @@ TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
       {2, 1536, 416, true, true},    // batched: column-wise 12 tiles a column band, 416 columns; row-wise nblk 13
       {1, 4096, 7168, true, true},   // long walks: 224 units each way, a split tail on 132 SMs
   };
-  struct Setting {
-    const char* grid;
-    const char* split;
-    const char* order;
-    const char* tma;
-  };
-  const Setting settings[] = {
+  const TmaSetting settings[] = {
       {"", "", "", ""},           {"1", "", "", ""},         {"3", "0", "", ""},     {"7", "1", "", ""},
       {"", "0", "", ""},          {"", "1", "across", ""},   {"5", "", "", "walk"},  {"", "", "", "0"},
   };
@@ -970,20 +1005,13 @@ TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
     DevBuf<uint16_t> dx(x.size());
     dx.upload(x);
     std::vector<ref::MxMatrix> rref, cref;
-    for (int64_t b = 0; b < c.batch; ++b) {
-      const uint16_t* xb = x.data() + b * c.rows * c.cols;
-      if (c.row) rref.push_back(ref::quantize_rows(xb, c.rows, c.cols, ScaleMode::kRceil));
-      if (c.col) cref.push_back(ref::quantize_cols(xb, c.rows, c.cols, ScaleMode::kRceil));
-    }
+    batch_references(x, c.batch, c.rows, c.cols, c.row, c.col, &rref, &cref);
     const bool big = c.rows * c.cols > (int64_t(1) << 22);
-    for (const Setting& st : settings) {
+    for (const TmaSetting& st : settings) {
       if (big && *st.grid != 0 && std::string(st.grid) != "7") continue;  // long walks: 132 SMs and 7 CTAs
-      const ScopedEnv g("MXMOE_QUANT_TMA_GRID", st.grid), sp("MXMOE_QUANT_TMA_SPLIT", st.split),
-          o("MXMOE_QUANT_TMA_UNIT_ORDER", st.order), t("MXMOE_QUANT_SCALE_TMA", st.tma);
-      const std::string label = std::string("grid=") + st.grid + " split=" + st.split + " order=" + st.order +
-                                " MXMOE_QUANT_SCALE_TMA=" + st.tma;
-      if (c.row) expect_one_direction(label, dx, c.batch, c.rows, c.cols, true, rref);
-      if (c.col) expect_one_direction(label, dx, c.batch, c.rows, c.cols, false, cref);
+      const TmaSettingEnv env_st(st, st.tma);
+      if (c.row) expect_one_direction(env_st.label, dx, c.batch, c.rows, c.cols, true, rref);
+      if (c.col) expect_one_direction(env_st.label, dx, c.batch, c.rows, c.cols, false, cref);
     }
     if (c.batch == 1 && c.rows == 2560 && c.cols == 2560) {
       // Scale pointers off 16-byte alignment fall back to the per-tile stores; 16 bytes off still qualify
@@ -1038,5 +1066,126 @@ TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
     CopyBufs rw(1, 512, 512, false);
     const MxOut ro = rw.out(false);
     EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 512, 512, &ro, nullptr));
+  }
+}
+
+namespace {
+
+// Both directions of x [batch, rows, cols] on the current switches against the references of each
+// batch entry (computed once per input), into buffers poisoned with `poison`; the scales start
+// row_off / col_off bytes into their buffers (those bytes must keep the poison). Returns every
+// output byte (row-wise data and scales, then column-wise).
+std::vector<uint8_t> expect_both_directions(const std::string& what, const DevBuf<uint16_t>& dx, int64_t batch,
+                                            int64_t rows, int64_t cols, const std::vector<ref::MxMatrix>& rref,
+                                            const std::vector<ref::MxMatrix>& cref, int row_off = 0, int col_off = 0,
+                                            uint8_t poison = 0xA5) {
+  SCOPED_TRACE(what + " both directions batch=" + std::to_string(batch) + " rows=" + std::to_string(rows) +
+               " cols=" + std::to_string(cols) + " scale offsets " + std::to_string(row_off) + "/" +
+               std::to_string(col_off));
+  const int64_t n = batch * rows * cols;
+  DevBuf<uint8_t> rd(size_t(n), poison), rs(size_t(n / 32 + row_off), poison), cd(size_t(n), poison),
+      cs(size_t(n / 32 + col_off), poison);
+  MxOut ro, co;
+  ro.data = rd.p;
+  ro.scales = rs.p + row_off;
+  co.data = cd.p;
+  co.scales = cs.p + col_off;
+  quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), batch, rows, cols, &ro, &co);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto all = expect_copy_bytes("rowwise", rd, rs, batch, rows, cols, rref, row_off, poison);
+  const auto col = expect_copy_bytes("colwise", cd, cs, batch, cols, rows, cref, col_off, poison);
+  all.insert(all.end(), col.begin(), col.end());
+  return all;
+}
+
+}  // namespace
+
+// The both-directions pipelined kernel with TMA-stored scale units (session 12, branch quant-tmas2:
+// the unit round robin over units of 4x4 tiles, each unit's row-wise and column-wise scale bytes
+// stored as [512][16 B] by TMA) against the reference, bit for bit. Qualifying shapes (rows and K
+// multiples of 512) run with MXMOE_QUANT_SCALE_TMA=force (a launch that would not take the units
+// throws, so the units did run): one unit (512x512), 16 units (2048x2048), 3x5 units (1536x2560),
+// batched 2 x 1024 x 1536 (units never cross a batch entry), 4096x7168 (112 units: wholly split into
+// single tiles on 132 SMs, 16 units a CTA on 7, 110 whole + a split tail on 10, 90 + 22 split on
+// 30), 6144x6144 (144 units: 132 whole units + 12 split on 132 SMs, whole units on every CTA of the
+// default grid); the fallbacks (1000x2560, 2560x992, 3 x 640 x 1536: rows or K not multiples of 512); grids
+// of 1, 3, 5, 7 CTAs and the default; the split forced on and off, the other unit order, the walk
+// with per-tile stores (=walk) and the switch off (=0); NaN/Inf blocks in every other input; scale
+// pointers 16 bytes off (qualify) and 1, 2 or 8 bytes off (fall back; the bytes before untouched);
+// reruns bitwise identical. The CPU reference runs once per input.
+TEST(QuantizeGpu, PipelinedKernelBothDirectionsTmaUnits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const ScopedEnv env("MXMOE_QUANT_TMA", "1");
+  struct Case {
+    int64_t batch, rows, cols;
+    bool qualifies;
+  };
+  const Case cases[] = {
+      {1, 2048, 2048, true}, {1, 512, 512, true},   {1, 1536, 2560, true},  {2, 1024, 1536, true},
+      {1, 4096, 7168, true}, {1, 6144, 6144, true},  {1, 1000, 2560, false}, {1, 2560, 992, false},
+      {3, 640, 1536, false},
+  };
+  // (tma "" = the default (1): "force" where the shape qualifies)
+  const TmaSetting settings[] = {
+      {"", "", "", ""},         {"1", "", "", ""},        {"3", "0", "", ""},      {"7", "1", "", ""},
+      {"", "0", "", ""},        {"", "1", "across", ""},  {"5", "", "", "walk"},   {"", "", "", "0"},
+      {"10", "", "", ""},       {"30", "", "across", ""},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto x = random_bf16(c.batch * c.rows, c.cols, Dist(i % 4), rng);
+    if (i % 2 == 1) poison_some(x, rng);  // NaN/Inf in some blocks
+    ++i;
+    DevBuf<uint16_t> dx(x.size());
+    dx.upload(x);
+    std::vector<ref::MxMatrix> rref, cref;
+    batch_references(x, c.batch, c.rows, c.cols, true, true, &rref, &cref);
+    const bool big = c.rows * c.cols > (int64_t(1) << 22);
+    for (const TmaSetting& st : settings) {
+      const std::string grid = st.grid;
+      if (big && !(grid.empty() || grid == "7" || grid == "10" || grid == "30")) continue;  // long walks
+      if (!big && (grid == "10" || grid == "30")) continue;
+      const TmaSettingEnv env_st(st, *st.tma == 0 && c.qualifies ? "force" : st.tma);
+      expect_both_directions(env_st.label, dx, c.batch, c.rows, c.cols, rref, cref);
+    }
+    if (c.batch == 1 && c.rows == 2048 && c.cols == 2048) {
+      // Scale pointers 16 bytes off still qualify; 2 / 1 and 16 / 8 bytes off fall back (an odd row-wise
+      // pointer takes the register-store kernel).
+      const ScopedEnv g3("MXMOE_QUANT_TMA_GRID", "3");
+      {
+        const ScopedEnv t("MXMOE_QUANT_SCALE_TMA", "force");
+        expect_both_directions("offset", dx, 1, c.rows, c.cols, rref, cref, 16, 16);
+      }
+      for (const auto& [ro, co] : {std::pair{2, 1}, std::pair{16, 8}, std::pair{1, 16}})
+        expect_both_directions("offset", dx, 1, c.rows, c.cols, rref, cref, ro, co);
+      {
+        const ScopedEnv t("MXMOE_QUANT_SCALE_TMA", "force");
+        DevBuf<uint8_t> rd(size_t(c.rows * c.cols)), rs(size_t(c.rows * c.cols / 32 + 16)), cd(size_t(c.rows * c.cols)),
+            cs(size_t(c.rows * c.cols / 32 + 16));
+        MxOut ro, co;
+        ro.data = rd.p;
+        ro.scales = rs.p;
+        co.data = cd.p;
+        co.scales = cs.p + 8;
+        EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, c.rows, c.cols, &ro, &co))
+            << "force on a scale pointer that does not qualify";
+      }
+      // Reruns bitwise identical (different poison: every byte is written), default grid and 3 CTAs.
+      for (const char* grid : {"", "3"}) {
+        const ScopedEnv g("MXMOE_QUANT_TMA_GRID", grid);
+        const ScopedEnv t("MXMOE_QUANT_SCALE_TMA", "force");
+        const auto a = expect_both_directions("rerun 1", dx, 1, c.rows, c.cols, rref, cref, 0, 0, 0x11);
+        const auto b = expect_both_directions("rerun 2", dx, 1, c.rows, c.cols, rref, cref, 0, 0, 0x22);
+        EXPECT_TRUE(a == b) << "reruns differ, grid=" << grid;
+      }
+    }
+  }
+  {  // force on a shape that does not qualify throws
+    const ScopedEnv t("MXMOE_QUANT_SCALE_TMA", "force");
+    DevBuf<uint16_t> dx(size_t(640) * 512);
+    CopyBufs rw(1, 640, 512, false), cw(1, 512, 640, false);
+    const MxOut ro = rw.out(false), co = cw.out(false);
+    EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 640, 512, &ro, &co));
   }
 }

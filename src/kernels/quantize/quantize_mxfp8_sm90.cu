@@ -1133,14 +1133,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 // back in row order with one byte permutation (PRMT) per 4 output bytes. Lanes h and h ^ 1 hold
 // the two halves of a 32-row block (one shuffle for its amax). Staging row = tile column, chunk
 // h: the 8 lanes of a quarter-warp store 8 different chunks of one row.
-// Tile walk: the round robin (tile ids c + k * grid) of runs 56-68 for both directions; one direction
-// alone (session 12) by default the unit round robin with TMA-stored scale units where the shape
-// qualifies ("TMA-stored scale units" below; MXMOE_QUANT_SCALE_TMA=0 restores the round robin with
-// per-tile stores). MXMOE_QUANT_SCALE_UNIT=1 / RxC: session 11's unit walk (quantize_unit_walk.h; CTA
+// Tile walk: by default the unit round robin with TMA-stored scale units where the shape qualifies —
+// one direction (session 12): units of 8 tiles along the scales' lines ("TMA-stored scale units"
+// below); both directions (session 12, quant-tmas2): units of 4x4 tiles where rows and K are multiples
+// of 512 ("... of both directions"); elsewhere, and with MXMOE_QUANT_SCALE_TMA=0, the round robin (tile
+// ids c + k * grid) of runs 56-68 with per-tile scale stores. MXMOE_QUANT_SCALE_UNIT=1 / RxC: session 11's unit walk (quantize_unit_walk.h; CTA
 // c converts a contiguous range of tile positions ordered by units of gr x gc tiles) with the scale
 // writer warp storing each unit's bytes as runs of 4 gc / 4 gr bytes (run 64: slower; opt-in).
 // Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 8 x 1 KB scale slots + 16 KB unit buffer +
-// 2 KB alignment slack (218.25 KB). The
+// 2 KB alignment slack (218.25 KB); both directions 8 KB more (the 4x4 units' second buffer). The
 // stage and staging bases are 2048-byte aligned at run time, so that the swizzled addresses are
 // one XOR of a per-thread base (no 64-bit or IMAD address arithmetic per access).
 constexpr int kPipeStages = 4;
@@ -1175,7 +1176,8 @@ struct PipeTile {
 //    1 = the unit walk (quantize_unit_walk.h: CTA c converts a contiguous range of tile positions,
 //    ordered by units of walk.gr x walk.gc tiles; `group` is then unused); 0 = the round-robin walk
 //    of runs 56-62 (tile ids c + k * grid in the raster of `group`).
-//  - tmas (MXMOE_QUANT_SCALE_TMA, session 12; one direction only): 1 = the unit round robin (CTA c
+//  - tmas (MXMOE_QUANT_SCALE_TMA, session 12; both directions: 4x4-tile units, see "... of both
+//    directions"; one direction:): 1 = the unit round robin (CTA c
 //    takes units c, c + P, c + 2P, ... of kTmasUnit tiles adjacent along the scales' contiguous
 //    dimension, and walks each unit's tiles in order; see "TMA-stored scale units" below), with
 //    late_scales 4 (the default where the shape qualifies: the unit's scale bytes leave by one TMA
@@ -1226,13 +1228,26 @@ constexpr int kTmasBufBytes = kTileRows * 4 * kTmasUnit;  // [128 rows or column
 struct TmasUnit {
   int32_t b, a, x, w;  // batch entry, unit index along its line, line, tiles in the unit
 };
-__device__ __forceinline__ TmasUnit tmas_unit_at(const PipeOpts& o, uint32_t u) {
-  TmasUnit un;
-  un.b = int32_t(o.tmas_per_batch.div(u));
-  const uint32_t rem = u - uint32_t(un.b) * o.tmas_per_batch.d;
+// Unit u of the unit round robin: its batch entry, line and index along the line (o.tmas_order: ids
+// along a line, then the next line; or across the lines first).
+struct UnitPos {
+  int32_t b, line, along;
+};
+__device__ __forceinline__ UnitPos unit_pos(const PipeOpts& o, uint32_t u) {
+  UnitPos up;
+  up.b = int32_t(o.tmas_per_batch.div(u));
+  const uint32_t rem = u - uint32_t(up.b) * o.tmas_per_batch.d;
   const uint32_t hi = o.tmas_minor.div(rem), lo = rem - hi * o.tmas_minor.d;
-  un.x = int32_t(o.tmas_order == 0 ? hi : lo);
-  un.a = int32_t(o.tmas_order == 0 ? lo : hi);
+  up.line = int32_t(o.tmas_order == 0 ? hi : lo);
+  up.along = int32_t(o.tmas_order == 0 ? lo : hi);
+  return up;
+}
+__device__ __forceinline__ TmasUnit tmas_unit_at(const PipeOpts& o, uint32_t u) {
+  const UnitPos up = unit_pos(o, u);
+  TmasUnit un;
+  un.b = up.b;
+  un.x = up.line;
+  un.a = up.along;
   un.w = min(kTmasUnit, o.tmas_along - kTmasUnit * un.a);
   return un;
 }
@@ -1247,25 +1262,81 @@ __device__ __forceinline__ PipeTile tmas_tile(const QuantizeParams& p, const Tma
   t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
   return t;
 }
-// This CTA's walk: on_tile(k, unit, n, j) for its k-th tile (tile j of the unit; n = the CTA's n-th
-// whole unit, -1 for a tail tile), on_unit_end(unit, n) after each whole unit's tiles. Every role
-// (producer, consumers, scale writer) runs the same walk.
-template <class OnTile, class OnUnitEnd>
-__device__ __forceinline__ void tmas_walk(const PipeOpts& o, OnTile&& on_tile, OnUnitEnd&& on_unit_end) {
+// This CTA's walk over units of at most kUnitTiles tiles (unit_at(u): unit u, whose .w tiles are
+// tiles 0 .. w - 1 of it): on_tile(k, unit, n, j) for its k-th tile (tile j of the unit; n = the
+// CTA's n-th whole unit, -1 for a tail tile), on_unit_end(unit, n) after each whole unit's tiles.
+// Every role (producer, consumers, scale writer) runs the same walk.
+template <int kUnitTiles, class UnitAt, class OnTile, class OnUnitEnd>
+__device__ __forceinline__ void unit_round_robin(const PipeOpts& o, UnitAt&& unit_at, OnTile&& on_tile,
+                                                 OnUnitEnd&& on_unit_end) {
   const uint32_t P = gridDim.x;
   uint32_t k = 0;
   int32_t n = 0;
   for (uint32_t u = blockIdx.x; u < uint32_t(o.tmas_whole); u += P, ++n) {
-    const TmasUnit un = tmas_unit_at(o, u);
+    const auto un = unit_at(u);
     for (int32_t j = 0; j < un.w; ++j, ++k) on_tile(k, un, n, j);
     on_unit_end(un, n);
   }
-  const uint32_t tail = uint32_t(kTmasUnit) * uint32_t(o.tmas_units - o.tmas_whole);
+  const uint32_t tail = uint32_t(kUnitTiles) * uint32_t(o.tmas_units - o.tmas_whole);
   for (uint32_t v = blockIdx.x; v < tail; v += P) {
-    const TmasUnit un = tmas_unit_at(o, uint32_t(o.tmas_whole) + v / kTmasUnit);
-    const int32_t j = int32_t(v % kTmasUnit);
+    const auto un = unit_at(uint32_t(o.tmas_whole) + v / kUnitTiles);
+    const int32_t j = int32_t(v % kUnitTiles);
     if (j < un.w) on_tile(k++, un, -1, j);
   }
+}
+template <class OnTile, class OnUnitEnd>
+__device__ __forceinline__ void tmas_walk(const PipeOpts& o, OnTile&& on_tile, OnUnitEnd&& on_unit_end) {
+  unit_round_robin<kTmasUnit>(o, [&](uint32_t u) { return tmas_unit_at(o, u); }, on_tile, on_unit_end);
+}
+
+// ---- TMA-stored scale units of both directions (MXMOE_QUANT_SCALE_TMA with MXMOE_QUANT_TMA=1; session
+// 12, branch quant-tmas2) ----
+// Units of 4 x 4 tiles (512 rows x 512 columns): a unit's row-wise scale bytes are 512 rows x 16
+// contiguous bytes (4 tiles along K) and its column-wise ones 512 columns x 16 bytes (4 tiles along
+// the rows): 16-byte runs, the TMA's least inner box. Only where rows and K are multiples of 512
+// (then every unit is whole and every tile full: nothing to clip) and both scale pointers are
+// 16-byte aligned (pipe_options); otherwise the round robin with per-tile stores runs, as before.
+//  - walk: unit_round_robin over units with ids along the columns within a 512-row band (order 0)
+//    or along the rows within a 512-column band (order 1, MXMOE_QUANT_TMA_UNIT_ORDER=across); tile j
+//    of a unit is row tile 4 ur + j % 4, column tile 4 uc + j / 4 (down the unit's 4 row tiles first,
+//    as the tile raster walks its group of row tiles);
+//  - scale bytes: two unit buffers (alternate units), each a row-wise part [512 rows][16 B] and a
+//    column-wise part [512 columns][16 B] (PipeLayout::tmas2_part): row r of tile j at row
+//    128 (j % 4) + r, bytes 4 (j / 4) + block; column c at column 128 (j / 4) + c, bytes 4 (j % 4) + block;
+//  - the scale writer's lane 0 stores a unit with 4 TMA stores of [256][16 B] boxes (2 a direction)
+//    once every consumer warp has arrived on ufull = sfull[n % 2] (16 arrivals, one per consumer warp
+//    after its 16 tiles' fenced writes), waits for them to have read the buffer and arrives on
+//    uempty = sempty[n % 2]; consumers wait on uempty before writing a buffer and before arriving;
+//  - tail: as for one direction (a last partial wave of units split into single tiles with per-tile
+//    late stores where that wave costs > 3% over the tile round robin; 16384x7168 on 132 CTAs: 448
+//    units, 396 whole + 832 single tiles: 55 tile times, the tile round robin's 55).
+// Waits of this path trap after kTmas2TimeoutNs (a mis-counted barrier fails the launch, no hang).
+constexpr int kTmas2Side = 4;                                   // tiles a unit side
+constexpr int kTmas2Tiles = kTmas2Side * kTmas2Side;            // tiles a unit
+constexpr int kTmas2Lines = kTmas2Side * kTileRows;             // rows (columns) of a unit: 512
+constexpr int kTmas2Run = 4 * kTmas2Side;                       // scale bytes a row (column) of a unit: 16
+constexpr int kTmas2PartBytes = kTmas2Lines * kTmas2Run;        // [512][16 B] = 8 KB
+constexpr int kTmas2BoxLines = 256;                             // a TMA box dimension is at most 256
+constexpr uint64_t kTmas2TimeoutNs = 2000000000ull;             // 2 s
+struct Tmas2Unit {
+  int32_t b, ur, uc, w;  // batch entry, unit row and column (in units), tiles in the unit (16)
+};
+// (Lines are 512-row bands, units along the columns: tmas_walk_options.)
+__device__ __forceinline__ Tmas2Unit tmas2_unit_at(const PipeOpts& o, uint32_t u) {
+  const UnitPos up = unit_pos(o, u);
+  return Tmas2Unit{up.b, up.line, up.along, kTmas2Tiles};
+}
+__device__ __forceinline__ PipeTile tmas2_tile(const QuantizeParams& p, const Tmas2Unit& un, int32_t j) {
+  PipeTile t;
+  t.b = un.b;
+  t.r0 = (kTmas2Side * un.ur + j % kTmas2Side) * kTileRows;
+  t.c0 = (kTmas2Side * un.uc + j / kTmas2Side) * kTileCols;
+  t.out_valid = int32_t(min64(kTileRows, p.rows_out - t.r0));
+  return t;
+}
+template <class OnTile, class OnUnitEnd>
+__device__ __forceinline__ void tmas2_walk(const PipeOpts& o, OnTile&& on_tile, OnUnitEnd&& on_unit_end) {
+  unit_round_robin<kTmas2Tiles>(o, [&](uint32_t u) { return tmas2_unit_at(o, u); }, on_tile, on_unit_end);
 }
 
 // Tile id → tile of the walk with the raster of `o` (tile_at's order when o.group == kGroupRowTiles).
@@ -1303,6 +1374,13 @@ struct PipeLayout {
   static constexpr int kUnit = kSEmpty + kPipeScaleSlots * 8;
   static constexpr int kUsed = kUnit + kUnitBufferBytes;
   static constexpr int kBytes = kUsed + 2048;  // slack: the base is aligned up to 2048 at run time
+  // TMA scale units of both directions: buffer bb's row-wise / column-wise part [512][16 B] (8 KB
+  // each): buffer 0's in the scale slots and the first half of the unit buffer, buffer 1's in the
+  // second half and in 8 KB past kUsed (kBytesBoth: that kernel's allocation, 226.25 KB).
+  static constexpr int tmas2_part(int bb, bool col) {
+    return bb == 0 ? (col ? kUnit : kScales) : (col ? kUsed : kUnit + kTmas2PartBytes);
+  }
+  static constexpr int kBytesBoth = kBytes + kTmas2PartBytes;
 };
 static_assert(kPipeBoxBytes == pipe_slice::kBoxBytes, "pipe_slice.cuh's box");
 static_assert(kStageBytes == 2 * kPipeBoxBytes && kPipeBoxBytes % 2048 == 0 && kPipeSliceBytes == 2048,
@@ -1316,6 +1394,12 @@ static_assert(PipeLayout::kUnit % 16 == 0, "unit buffer words");
 static_assert(PipeLayout::kUnit % 128 == 0 && 2 * kTmasBufBytes <= kUnitBufferBytes,
               "two TMA scale unit buffers in the unit buffer, 128-byte aligned (TMA store source)");
 static_assert(kPipeScaleSlots >= 2, "ufull / uempty are sfull / sempty [0..1]");
+static_assert(kPipeScaleSlots * PipeLayout::kScaleSlot == kTmas2PartBytes && 2 * kTmas2PartBytes == kUnitBufferBytes,
+              "both directions' unit buffers: one part in the scale slots, two in the unit buffer");
+static_assert(PipeLayout::kScales % 128 == 0 && PipeLayout::kUsed % 128 == 0 && kTmas2BoxLines * kTmas2Run % 128 == 0,
+              "TMA store sources 128-byte aligned");
+static_assert(PipeLayout::kBytesBoth <= 227 * 1024, "one CTA per SM with both directions' unit buffers");
+static_assert(kTmas2Lines % kTmas2BoxLines == 0 && kTmas2BoxLines <= 256, "a unit part is whole boxes");
 
 // Row-wise slice: the thread's row (tile row r) and half (pipe_slice.cuh).
 __device__ __forceinline__ RowVecs pipe_row_load(uint32_t stage, int r, int half) {
@@ -1414,17 +1498,25 @@ __device__ __forceinline__ void pipe_unit_scale_writer(const QuantizeParams& p, 
 // groups, but no conversion and no scale stores: each warp stores its staging slice as it is
 // (stale bytes). What the memory system gives this access pattern with no arithmetic in the way.
 // scale_map (one direction, o.late_scales == 4): the scale array as uint8 [batch, rows (row-wise) or
-// cols (column-wise), nblk], boxes [1, 128, 32] (TMA-stored scale units).
+// cols (column-wise), nblk], boxes [1, 128, 32] (TMA-stored scale units). Both directions with
+// o.late_scales == 4: scale_map the row-wise scales [batch, rows, nblk_r] and col_scale_map the
+// column-wise ones [batch, cols, nblk_c], boxes [1, 256, 16] (kTmas2).
 template <bool kRow, bool kCol, bool kSkel>
 __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kernel(
     const QuantizeParams p, const TileGrid g, const PipeOpts o, const __grid_constant__ CUtensorMap x_map,
     const __grid_constant__ CUtensorMap row_map, const __grid_constant__ CUtensorMap col_map,
-    const __grid_constant__ CUtensorMap scale_map) {
+    const __grid_constant__ CUtensorMap scale_map, const __grid_constant__ CUtensorMap col_scale_map) {
   using L = PipeLayout;
   constexpr int S = kPipeStages;
   constexpr int kWarpsPerTile = 8 * (int(kRow) + int(kCol));
   constexpr int kTeams = kPipeConsumerWarps / kWarpsPerTile;  // 1 (both directions) or 2
-  constexpr bool kTmas = kRow != kCol;  // the unit round robin exists for one direction alone
+  constexpr bool kTmas = kRow != kCol;  // the unit round robin of one direction (units of 8 tiles)
+  constexpr bool kTmas2 = kRow && kCol && !kSkel;  // both directions' (4x4 tiles; not in the skeleton)
+  // Both directions: every mbarrier wait traps after kTmas2TimeoutNs (a hang fails the launch instead).
+  const auto wait = [](uint64_t* bar, uint32_t parity) {
+    if constexpr (kTmas2) device::mbarrier_wait_parity_or_trap(bar, parity, kTmas2TimeoutNs);
+    else device::mbarrier_wait_parity(bar, parity);
+  };
   static_assert(kRow || kCol, "at least one direction");
   extern __shared__ __align__(1024) uint8_t pipe_smem[];
   // Align the base up to 2048 bytes (the XOR addressing of pipe_row_load / pipe_col_load).
@@ -1485,6 +1577,36 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
           else device::cp_async_bulk_tensor_3d_shared_to_global(&scale_map, src, c0, c1, un.b);
           device::cp_async_bulk_commit_group();
           device::cp_async_bulk_wait_group_read<0>();  // the store has read the buffer
+          device::mbarrier_arrive(&sempty[bb]);
+        });
+        device::cp_async_bulk_wait_group<0>();
+        return;
+      }
+    }
+    if constexpr (kTmas2) {
+      if (o.late_scales == 4) {  // both directions: lane 0 stores each whole unit's two parts, 2 boxes each
+        if (lane != 0) return;
+        device::prefetch_tensormap(&scale_map);
+        device::prefetch_tensormap(&col_scale_map);
+        const bool hint = o.store_hint >= 0;
+        const uint64_t policy = hint ? device::createpolicy_l2(o.store_hint) : 0;
+        const auto put = [&](const CUtensorMap* map, const void* src, int32_t c0, int32_t c1, int32_t c2) {
+          if (hint) device::cp_async_bulk_tensor_3d_shared_to_global_hint(map, src, c0, c1, c2, policy);
+          else device::cp_async_bulk_tensor_3d_shared_to_global(map, src, c0, c1, c2);
+        };
+        tmas2_walk(o, [](uint32_t, const Tmas2Unit&, int32_t, int32_t) {}, [&](const Tmas2Unit& un, int32_t n) {
+          const int bb = n & 1;
+          wait(&sfull[bb], uint32_t(n >> 1) & 1);  // every consumer warp's bytes of the unit
+          const uint8_t* rsrc = smem + L::tmas2_part(bb, false);  // [512 rows][16 B]
+          const uint8_t* csrc = smem + L::tmas2_part(bb, true);   // [512 columns][16 B]
+#pragma unroll
+          for (int h = 0; h < kTmas2Lines / kTmas2BoxLines; ++h) {
+            const int32_t off = h * kTmas2BoxLines;
+            put(&scale_map, rsrc + off * kTmas2Run, kTmas2Run * un.uc, kTmas2Lines * un.ur + off, un.b);
+            put(&col_scale_map, csrc + off * kTmas2Run, kTmas2Run * un.ur, kTmas2Lines * un.uc + off, un.b);
+          }
+          device::cp_async_bulk_commit_group();
+          device::cp_async_bulk_wait_group_read<0>();  // the stores have read the buffer
           device::mbarrier_arrive(&sempty[bb]);
         });
         device::cp_async_bulk_wait_group<0>();
@@ -1552,7 +1674,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
     const uint64_t policy = hint ? device::createpolicy_l2(o.load_hint) : 0;
     const auto produce = [&](uint32_t k, const PipeTile& t) {
       const int s = int(k % S);
-      device::mbarrier_wait_parity(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
+      wait(&empty[s], ((k / S) & 1) ^ 1);  // fresh slots pass at once
       ring[s] = t;
       const bool right = t.c0 + kPipeBoxCols < p.cols;  // the right box holds columns of the matrix
       device::mbarrier_arrive_expect_tx(&full[s], right ? 2 * kPipeBoxBytes : kPipeBoxBytes);
@@ -1568,6 +1690,13 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
       if (o.tmas) {
         tmas_walk(o, [&](uint32_t k, const TmasUnit& un, int32_t, int32_t j) { produce(k, tmas_tile<kRow>(p, un, j)); },
                   [](const TmasUnit&, int32_t) {});
+        return;
+      }
+    }
+    if constexpr (kTmas2) {
+      if (o.tmas) {
+        tmas2_walk(o, [&](uint32_t k, const Tmas2Unit& un, int32_t, int32_t j) { produce(k, tmas2_tile(p, un, j)); },
+                   [](const Tmas2Unit&, int32_t) {});
         return;
       }
     }
@@ -1595,7 +1724,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
   const auto consume = [&](uint32_t k, int32_t n, int32_t j) {
     const int s = int(k % S);
     const uint32_t stage = sbase + uint32_t(s * kStageBytes);
-    device::mbarrier_wait_parity(&full[s], (k / S) & 1);
+    wait(&full[s], (k / S) & 1);
     const PipeTile pt = ring[s];
     const Tile t = [&] {
       Tile x;
@@ -1665,6 +1794,19 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
 #pragma unroll
         for (int c = 0; c < 4; ++c) ub[32 * (16 * w + 4 * q + c) + 4 * j + h / 2] = uint8_t(scales.bytes >> (8 * c));
       }
+    } else if (kTmas2 && n >= 0) {  // both directions: tile j = (row tile j % 4, column tile j / 4) of the unit
+      wait(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);  // fresh buffers pass at once
+      const int tr = j % kTmas2Side, tc = j / kTmas2Side;
+      if (row_warp) {  // blocks 4 tc + 2 half, + 1 of unit row 128 tr + r
+        const int r = 16 * w + lane % 16, half = lane / 16;
+        uint8_t* rb = smem + L::tmas2_part(n & 1, false);  // [512 rows][16 B]
+        *reinterpret_cast<uint16_t*>(rb + kTmas2Run * (kTileRows * tr + r) + 4 * tc + 2 * half) = uint16_t(scales.bytes);
+      } else if ((lane % 8) % 2 == 0) {  // h even: block 4 tr + h / 2 of unit columns 128 tc + 16 w + 4 q + c
+        const int q = lane / 8, h = lane % 8;
+        uint8_t* cb = smem + L::tmas2_part(n & 1, true) + kTmas2Run * (kTileCols * tc + 16 * w + 4 * q) + 4 * tr + h / 2;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cb[kTmas2Run * c] = uint8_t(scales.bytes >> (8 * c));
+      }
     } else if (o.late_scales == 2 || o.late_scales == 3) {
       const int ss = int(k % kPipeScaleSlots);
       device::mbarrier_wait_parity(&sempty[ss], ((k / kPipeScaleSlots) & 1) ^ 1);  // fresh slots pass at once
@@ -1704,6 +1846,23 @@ __global__ void __launch_bounds__(kPipeThreads, 1) quantize_mxfp8_pipelined_kern
             // Every consumer warp arrives once per unit, after its own bytes of it (fenced above),
             // and only once unit n - 2's store has read the buffer (see "TMA-stored scale units").
             device::mbarrier_wait_parity(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);
+            __syncwarp();
+            if (lane == 0) device::mbarrier_arrive(&sfull[n & 1]);
+          });
+      if (lane == 0) device::cp_async_bulk_wait_group<0>();
+      return;
+    }
+  }
+  if constexpr (kTmas2) {
+    if (o.tmas) {  // (kTeams == 1: every consumer warp takes every tile)
+      const bool units = o.late_scales == 4;
+      tmas2_walk(
+          o, [&](uint32_t k, const Tmas2Unit&, int32_t n, int32_t j) { consume(k, units ? n : -1, j); },
+          [&](const Tmas2Unit&, int32_t n) {
+            if (!units) return;
+            // As for one direction: one arrival per consumer warp and unit, after its fenced bytes of
+            // the unit's 16 tiles, and only once unit n - 2's stores have read the buffer.
+            wait(&sempty[n & 1], (uint32_t(n >> 1) & 1) ^ 1);
             __syncwarp();
             if (lane == 0) device::mbarrier_arrive(&sfull[n & 1]);
           });
@@ -1824,16 +1983,21 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
+bool both_units_would_run(const QuantizeParams& p);
 // Which plain copies of dense inputs the pipelined kernel takes (MXMOE_QUANT_TMA, read on every
 // call, so that one process can time every path): unset or "auto" = one direction alone (run 72,
 // 16384x7168 and 65536x2048 with flush: row-wise 85.7-87.7% of copy, column-wise 85.5-85.9%,
 // against the staged kernel's 80.6-85.3 / 81.0-81.6 in the same run; docs/notes/quantize.md
-// "Run 72"), both directions stay on the two-group kernel; "1" = both directions too; "0" = never
-// (the staged kernel, the default before run 72); "skel" (diagnostic, wrong outputs) = the kernel's
-// memory traffic without the conversion (kSkel), every dense plain copy.
-bool use_pipelined(bool both_directions) {
+// "Run 72"), and both directions where the 4x4-tile TMA scale units run (session 12, quant-tmas2:
+// rows and K multiples of 512, 16-byte aligned scale pointers, MXMOE_QUANT_SCALE_TMA 1 or unset;
+// NOT yet measured — docs/notes/quantize.md "Session 12 (helper, branch quant-tmas2)"), other
+// shapes of both directions on the two-group kernel; "1" = both directions always (per-tile
+// scale stores where the units do not apply); "0" = never (the staged kernel for one direction,
+// the two-group kernel for both: the defaults before run 72); "skel" (diagnostic, wrong outputs) =
+// the kernel's memory traffic without the conversion (kSkel), every dense plain copy.
+bool use_pipelined(const QuantizeParams& p, bool both_directions) {
   const char* e = std::getenv("MXMOE_QUANT_TMA");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return !both_directions;
+  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return !both_directions || both_units_would_run(p);
   if (std::strcmp(e, "1") == 0 || std::strcmp(e, "skel") == 0) return true;
   if (std::strcmp(e, "0") == 0) return false;
   throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA", e, "must be auto (default), 1, 0 or skel");
@@ -1862,7 +2026,10 @@ bool pipelined_skeleton() {
 // (nblk % 16 == 0, 16-byte aligned scale pointer; else the round-robin walk with per-tile stores) and
 // neither MXMOE_QUANT_SCALE_UNIT nor MXMOE_QUANT_TMA_SCALES is set; 0 = the round-robin walk with
 // per-tile stores (runs 56-68's `tma`); walk = the unit round robin with per-tile late stores, any
-// shape (the walk's cost alone). MXMOE_QUANT_TMA_SPLIT = auto (default) | 0 | 1: split the last
+// shape (the walk's cost alone); force (tests) = 1, but throws where the units would not run.
+// Both directions (MXMOE_QUANT_TMA=1, session 12 quant-tmas2): 1 = units of 4x4 tiles with TMA-stored
+// scale units where rows and K are multiples of 512 and both scale pointers 16-byte aligned (else the
+// round robin with per-tile stores); walk = the same 4x4 walk with per-tile stores (same shapes). MXMOE_QUANT_TMA_SPLIT = auto (default) | 0 | 1: split the last
 // partial wave of units into single tiles where that wave costs > 3% over the tile round robin /
 // never / whenever there is one. MXMOE_QUANT_TMA_UNIT_ORDER = along (default) | across: unit ids
 // along a line (row-wise: K within a 128-row band) or across the lines first.
@@ -1912,13 +2079,16 @@ bool pipe_unit_env(bool row, bool col, int32_t* gr, int32_t* gc) {
   *gc = c;
   return true;
 }
-// MXMOE_QUANT_SCALE_TMA → 0 (off), 1 (TMA scale units where the shape qualifies), 2 (the walk alone).
+// MXMOE_QUANT_SCALE_TMA → 0 (off), 1 (TMA scale units where the shape qualifies), 2 (the walk alone),
+// 3 ("force", tests: as 1, but a pipelined launch whose shape or pointers do not qualify throws, so
+// that a test knows the units ran).
 int pipe_scale_tma_env() {
   const char* e = std::getenv("MXMOE_QUANT_SCALE_TMA");
   if (e == nullptr || *e == 0 || std::strcmp(e, "1") == 0) return 1;
   if (std::strcmp(e, "0") == 0) return 0;
   if (std::strcmp(e, "walk") == 0) return 2;
-  throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_TMA", e, "must be 1, 0 or walk");
+  if (std::strcmp(e, "force") == 0) return 3;
+  throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_TMA", e, "must be 1, 0, walk or force");
 }
 // Whether the scale array of the one direction can take the TMA scale units' stores: uint8
 // [batch, lines, nblk] with nblk % 16 == 0 (TMA global strides are multiples of 16 bytes) at a
@@ -1928,12 +2098,35 @@ bool tmas_scales_qualify(const QuantizeParams& p, bool row) {
   const uint8_t* scales = row ? p.row_scales : p.col_scales;
   return nblk % 16 == 0 && (reinterpret_cast<uintptr_t>(scales) & 15u) == 0;
 }
-// The unit round robin's walk (PipeOpts::tmas*) for `grid` CTAs.
-void tmas_walk_options(PipeOpts& o, const TileGrid& g, const QuantizeParams& p, bool row, uint32_t grid) {
+// Both directions (4x4-tile units): rows and K multiples of 512 (whole units of full tiles; nblk_r and
+// nblk_c multiples of 16) and both scale arrays qualify.
+bool tmas2_scales_qualify(const QuantizeParams& p) {
+  return p.rows_out % kTmas2Lines == 0 && p.cols % kTmas2Lines == 0 && tmas_scales_qualify(p, true) &&
+         tmas_scales_qualify(p, false);
+}
+// Whether pipe_options would give both directions of p the 4x4-tile TMA scale units (the same
+// conditions: MXMOE_QUANT_SCALE_TMA unset, 1 or force; neither MXMOE_QUANT_SCALE_UNIT nor
+// MXMOE_QUANT_TMA_SCALES asking for another walk or order; the shape and pointers qualify).
+bool both_units_would_run(const QuantizeParams& p) {
+  const int tma = pipe_scale_tma_env();
+  const char* unit = std::getenv("MXMOE_QUANT_SCALE_UNIT");
+  const char* order = std::getenv("MXMOE_QUANT_TMA_SCALES");
+  const bool unit_walk = unit != nullptr && *unit != 0 && std::strcmp(unit, "0") != 0;
+  return (tma == 1 || tma == 3) && !unit_walk && (order == nullptr || *order == 0) && tmas2_scales_qualify(p);
+}
+// The unit round robin's walk (PipeOpts::tmas*) for `grid` CTAs: one direction (row or column-wise,
+// units of 8 tiles along the scales' lines) or both (units of 4x4 tiles; `both`).
+void tmas_walk_options(PipeOpts& o, const TileGrid& g, const QuantizeParams& p, bool row, bool both, uint32_t grid) {
   o.tmas = 1;
   o.tmas_along = row ? g.tiles_c : g.tiles_r;
   o.tmas_across = row ? g.tiles_r : g.tiles_c;
-  const int32_t per_line = (o.tmas_along + kTmasUnit - 1) / kTmasUnit;
+  const int32_t unit_tiles = both ? kTmas2Tiles : kTmasUnit;
+  // Both: lines are 512-row bands (order 0, units along the columns) of tiles_c / 4 units each.
+  if (both) {
+    o.tmas_along = g.tiles_c / kTmas2Side;
+    o.tmas_across = g.tiles_r / kTmas2Side;
+  }
+  const int32_t per_line = both ? o.tmas_along : (o.tmas_along + kTmasUnit - 1) / kTmasUnit;
   const char* ord = std::getenv("MXMOE_QUANT_TMA_UNIT_ORDER");
   if (ord == nullptr || *ord == 0 || std::strcmp(ord, "along") == 0) o.tmas_order = 0;
   else if (std::strcmp(ord, "across") == 0) o.tmas_order = 1;
@@ -1941,10 +2134,10 @@ void tmas_walk_options(PipeOpts& o, const TileGrid& g, const QuantizeParams& p, 
   o.tmas_per_batch = FastDivmod(uint32_t(per_line * o.tmas_across));
   o.tmas_minor = FastDivmod(uint32_t(o.tmas_order == 0 ? per_line : o.tmas_across));
   o.tmas_units = int32_t(p.batch * per_line * o.tmas_across);
-  // Tail: whole units take ceil(U / P) unit times of up to 8 tiles; the tile round robin ceil(N / P)
-  // tile times. Split the last partial wave into single tiles where it costs more than 3%.
+  // Tail: whole units take ceil(U / P) unit times of up to 8 (16) tiles; the tile round robin
+  // ceil(N / P) tile times. Split the last partial wave into single tiles where it costs more than 3%.
   const int64_t U = o.tmas_units, P = grid, N = g.num_tiles;
-  const int64_t unit_waves = (U + P - 1) / P * kTmasUnit, tile_waves = (N + P - 1) / P;
+  const int64_t unit_waves = (U + P - 1) / P * unit_tiles, tile_waves = (N + P - 1) / P;
   const char* sp = std::getenv("MXMOE_QUANT_TMA_SPLIT");
   bool split = 100 * unit_waves > 103 * tile_waves;
   if (sp != nullptr && *sp != 0 && std::strcmp(sp, "auto") != 0) {
@@ -1980,15 +2173,25 @@ PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool
   o.late_scales = pipe_late_scales(o.unit != 0);
   // TMA scale units (one direction): unless the session-11 unit walk or a per-tile order is asked for.
   const char* order = std::getenv("MXMOE_QUANT_TMA_SCALES");
-  const int tma = pipe_scale_tma_env();
+  const int tma_env = pipe_scale_tma_env();
+  const int tma = tma_env == 3 ? 1 : tma_env;
   if (row != col && !o.unit && (order == nullptr || *order == 0)) {
     if (tma == 2) {
-      tmas_walk_options(o, g, p, row, grid);
+      tmas_walk_options(o, g, p, row, false, grid);
     } else if (tma == 1 && tmas_scales_qualify(p, row)) {
-      tmas_walk_options(o, g, p, row, grid);
+      tmas_walk_options(o, g, p, row, false, grid);
       o.late_scales = 4;
     }
   }
+  // Both directions (not the skeleton): the 4x4-tile units where the shape qualifies (=walk too: the
+  // walk needs whole units).
+  if (row && col && !skel && !o.unit && (order == nullptr || *order == 0) && tma != 0 && tmas2_scales_qualify(p)) {
+    tmas_walk_options(o, g, p, row, true, grid);
+    if (tma == 1) o.late_scales = 4;
+  }
+  if (tma_env == 3 && o.late_scales != 4)
+    throw_arg("quantize_mxfp8", "MXMOE_QUANT_SCALE_TMA", "force",
+              "the shape or a scale pointer does not qualify for TMA scale units (or another walk was asked for)");
   const char* sk = std::getenv("MXMOE_QUANT_TMA_SKEL_SCALES");
   o.skel_scales = sk != nullptr && std::strcmp(sk, "1") == 0 ? 1 : 0;
   // The skeleton without scale stores stores none in every order (the writer warp would store its
@@ -2000,7 +2203,8 @@ PipeOpts pipe_options(const TileGrid& g, const QuantizeParams& p, bool row, bool
 template <bool kRow, bool kCol, bool kSkel>
 void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
   constexpr auto kernel = quantize_mxfp8_pipelined_kernel<kRow, kCol, kSkel>;
-  constexpr int kSmem = PipeLayout::kBytes;
+  // (Both directions: room for the 4x4-tile units' second buffer whether or not they run.)
+  constexpr int kSmem = kRow && kCol && !kSkel ? PipeLayout::kBytesBoth : PipeLayout::kBytes;
   const TileGrid g = make_grid(p);
   unsigned grid = persistent_grid<kernel>(kSmem, g.num_tiles, kPipeThreads);
   if (const int64_t most = pipe_grid_env(); most > 0) grid = unsigned(std::min<int64_t>(grid, most));
@@ -2018,13 +2222,21 @@ void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
     col_map = make_tensor_map_3d_u8("quantize_mxfp8", p.col_data, batch, cols, rows, rows, rows * cols, 16, kTileRows, sw);
   // TMA scale units: the one direction's scale array as uint8 [batch, rows or cols, nblk] in boxes
   // [1, 128, 32] (no swizzle; pipe_options checked nblk % 16 and the alignment).
-  CUtensorMap scale_map{};
-  if (o.late_scales == 4) {
+  // Both directions: the row-wise scales [batch, rows, nblk_r] and the column-wise ones [batch, cols,
+  // nblk_c] in boxes [1, 256, 16] (tmas2_scales_qualify checked the strides and alignment).
+  CUtensorMap scale_map{}, col_scale_map{};
+  const auto scale_tensor = [&](uint8_t* base, uint64_t lines, uint64_t nblk, uint32_t box_lines, uint32_t box_bytes) {
+    return make_tensor_map_3d_u8("quantize_mxfp8", base, batch, lines, nblk, nblk, lines * nblk, box_lines, box_bytes,
+                                 CU_TENSOR_MAP_SWIZZLE_NONE);
+  };
+  if (o.late_scales == 4 && kRow && kCol) {
+    scale_map = scale_tensor(p.row_scales, rows, cols / kMxBlock, kTmas2BoxLines, kTmas2Run);
+    col_scale_map = scale_tensor(p.col_scales, cols, rows / kMxBlock, kTmas2BoxLines, kTmas2Run);
+  } else if (o.late_scales == 4) {
     const uint64_t lines = kRow ? rows : cols, nblk = (kRow ? cols : rows) / kMxBlock;
-    scale_map = make_tensor_map_3d_u8("quantize_mxfp8", kRow ? p.row_scales : p.col_scales, batch, lines, nblk, nblk,
-                                      lines * nblk, kTileRows, 4 * kTmasUnit, CU_TENSOR_MAP_SWIZZLE_NONE);
+    scale_map = scale_tensor(kRow ? p.row_scales : p.col_scales, lines, nblk, kTileRows, 4 * kTmasUnit);
   }
-  kernel<<<grid, kPipeThreads, kSmem, stream>>>(p, g, o, x_map, row_map, col_map, scale_map);
+  kernel<<<grid, kPipeThreads, kSmem, stream>>>(p, g, o, x_map, row_map, col_map, scale_map, col_scale_map);
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
@@ -2092,7 +2304,7 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
     const bool row = row_plain, col = col_plain;
-    if (kMap == RowMap::kDense && use_pipelined(row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
+    if (kMap == RowMap::kDense && use_pipelined(p, row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
       if (pipelined_skeleton()) {
         if (row && col) launch_pipelined<true, true, true>(p, stream);
         else if (row) launch_pipelined<true, false, true>(p, stream);
