@@ -35,11 +35,12 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
 largest token count first. --k-raster-both adds the other tile orders within an expert for each mode
-(the defaults: fast mode n-tile-major; exact mode groups of n-tiles walked k-tile by k-tile for experts
-of >= 16384 tokens and n-tile-major below, gemm.md "Session 11"):
-"mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group), "mxmoe-exact-nmajor" (=nmajor) and "mxmoe-exact-group"
-(=group: exact mode's default groups only experts of >= 16384 tokens, MXMOE_GEMM_K_RASTER=auto). Each alternative's output must be bitwise equal to its mode's default
-line; the column xdefault is the default line's time / the alternative's.
+(the defaults: fast mode n-tile-major; exact mode groups of G n-tiles walked k-tile by k-tile for every
+expert, gemm.md "Run 87"): "mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group), "mxmoe-exact-nmajor"
+(=nmajor) and "mxmoe-exact-group" (=group, the same order as exact mode's default). --k-raster-groups
+G1,G2,... adds "mxmoe-exact-gG" (MXMOE_GEMM_K_RASTER=G: groups of G n-tiles; the default G is
+round(sqrt(grid * 256 / 128)) = 16 on 132 SMs). Each alternative's output must be bitwise equal to its
+mode's default line; the column xdefault is the default line's time / the alternative's.
 Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
 the same GEMM on row-major images [rows, M] (bitwise equal output required).
@@ -82,6 +83,7 @@ EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
 K_RASTER_BOTH = False  # --k-raster-both (set in main): wgrad also with each mode's other tile order
+K_RASTER_GROUPS = []  # --k-raster-groups (set in main): wgrad exact mode also with these raster group sizes
 WGRAD_ROWIMG = False  # --wgrad-rowimg (set in main): exact wgrad also on row-major images
 FAST_BLOCK = False  # --fast-block (set in main): m-grouped fast mode also with B in 128x128 blocks
 ROW128, BLOCK128 = 0, 1  # B's fast scale layouts (gemm.h FastScaleLayout; the C ABI's b_fast_scale_layout)
@@ -606,6 +608,8 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
         variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact"),
                      (EXACT, "mxmoe-exact-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-exact")]
+    for g in K_RASTER_GROUPS:  # exact mode with G n-tiles a raster group (default G: ~sqrt(grid · 256 / 128))
+        variants.append((EXACT, f"mxmoe-exact-g{g}", {"MXMOE_GEMM_K_RASTER": str(g)}, "mxmoe-exact"))
     if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
         variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
     b_forms = {ROW128: (b_fd, b_fs)}
@@ -673,6 +677,8 @@ def main():
                     help="wgrad also with the experts walked in index order (MXMOE_GEMM_K_ORDER=index)")
     ap.add_argument("--k-raster-both", action="store_true",
                     help="wgrad also with each mode's other tile order within an expert (fast: MXMOE_GEMM_K_RASTER=group, exact: nmajor and group)")
+    ap.add_argument("--k-raster-groups", default="",
+                    help="comma-separated n-tile counts G: wgrad also in exact mode with MXMOE_GEMM_K_RASTER=G (mxmoe-exact-gG)")
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
     ap.add_argument("--fast-block", action="store_true",
@@ -683,12 +689,18 @@ def main():
     ap.add_argument("--wgrad-only", action="store_true", help="only the wgrad cases (implies --wgrad)")
     ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, K_RASTER_GROUPS, COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
     EXACT_TILE_BOTH = args.exact_tile_both
     FAST_BLOCK = args.fast_block
     WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both
     K_RASTER_BOTH = args.k_raster_both
+    try:
+        K_RASTER_GROUPS = [int(g) for g in args.k_raster_groups.split(",") if g.strip()]
+    except ValueError:
+        sys.exit(f"bench_gemm: argument '--k-raster-groups' = {args.k_raster_groups!r}: must be comma-separated integers")
+    if any(not 0 < g < 65536 for g in K_RASTER_GROUPS):
+        sys.exit(f"bench_gemm: argument '--k-raster-groups' = {args.k_raster_groups!r}: each G must be in 1..65535")
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)
