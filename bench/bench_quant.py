@@ -9,9 +9,8 @@ For the plain MX copy of one direction of a dense input the default kernel is th
 form alone ("fast-only": what the training layer's fast mode asks for) the staged one (outputs
 leave through shared memory by TMA stores); the "reg-store" columns time the register-store kernel
 (MXMOE_QUANT_STAGED=0, the only one that writes plain + fast together, "+fast" lines) on the same
-data, in the same run; for both directions of dense inputs whose rows and K are multiples of 512 the
-default is the pipelined kernel with 4x4-tile TMA scale units (session 12, quant-tmas2), for the other
-both-direction dense and gather inputs the two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
+data, in the same run; for both directions of dense and gather inputs the default is the
+two-group kernel (one warp group per direction, 512 threads) and "1-group" times the 256-thread
 staged kernel (MXMOE_QUANT_TWO_GROUP=0). With --tma, the plain copies of dense inputs are also
 timed with MXMOE_QUANT_TMA=1 (the "tma % copy" column: both directions on the pipelined kernel too;
 one direction is the default's kernel), in the same run;
@@ -138,16 +137,15 @@ UNIT_ENV = "MXMOE_QUANT_SCALE_UNIT"  # the pipelined kernel's walk ("" = its def
 SCALE_UNIT = ""  # --scale-unit
 
 
-def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_copy, i, t: t, tma=None):
+def timed_variant(timer, run, mx, ref, staged, two_group=True, crop=lambda row_copy, i, t: t, tma=False):
     """Time `run` with the staged kernels on or off (MXMOE_QUANT_STAGED), the two-group kernel
-    on or off (MXMOE_QUANT_TWO_GROUP) and the pipelined kernel on, off or the library's choice
-    (MXMOE_QUANT_TMA = 1 / 0 / unset for tma True / False / None), then
+    on or off (MXMOE_QUANT_TWO_GROUP) and the pipelined kernel on or off (MXMOE_QUANT_TMA), then
     check its outputs against the baseline's. Outputs are poisoned first so that a kernel that
     writes nothing cannot pass on a previous kernel's bytes."""
     for t in mx.tensors():
         t.fill_(0xA5)
     with kernel_env({STAGED_ENV: "1" if staged else "0", TWO_GROUP_ENV: "1" if two_group else "0",
-                     TMA_ENV: {True: "1", False: "0", None: ""}[tma], UNIT_ENV: SCALE_UNIT if tma else ""}):
+                     TMA_ENV: "1" if tma else "", UNIT_ENV: SCALE_UNIT if tma else ""}):
         us = timer(run)
     return us, compare(mx, ref, crop)
 
@@ -228,7 +226,7 @@ def main():
         if staged_default:  # the register-store kernel on the same data, output checked too
             us_reg, bad_reg = timed_variant(timer, run, mx, ref, staged=False)
         if row and col and staged_default:  # both directions on the 256-thread staged kernel
-            us_one, bad_one = timed_variant(timer, run, mx, ref, staged=True, two_group=False, tma=False)
+            us_one, bad_one = timed_variant(timer, run, mx, ref, staged=True, two_group=False)
         us_tma = None
         if args.tma and plain and not fast:  # the pipelined kernel (plain copies of dense inputs)
             us_tma, bad_tma = timed_variant(timer, run, mx, ref, staged=True, tma=True)

@@ -8,9 +8,8 @@
 // everything with MXMOE_QUANT_STAGED=0). Every case that asks for the fast form also runs with the
 // fast form alone on the default kernels and on the register-store one, and without its fast form,
 // so that every kernel sees every input. The pipelined kernel takes the plain copy of one direction
-// of a dense input by default, and both directions where rows and K are multiples of 512 (the 4x4
-// TMA scale units; both always with MXMOE_QUANT_TMA=1; the staged / two-group kernels with =0): such
-// cases run on both; PipelinedKernelOnPlainCopies and PipelinedKernelScaleTmaUnits test it further.
+// of a dense input by default (both with MXMOE_QUANT_TMA=1; the staged kernel with =0): such cases
+// run on both; PipelinedKernelOnPlainCopies and PipelinedKernelScaleTmaUnits test it further.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -127,12 +126,10 @@ void poison_some(std::vector<uint16_t>& x, std::mt19937& rng) {
 }
 
 // The plain copies of a case (no fast form) on the default kernels, and for one direction also on
-// the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one); for both directions where
-// rows and K are multiples of 512 (the default: the pipelined kernel with 4x4-tile TMA scale units,
-// since session 12 quant-tmas2) also on the two-group kernel (MXMOE_QUANT_TMA=0).
+// the staged kernel (MXMOE_QUANT_TMA=0; the default is the pipelined one).
 void run_plain(const DenseCase& c, ScaleMode mode, const std::vector<uint16_t>& x, const std::string& label) {
   run_dense_once(c, mode, x, label);
-  if (c.row != c.col || (c.rows % 512 == 0 && c.cols % 512 == 0)) {
+  if (c.row != c.col) {
     const ScopedEnv staged("MXMOE_QUANT_TMA", "0");
     run_dense_once(c, mode, x, label + " [MXMOE_QUANT_TMA=0]");
   }

@@ -1983,21 +1983,16 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
-bool both_units_would_run(const QuantizeParams& p);
 // Which plain copies of dense inputs the pipelined kernel takes (MXMOE_QUANT_TMA, read on every
 // call, so that one process can time every path): unset or "auto" = one direction alone (run 72,
 // 16384x7168 and 65536x2048 with flush: row-wise 85.7-87.7% of copy, column-wise 85.5-85.9%,
 // against the staged kernel's 80.6-85.3 / 81.0-81.6 in the same run; docs/notes/quantize.md
-// "Run 72"), and both directions where the 4x4-tile TMA scale units run (session 12, quant-tmas2:
-// rows and K multiples of 512, 16-byte aligned scale pointers, MXMOE_QUANT_SCALE_TMA 1 or unset;
-// NOT yet measured — docs/notes/quantize.md "Session 12 (helper, branch quant-tmas2)"), other
-// shapes of both directions on the two-group kernel; "1" = both directions always (per-tile
-// scale stores where the units do not apply); "0" = never (the staged kernel for one direction,
-// the two-group kernel for both: the defaults before run 72); "skel" (diagnostic, wrong outputs) =
-// the kernel's memory traffic without the conversion (kSkel), every dense plain copy.
-bool use_pipelined(const QuantizeParams& p, bool both_directions) {
+// "Run 72"), both directions stay on the two-group kernel; "1" = both directions too; "0" = never
+// (the staged kernel, the default before run 72); "skel" (diagnostic, wrong outputs) = the kernel's
+// memory traffic without the conversion (kSkel), every dense plain copy.
+bool use_pipelined(bool both_directions) {
   const char* e = std::getenv("MXMOE_QUANT_TMA");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return !both_directions || both_units_would_run(p);
+  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return !both_directions;
   if (std::strcmp(e, "1") == 0 || std::strcmp(e, "skel") == 0) return true;
   if (std::strcmp(e, "0") == 0) return false;
   throw_arg("quantize_mxfp8", "MXMOE_QUANT_TMA", e, "must be auto (default), 1, 0 or skel");
@@ -2103,16 +2098,6 @@ bool tmas_scales_qualify(const QuantizeParams& p, bool row) {
 bool tmas2_scales_qualify(const QuantizeParams& p) {
   return p.rows_out % kTmas2Lines == 0 && p.cols % kTmas2Lines == 0 && tmas_scales_qualify(p, true) &&
          tmas_scales_qualify(p, false);
-}
-// Whether pipe_options would give both directions of p the 4x4-tile TMA scale units (the same
-// conditions: MXMOE_QUANT_SCALE_TMA unset, 1 or force; neither MXMOE_QUANT_SCALE_UNIT nor
-// MXMOE_QUANT_TMA_SCALES asking for another walk or order; the shape and pointers qualify).
-bool both_units_would_run(const QuantizeParams& p) {
-  const int tma = pipe_scale_tma_env();
-  const char* unit = std::getenv("MXMOE_QUANT_SCALE_UNIT");
-  const char* order = std::getenv("MXMOE_QUANT_TMA_SCALES");
-  const bool unit_walk = unit != nullptr && *unit != 0 && std::strcmp(unit, "0") != 0;
-  return (tma == 1 || tma == 3) && !unit_walk && (order == nullptr || *order == 0) && tmas2_scales_qualify(p);
 }
 // The unit round robin's walk (PipeOpts::tmas*) for `grid` CTAs: one direction (row or column-wise,
 // units of 8 tiles along the scales' lines) or both (units of 4x4 tiles; `both`).
@@ -2304,7 +2289,7 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
     // that scale pointers need no alignment, so an odd row-wise scale pointer takes the
     // register-store kernel, whose scale stores are bytes. Fast scales are stored as bytes.)
     const bool row = row_plain, col = col_plain;
-    if (kMap == RowMap::kDense && use_pipelined(p, row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
+    if (kMap == RowMap::kDense && use_pipelined(row && col)) {  // (the pipelined kernel's row-wise pass is the staged one's)
       if (pipelined_skeleton()) {
         if (row && col) launch_pipelined<true, true, true>(p, stream);
         else if (row) launch_pipelined<true, false, true>(p, stream);
