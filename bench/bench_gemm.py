@@ -84,6 +84,7 @@ EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
 K_RASTER_BOTH = False  # --k-raster-both (set in main): wgrad also with each mode's other tile order
 K_RASTER_GROUPS = []  # --k-raster-groups (set in main): wgrad exact mode also with these raster group sizes
+K_RASTER_GROUPS_FAST = []  # --k-raster-groups-fast: the same for fast mode
 WGRAD_ROWIMG = False  # --wgrad-rowimg (set in main): exact wgrad also on row-major images
 FAST_BLOCK = False  # --fast-block (set in main): m-grouped fast mode also with B in 128x128 blocks
 ROW128, BLOCK128 = 0, 1  # B's fast scale layouts (gemm.h FastScaleLayout; the C ABI's b_fast_scale_layout)
@@ -608,8 +609,9 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
         variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact"),
                      (EXACT, "mxmoe-exact-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-exact")]
-    for g in K_RASTER_GROUPS:  # exact mode with G n-tiles a raster group (default G: ~sqrt(grid · 256 / 128))
-        variants.append((EXACT, f"mxmoe-exact-g{g}", {"MXMOE_GEMM_K_RASTER": str(g)}, "mxmoe-exact"))
+    for mode, mname, groups in ((EXACT, "exact", K_RASTER_GROUPS), (FAST, "fast", K_RASTER_GROUPS_FAST)):
+        for g in groups:  # G n-tiles a raster group (exact's default G: ~sqrt(grid · 256 / 128); fast: n-major)
+            variants.append((mode, f"mxmoe-{mname}-g{g}", {"MXMOE_GEMM_K_RASTER": str(g)}, f"mxmoe-{mname}"))
     if WGRAD_ROWIMG:  # the same exact GEMM on row-major images (the layout before run 65)
         variants += [(EXACT, "mxmoe-exact-rowimg", None, "mxmoe-exact")]
     b_forms = {ROW128: (b_fd, b_fs)}
@@ -659,6 +661,17 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     print(f"  done: {shape}", file=sys.stderr, flush=True)
 
 
+def parse_groups(flag, text):
+    """'G1,G2,...' -> [G1, G2, ...] (raster group sizes, 1..65535); exits naming the flag otherwise."""
+    try:
+        groups = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        sys.exit(f"bench_gemm: argument '{flag}' = {text!r}: must be comma-separated integers")
+    if any(not 0 < g < 65536 for g in groups):
+        sys.exit(f"bench_gemm: argument '{flag}' = {text!r}: each G must be in 1..65535")
+    return groups
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
@@ -679,6 +692,8 @@ def main():
                     help="wgrad also with each mode's other tile order within an expert (fast: MXMOE_GEMM_K_RASTER=group, exact: nmajor and group)")
     ap.add_argument("--k-raster-groups", default="",
                     help="comma-separated n-tile counts G: wgrad also in exact mode with MXMOE_GEMM_K_RASTER=G (mxmoe-exact-gG)")
+    ap.add_argument("--k-raster-groups-fast", default="",
+                    help="the same for fast mode (mxmoe-fast-gG; fast mode's default is n-major)")
     ap.add_argument("--wgrad-rowimg", action="store_true",
                     help="wgrad: also time exact mode on row-major images (mxmoe-exact-rowimg; default: token-blocked)")
     ap.add_argument("--fast-block", action="store_true",
@@ -689,18 +704,15 @@ def main():
     ap.add_argument("--wgrad-only", action="store_true", help="only the wgrad cases (implies --wgrad)")
     ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
-    global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, K_RASTER_GROUPS, COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
+    global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, K_RASTER_GROUPS, K_RASTER_GROUPS_FAST
+    global COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
     EXACT_TILE_BOTH = args.exact_tile_both
     FAST_BLOCK = args.fast_block
     WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both
     K_RASTER_BOTH = args.k_raster_both
-    try:
-        K_RASTER_GROUPS = [int(g) for g in args.k_raster_groups.split(",") if g.strip()]
-    except ValueError:
-        sys.exit(f"bench_gemm: argument '--k-raster-groups' = {args.k_raster_groups!r}: must be comma-separated integers")
-    if any(not 0 < g < 65536 for g in K_RASTER_GROUPS):
-        sys.exit(f"bench_gemm: argument '--k-raster-groups' = {args.k_raster_groups!r}: each G must be in 1..65535")
+    K_RASTER_GROUPS = parse_groups("--k-raster-groups", args.k_raster_groups)
+    K_RASTER_GROUPS_FAST = parse_groups("--k-raster-groups-fast", args.k_raster_groups_fast)
     require_gpu()
     lib = load_lib(args.lib)
     setup_lib(lib)
