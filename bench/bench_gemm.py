@@ -35,11 +35,13 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
 largest token count first. --k-raster-both adds the other tile orders within an expert for each mode
-(the defaults: fast mode n-tile-major; exact mode groups of G n-tiles walked k-tile by k-tile for every
+(the defaults: fast mode k-major, i.e. one group of every n-tile, for experts of >= 4096 tokens and
+n-tile-major below, gemm.md "Run 92"; exact mode groups of G n-tiles walked k-tile by k-tile for every
 expert, gemm.md "Run 87"): "mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group), "mxmoe-exact-nmajor"
 (=nmajor) and "mxmoe-exact-group" (=group, the same order as exact mode's default). --k-raster-groups
-G1,G2,... adds "mxmoe-exact-gG" (MXMOE_GEMM_K_RASTER=G: groups of G n-tiles; the default G is
-round(sqrt(grid * 256 / 128)) = 16 on 132 SMs). Each alternative's output must be bitwise equal to its
+G1,G2,... adds "mxmoe-exact-gG" (MXMOE_GEMM_K_RASTER=G: groups of G n-tiles for every expert, 0 =
+n-major; exact's default G is round(sqrt(grid * 256 / 128)) = 16 on 132 SMs), --k-raster-groups-fast
+the same for fast mode ("mxmoe-fast-gG"). Each alternative's output must be bitwise equal to its
 mode's default line; the column xdefault is the default line's time / the alternative's.
 Exact wgrad reads token-blocked images ([M/128][rows][128], dequantize_mxfp8_bf16_token_blocked), as
 the layer does; its "mxmoe-dequant" line times making those. --wgrad-rowimg adds "mxmoe-exact-rowimg":
@@ -605,7 +607,7 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
-    if K_RASTER_BOTH:  # each mode's other tile orders within an expert (defaults: fast nmajor, exact auto)
+    if K_RASTER_BOTH:  # each mode's other tile orders within an expert (defaults: fast k-major >= 4096 tokens, exact groups)
         variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact"),
                      (EXACT, "mxmoe-exact-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-exact")]
@@ -662,13 +664,13 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
 
 
 def parse_groups(flag, text):
-    """'G1,G2,...' -> [G1, G2, ...] (raster group sizes, 1..65535); exits naming the flag otherwise."""
+    """'G1,G2,...' -> [G1, G2, ...] (raster group sizes, 0..65535, 0 = n-major); exits naming the flag otherwise."""
     try:
         groups = [int(g) for g in text.split(",") if g.strip()]
     except ValueError:
         sys.exit(f"bench_gemm: argument '{flag}' = {text!r}: must be comma-separated integers")
-    if any(not 0 < g < 65536 for g in groups):
-        sys.exit(f"bench_gemm: argument '{flag}' = {text!r}: each G must be in 1..65535")
+    if any(not 0 <= g < 65536 for g in groups):
+        sys.exit(f"bench_gemm: argument '{flag}' = {text!r}: each G must be in 0..65535 (0: n-major)")
     return groups
 
 
