@@ -35,8 +35,7 @@ default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TI
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
 largest token count first. --k-raster-both adds the other tile orders within an expert for each mode
-(the defaults: fast mode k-major, i.e. one group of every n-tile, for experts of >= 4096 tokens and
-n-tile-major below, gemm.md "Run 92"; exact mode groups of G n-tiles walked k-tile by k-tile for every
+(the defaults: fast mode n-tile-major; exact mode groups of G n-tiles walked k-tile by k-tile for every
 expert, gemm.md "Run 87"): "mxmoe-fast-group" (MXMOE_GEMM_K_RASTER=group), "mxmoe-exact-nmajor"
 (=nmajor) and "mxmoe-exact-group" (=group, the same order as exact mode's default). --k-raster-groups
 G1,G2,... adds "mxmoe-exact-gG" (MXMOE_GEMM_K_RASTER=G: groups of G n-tiles for every expert, 0 =
@@ -607,7 +606,7 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
-    if K_RASTER_BOTH:  # each mode's other tile orders within an expert (defaults: fast k-major >= 4096 tokens, exact groups)
+    if K_RASTER_BOTH:  # each mode's other tile orders within an expert (defaults: fast n-major, exact groups)
         variants += [(FAST, "mxmoe-fast-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-nmajor", {"MXMOE_GEMM_K_RASTER": "nmajor"}, "mxmoe-exact"),
                      (EXACT, "mxmoe-exact-group", {"MXMOE_GEMM_K_RASTER": "group"}, "mxmoe-exact")]

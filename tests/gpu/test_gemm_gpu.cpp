@@ -829,7 +829,7 @@ struct PathEnv {
   int exact_tile = 256;    // MXMOE_GEMM_EXACT_TILE (exact mode)
   bool tma_store = true;   // MXMOE_GEMM_TMA_STORE (192 wide, m-grouped, BF16 out, no accumulate)
   bool k_order_tokens = true;  // MXMOE_GEMM_K_ORDER: tokens (largest expert first, default) or index
-  std::string k_raster = "auto";  // MXMOE_GEMM_K_RASTER: auto (default: exact groups, fast k-major >= 4096 tokens),
+  std::string k_raster = "auto";  // MXMOE_GEMM_K_RASTER: auto (default: exact groups, fast nmajor),
                                   // auto:N, group, nmajor or a group width
 };
 const PathEnv kDefaultPath{};
@@ -1021,8 +1021,7 @@ TEST_F(GemmGpu, KGroupedExpertOrderBitwiseEqual) {
 }
 
 // The k-grouped tile order within an expert (MXMOE_GEMM_K_RASTER: the default by mode — exact
-// mode's groups of G n-tiles walked k-tile by k-tile, fast mode's k-major order for experts of at
-// least 4096 tokens (the 4200- and 4100-token experts below) and n-major for the rest — against n-major, the computed groups
+// mode's groups of G n-tiles walked k-tile by k-tile, fast mode's n-major order — against n-major, the computed groups
 // for every expert, group widths 3 and 5 and groups for experts of >= 512 tokens only (auto:512), which leave short last groups for the n-tile
 // counts of tile_width_cases): only which CTA computes a tile changes, so the bytes must not. Both
 // modes, every tile width (fast 128 and 192, exact 256 and 128), BF16/FP32, accumulate (n-major),
@@ -1033,7 +1032,6 @@ TEST_F(GemmGpu, KGroupedRasterBitwiseEqual) {
   TRACE_SEED();
   PathCases c = tile_width_cases(rng_);
   c.k.push_back({7, 640, 576, {0, 40, 1500, 0, 130, 3, 260}});  // 5 n-tiles: groups of 3 leave 2
-  c.k.push_back({4, 640, 576, {4200, 0, 300, 4100}});  // fast mode's default: k-major for experts 0 and 3
   PathEnv nmajor;
   nmajor.k_raster = "nmajor";
   for (GemmMode mode : {GemmMode::kFast, GemmMode::kExact})

@@ -1625,15 +1625,12 @@ inline bool block_scales_load_ldg(const char* fn) {
 // every expert (run 87, reps 9 in alternation: the groups beat n-major 1.04-1.24x on every skewed
 // wgrad shape at 8192 tokens an expert and tie it within 2% on the uniform ones; session 11's rule
 // "groups only for experts of >= 16384 tokens", from reps-3 runs, lost 0.84 vs 1.04x BF16 on DSV3
-// gate-up skewed); fast mode k-major (one group of every n-tile: the ~#SM tiles in flight share their
-// k-tiles' Xᵀ rows and stream dYᵀ) for experts of at least kFastKMajorMinTokens tokens, n-major for
-// shorter ones (run 92, all 12 wgrad cases at 8192 tokens an expert in alternation: k-major 1.00-1.16x
-// n-major, Qwen3-235B gate-up 1.16x; at 2048 it was 0.98-1.00x, so those experts stay n-major).
+// gate-up skewed), fast mode n-major everywhere (the groups cost fast mode up to 7% on DeepSeek-V3,
+// run 70; they gain 1.2x on Qwen3-235B gate-up at 8192, run 80: no rule yet).
 // MXMOE_GEMM_K_RASTER (read per call) overrides it: "group" = G for every expert, "nmajor" = n-major
 // everywhere, a number = that G for every expert, "auto:N" = G for experts of at least N tokens
 // (rounded up to whole 128-token chunks; both modes); unset or "auto" = the default by mode. Same
 // results whatever the order.
-constexpr long kFastKMajorMinTokens = 4096;
 inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) {
   const int n_tiles = int((n + kBlockM - 1) / kBlockM);
   const char* v = std::getenv("MXMOE_GEMM_K_RASTER");
@@ -1645,10 +1642,7 @@ inline int k_grouped_raster_group(int grid, int block_n, int64_t n, bool exact) 
                 "n-tiles in 0..65535");
   };
   if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) {
-    if (!exact) {  // k-major for the long experts
-      g = n_tiles;
-      min_tokens = kFastKMajorMinTokens;
-    }
+    if (!exact) return 0;
   } else if (std::strncmp(v, "auto:", 5) == 0) {
     char* end = nullptr;
     min_tokens = std::strtol(v + 5, &end, 10);
