@@ -1105,7 +1105,7 @@ std::vector<uint8_t> expect_both_directions(const std::string& what, const DevBu
 // batched 2 x 1024 x 1536 (units never cross a batch entry), 4096x7168 (112 units: wholly split into
 // single tiles on 132 SMs, 16 units a CTA on 7, 110 whole + a split tail on 10, 90 + 22 split on
 // 30), 6144x6144 (144 units: 132 whole units + 12 split on 132 SMs, whole units on every CTA of the
-// default grid); the fallbacks (1000x2560, 2560x992, 3 x 640 x 1536: rows or K not multiples of 512); grids
+// default grid); the fallbacks (1056x2560, 2560x992, 3 x 640 x 1536: rows or K not multiples of 512); grids
 // of 1, 3, 5, 7 CTAs and the default; the split forced on and off, the other unit order, the walk
 // with per-tile stores (=walk) and the switch off (=0); NaN/Inf blocks in every other input; scale
 // pointers 16 bytes off (qualify) and 1, 2 or 8 bytes off (fall back; the bytes before untouched);
