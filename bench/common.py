@@ -84,23 +84,42 @@ class Timer:
         """Medians of several calls timed in alternation: items = [(env or None, fn)], rep r times
         every item once (each under its kernel_env) before rep r + 1 starts, so that a drift of the
         GPU's clocks over the run affects every item alike. (Run 58 timed the same kernel twice, as
-        two blocks of reps one after the other, and got up to 15% apart.) Rep r starts at item
-        r mod n and goes round, so every item takes every place in the order equally often: in
-        runs 84 and 87 a fixed order timed one kernel 1-7% apart in two places (bench_gemm's
-        exact default and exact-nmajor lines, the same kernel on uniform routing)."""
+        two blocks of reps one after the other, and got up to 15% apart.) The order within rep r is
+        row r of a Williams design (carryover_balanced_orders): every item takes every place, and
+        follows every other item, equally often over a whole cycle of rows. Under the H200's 700 W
+        cap the clock a kernel starts at depends on what ran just before it (run 94: 1410-1530 MHz
+        during the GEMMs, 1980 idle); the rotation used until run 94 kept each item's predecessor
+        fixed, and bench_gemm's "mxmoe-fast" line, always timed right after the BF16 baseline, came
+        out up to 7% slower than the same kernel timed as another line (runs 92-94)."""
         for env, fn in items:
             with kernel_env(env):
                 for _ in range(self.warmup):
                     fn()
-        n = len(items)
+        orders = carryover_balanced_orders(len(items))
         times = [[] for _ in items]
         for r in range(self.reps):
-            for j in range(n):
-                i = (r + j) % n
+            for i in orders[r % len(orders)]:
                 env, fn = items[i]
                 with kernel_env(env):
                     times[i].append(self._once(fn))
         return [statistics.median(t) for t in times]
+
+
+def carryover_balanced_orders(n):
+    """A Williams design: n orders of range(n) (2n when n is odd) in which every item is at every
+    place equally often and every ordered pair (a, b), a != b, occurs as "b right after a" equally
+    often (once per cycle for even n, twice for odd n)."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2 == 1 and n > 1:
+        rows += [row[::-1] for row in rows]
+    return rows
 
 
 def copy_bandwidth(timer, nbytes=1 << 30):
