@@ -12,7 +12,9 @@ index_add into FP32 → (+ shared expert) → BF16.
 
 Timing: each CUDA graph holds STEPS decode steps that rotate over COPIES copies of all weights,
 so that consecutive steps never find their experts in L2 (60 MB); L2 is also flushed before each
-rep (common.Timer). Time per step = median graph time / STEPS.
+rep (common.Timer). Per shape and batch the baseline's graph and the six mxmoe graphs (3 variants x
+2 weight dtypes) are timed in alternation, rep by rep, in balanced orders (common.Timer.many; until
+session 13 each graph was timed as its own block of reps). Time per step = median graph time / STEPS.
 Effective bandwidth = distinct bytes touched per step (weights of the distinct routed experts +
 shared expert + router weights) / time, against the device-to-device copy bandwidth measured in
 the same run (common.copy_bandwidth).
@@ -293,18 +295,24 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_
                 bl_out[0] = torch_step(sh, x, wr, bias, W.w1, W.w2, W.s1, W.s2)
 
         g_base = capture_graph(baseline_steps, stream)
-        t_base = timer(lambda: g_base.replay()) / STEPS
         base_ids, _ = torch_route(sh, x, wr, bias)
-        times = {}
+        # Every path's graph first, then the baseline and all of them timed in alternation
+        # (Timer.many), then each output verified: a path's graph is replayed once more and its
+        # output checked on the routing it computed.
+        paths = []
         for dtype, variant in [(d, v) for d in (BF16_W, MXFP8_W) for v in (WARP, EC, AUTO)]:
             M = Mxmoe(lib, sh, B, dtype)
 
-            def mx_steps():
+            def mx_steps(M=M, dtype=dtype, variant=variant):
                 for s in range(STEPS):
                     M.step(variant, x, wr, bias, Ws[s % copies], dtype, stream.cuda_stream)
 
-            g = capture_graph(mx_steps, stream)
-            t = timer(lambda: g.replay()) / STEPS
+            paths.append((dtype, variant, M, capture_graph(mx_steps, stream)))
+        all_times = timer.many([(None, g_base.replay)] + [(None, g.replay) for _, _, _, g in paths])
+        t_base = all_times[0] / STEPS
+        times = {}
+        for (dtype, variant, M, g), t in zip(paths, all_times[1:]):
+            t /= STEPS
             # Verify the timed output (last step used copy (STEPS-1) % copies) on the same routing.
             W = Ws[(STEPS - 1) % copies]
             g.replay()
@@ -338,16 +346,17 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_
                                 baseline_us=t_base, gbs=gbs, pct_copy=100 * gbs / copy_bw, speedup=t_base / t,
                                 distinct_experts=distinct, bytes=nbytes, rel_err=err, verified=ok,
                                 routing_agreement=agree))
-            times[variant] = t
+            times[(dtype, variant)] = t
             if variant == AUTO:
                 prev = worst_auto.get((sh.name, name))
                 if prev is None or t_base / t < prev[0]:
                     worst_auto[(sh.name, name)] = (t_base / t, B, path_name)
             if not ok:
                 print(f"VERIFY FAILED: {sh.name} B={B} {name} {variant}: rel err {err:.4f}", file=sys.stderr)
-            del g, M
             if variant == AUTO:  # warp decode against the expert-centric step: the dispatcher's choice
-                crossover.setdefault((sh.name, name), []).append((B, times[WARP] < times[EC]))
+                crossover.setdefault((sh.name, name), []).append(
+                    (B, times[(dtype, WARP)] < times[(dtype, EC)]))
+        del paths
         del g_base
         torch.cuda.synchronize()
     del Ws
