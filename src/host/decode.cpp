@@ -183,21 +183,20 @@ struct CrossoverEntry {
 // batch at which warp decode was faster; at the next power of two it was slower. The crossover
 // between two measured batches (e.g. 17-31) is not resolved.
 constexpr CrossoverEntry kCrossovers[] = {
-    // Run 42 (bench_decode.py, batches 1, 8, 16, 32, 64, 128): warp decode against the expert-centric
-    // step, us. Qwen3-30B-A3B: BF16 307 vs 347 at 16, 586 vs 486 at 32; MXFP8 230 vs 262 at 16,
-    // 439 vs 353 at 32.
+    // Run 96 (bench_decode.py --reps 7, batches 1..128, every graph timed in alternation): warp decode
+    // against the expert-centric step, us, at the largest batch where warp decode wins and the next.
+    // Qwen3-30B-A3B: warp wins up to 16 for both dtypes (run 42: BF16 307 vs 347 at 16, 586 vs 486 at
+    // 32; MXFP8 230 vs 262 at 16, 439 vs 353 at 32).
     {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, {16, true}},
     {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, true}},
-    // Qwen3-235B-A22B: BF16 566 vs 782 at 8, 1098 vs 1083 at 16; MXFP8 365 vs 507 at 8, 700 vs 687
-    // at 16.
+    // Qwen3-235B-A22B: BF16 up to 8 (run 42: 566 vs 782 at 8, 1098 vs 1083 at 16); MXFP8 up to 16
+    // (run 96: 620 vs 663 at 16; run 42, before the persistent down kernel: 700 vs 687 at 16).
     {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, {8, true}},
-    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {8, true}},
-    // (Not re-measured against the expert-centric step: the benchmark holds two copies of the weights
-    // and their prepared form, too much for one GPU at this size. Run 19's crossover against the
-    // PyTorch baseline:)
-    // DeepSeek-V3 (shared expert): BF16 1.15x at 8, 0.91x at 16; MXFP8 1.27x at 16, 0.85x at 32
+    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, true}},
+    // DeepSeek-V3 (shared expert), first measured against the expert-centric step in run 96: BF16
+    // 1445 vs 1418 at 8 (a tie: 8 kept), 2842 vs 2060 at 16; MXFP8 up to 8, 1561 vs 1406 at 16.
     {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {8, true}},
-    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {16, true}},
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {8, true}},
 };
 constexpr DecodeCrossover kDefaultCrossover{8, false};  // unlisted shapes: a guess, not measured
 
