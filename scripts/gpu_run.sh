@@ -4,6 +4,7 @@
 #   scripts/gpu_run.sh OUT [--quick]
 # Files written (at most 8, so a remote run can bring them all back):
 #   build.log tests.log bench_quant.log bench_quant.json bench_gemm.log bench_gemm.json summary.json
+#   dmon.log (nvidia-smi dmon through the benchmarks; beyond 7 files the logs travel as logs.tar.gz)
 #   and, with MXMOE_NCU=1, ncu_quant.txt (Nsight Compute sections of each quantizer variant),
 #   ncu_quant_run.log and ncu_quant_src.csv.gz (stall samples per SASS instruction);
 #   with MXMOE_PYTHON=1, python_build.log and python_tests.log (keep MXMOE_BENCHES short: 8 files come back);
@@ -45,7 +46,18 @@ run_bench() {  # name
   tail -40 "$OUT/$b.log"
 }
 [ -e build ] || ln -s $BUILD build
+# Power and clocks through the benchmarks (nvidia-smi dmon: W, temperatures, memory / SM clock, power
+# and thermal violations): the H200 runs the GEMM benchmarks at its 700 W cap, the SM clock falling
+# from 1980 MHz to 1300-1550 in the heaviest stretches (runs 94-95), so what ran before a kernel
+# changes its clock (bench/common.py Timer.many balances the orders for that). summary.json gets the
+# share of busy samples (>= 300 W) with a power violation, and the SM clock and power under load.
+dmon_pid=
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi dmon -s pcv -d 1 -o T > "$OUT/dmon.log" 2>&1 &
+  dmon_pid=$!
+fi
 for b in ${MXMOE_BENCHES:-bench_quant bench_gemm}; do run_bench $b; done
+[ -n "$dmon_pid" ] && kill "$dmon_pid" 2>/dev/null
 if [ "${MXMOE_PYTHON:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # the PyTorch binding and its pytest suite
   timeout 900 ./scripts/python_test.sh "$OUT" > /dev/null 2>&1
   echo "python tests rc=$?"; tail -3 "$OUT/python_tests.log" 2>/dev/null
@@ -119,6 +131,17 @@ if os.path.exists(p):
     m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", open(p).read())
     if m:
         s.update(tests_failed=int(m.group(2)), tests_total=int(m.group(3)))
+p = os.path.join(out, "dmon.log")  # nvidia-smi dmon -s pcv -o T: time gpu pwr gtemp mtemp mclk pclk pviol tviol
+if os.path.exists(p):
+    rows = [l.split() for l in open(p) if l.strip() and not l.startswith("#")]
+    rows = [r for r in rows if len(r) >= 9 and r[2].isdigit() and r[6].isdigit()]
+    load = [r for r in rows if int(r[2]) >= 300]  # samples with the GPU busy
+    if load:
+        clocks = sorted(int(r[6]) for r in load)
+        s.update(dmon_busy_samples=len(load),
+                 dmon_power_capped_share=sum(r[7] not in ("0", "-") for r in load) / len(load),
+                 dmon_sm_clock_mhz_min=clocks[0], dmon_sm_clock_mhz_median=clocks[len(clocks) // 2],
+                 dmon_power_w_max=max(int(r[2]) for r in load))
 json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
 print("summary:", s)
 PY
