@@ -52,12 +52,18 @@ run_bench() {  # name
 # changes its clock (bench/common.py Timer.many balances the orders for that). summary.json gets the
 # share of busy samples (>= 300 W) with a power violation, and the SM clock and power under load.
 dmon_pid=
+stop_dmon() {  # SIGTERM, then SIGKILL if it is still there a second later
+  [ -n "$dmon_pid" ] || return 0
+  kill "$dmon_pid" 2>/dev/null; sleep 1; kill -9 "$dmon_pid" 2>/dev/null; wait "$dmon_pid" 2>/dev/null
+  dmon_pid=
+}
+trap stop_dmon EXIT
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi dmon -s pcv -d 1 -o T > "$OUT/dmon.log" 2>&1 &
+  timeout 3600 nvidia-smi dmon -s pcv -d 1 -o T > "$OUT/dmon.log" 2>&1 &
   dmon_pid=$!
 fi
 for b in ${MXMOE_BENCHES:-bench_quant bench_gemm}; do run_bench $b; done
-[ -n "$dmon_pid" ] && kill "$dmon_pid" 2>/dev/null
+stop_dmon
 if [ "${MXMOE_PYTHON:-0}" = 1 ] && [ $build_rc -eq 0 ]; then  # the PyTorch binding and its pytest suite
   timeout 900 ./scripts/python_test.sh "$OUT" > /dev/null 2>&1
   echo "python tests rc=$?"; tail -3 "$OUT/python_tests.log" 2>/dev/null
