@@ -1135,9 +1135,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) quantize_mxfp8_two_group_kernel
 // h: the 8 lanes of a quarter-warp store 8 different chunks of one row.
 // Tile walk: by default the unit round robin with TMA-stored scale units where the shape qualifies —
 // one direction (session 12): units of 8 tiles along the scales' lines ("TMA-stored scale units"
-// below); both directions (session 12, quant-tmas2): units of 4x4 tiles where rows and K are multiples
+// below); both directions (session 12, quant-tmas2; they reach this kernel only with MXMOE_QUANT_TMA=1,
+// the two-group kernel being their default, run 90): units of 4x4 tiles where rows and K are multiples
 // of 512 ("... of both directions"); elsewhere, and with MXMOE_QUANT_SCALE_TMA=0, the round robin (tile
-// ids c + k * grid) of runs 56-68 with per-tile scale stores. MXMOE_QUANT_SCALE_UNIT=1 / RxC: session 11's unit walk (quantize_unit_walk.h; CTA
+// ids c + k * grid) of runs 56-68 with per-tile scale stores. MXMOE_QUANT_SCALE_UNIT=1 / RxC: session
+// 11's unit walk (quantize_unit_walk.h; CTA
 // c converts a contiguous range of tile positions ordered by units of gr x gc tiles) with the scale
 // writer warp storing each unit's bytes as runs of 4 gc / 4 gr bytes (run 64: slower; opt-in).
 // Smem: 4 stages x 32 KB + 16 warps x 2 x 2 KB staging + 8 x 1 KB scale slots + 16 KB unit buffer +
@@ -1987,7 +1989,8 @@ void launch_staged(const QuantizeParams& p, cudaStream_t stream) {
 // call, so that one process can time every path): unset or "auto" = one direction alone (run 72,
 // 16384x7168 and 65536x2048 with flush: row-wise 85.7-87.7% of copy, column-wise 85.5-85.9%,
 // against the staged kernel's 80.6-85.3 / 81.0-81.6 in the same run; docs/notes/quantize.md
-// "Run 72"), both directions stay on the two-group kernel; "1" = both directions too; "0" = never
+// "Run 72"), both directions stay on the two-group kernel (run 90: the pipelined kernel with the 4x4
+// TMA scale units 78.5 / 79.3% of copy against its 76.7 / 81.1%); "1" = both directions too; "0" = never
 // (the staged kernel, the default before run 72); "skel" (diagnostic, wrong outputs) = the kernel's
 // memory traffic without the conversion (kSkel), every dense plain copy.
 bool use_pipelined(bool both_directions) {
