@@ -30,7 +30,8 @@ clusters sharing the A tile by TMA multicast), "mxmoe-fast-192" with MXMOE_GEMM_
 tiles, one accumulator per math warpgroup; m-grouped BF16 output through the TMA-store epilogue) and
 "mxmoe-fast-192d" with MXMOE_GEMM_TILE=192 MXMOE_GEMM_TMA_STORE=0 (the same tiles, direct stores).
 Exact mode's path follows MXMOE_GEMM_EXACT_TILE (256, the
-default, or 128); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
+default, or 128); --exact-multicast adds "mxmoe-exact-mc" (m-grouped exact mode as 2-CTA clusters
+sharing B, MXMOE_GEMM_EXACT_MULTICAST=1); --exact-tile-both times "mxmoe-exact" with MXMOE_GEMM_EXACT_TILE=256 and
 "mxmoe-exact-128" with 128 and "mxmoe-exact-256d" with 256 and MXMOE_GEMM_TMA_STORE=0 (direct stores).
 --k-order-both adds, to each wgrad case, "mxmoe-fast-kidx" and "mxmoe-exact-kidx": the k-grouped
 schedule walking the experts in index order (MXMOE_GEMM_K_ORDER=index) instead of the default,
@@ -58,7 +59,7 @@ checked against the BF16 baseline like the other lines.
 --tpe, --experts, --routing and --wgrad-only select cases for diagnostics (--experts replaces every
 shape's expert count; the shape lines say E=...).
 Usage: python3 bench/bench_gemm.py [--json OUT.json] [--quick] [--wgrad] [--multicast-both]
-                                   [--tile-both] [--exact-tile-both] [--k-order-both] [--wgrad-rowimg]
+                                   [--tile-both] [--exact-multicast] [--exact-tile-both] [--k-order-both] [--wgrad-rowimg]
                                    [--fast-block]
                                    [--tpe 512,2048] [--experts E] [--routing uniform] [--wgrad-only]
                                    [--shapes Qwen3-30B] [--reps 15]
@@ -82,6 +83,8 @@ MULTICAST_ENV = "MXMOE_GEMM_MULTICAST"
 TILE_ENV = "MXMOE_GEMM_TILE"
 EXACT_TILE_ENV = "MXMOE_GEMM_EXACT_TILE"
 EXACT_TILE_BOTH = False  # --exact-tile-both (set in main)
+EXACT_MULTICAST_ENV = "MXMOE_GEMM_EXACT_MULTICAST"
+EXACT_MULTICAST = False  # --exact-multicast (set in main): m-grouped exact also as 2-CTA clusters sharing B
 K_ORDER_BOTH = False  # --k-order-both (set in main): wgrad also with MXMOE_GEMM_K_ORDER=index
 K_RASTER_BOTH = False  # --k-raster-both (set in main): wgrad also with each mode's other tile order
 K_RASTER_GROUPS = []  # --k-raster-groups (set in main): wgrad exact mode also with these raster group sizes
@@ -374,7 +377,7 @@ def token_row_mask(offs, counts, M):
     return mask
 
 
-def mxmoe_variants(multicast_both, tile_both):
+def mxmoe_variants(multicast_both, tile_both, m_grouped=True):
     """(mode, name, environment for the call or None, default line it is compared with or None) for
     each timed mxmoe line; the alternative paths ("mxmoe-fast-*", "mxmoe-exact-128") follow their
     mode's default line, which then runs pinned to the default path."""
@@ -387,7 +390,12 @@ def mxmoe_variants(multicast_both, tile_both):
         alts.append((FAST, "mxmoe-fast-192d", {MULTICAST_ENV: "0", TILE_ENV: "192", "MXMOE_GEMM_TMA_STORE": "0"},
                      "mxmoe-fast"))
     fast_env = {MULTICAST_ENV: "0", TILE_ENV: "128"} if alts else None
-    exact = [(EXACT, "mxmoe-exact", {EXACT_TILE_ENV: "256"} if EXACT_TILE_BOTH else None, None)]
+    exact_env = None
+    if EXACT_TILE_BOTH or EXACT_MULTICAST:  # the default line pinned to the default path
+        exact_env = {EXACT_TILE_ENV: "256", EXACT_MULTICAST_ENV: "0"}
+    exact = [(EXACT, "mxmoe-exact", exact_env, None)]
+    if EXACT_MULTICAST and m_grouped:  # 2-CTA clusters sharing B (pairs of m-tiles; m-grouped only)
+        exact.append((EXACT, "mxmoe-exact-mc", {EXACT_TILE_ENV: "256", EXACT_MULTICAST_ENV: "1"}, "mxmoe-exact"))
     if EXACT_TILE_BOTH:
         exact.append((EXACT, "mxmoe-exact-128", {EXACT_TILE_ENV: "128"}, "mxmoe-exact"))
         # the 256-wide kernel with direct stores instead of the TMA-store epilogue (4 stages, not 3)
@@ -602,7 +610,7 @@ def run_wgrad_case(lib, timer, name, E, N, K, tpe, skewed, gen, results, table, 
     ref = bf16_call()
     timed = [("torch-bf16", None, bf16_call)]
     dw = torch.empty(E, N, K, device="cuda", dtype=torch.bfloat16)
-    variants = mxmoe_variants(multicast_both, tile_both)
+    variants = mxmoe_variants(multicast_both, tile_both, m_grouped=False)
     if K_ORDER_BOTH:  # the k-grouped schedule in expert index order instead of largest expert first
         variants += [(FAST, "mxmoe-fast-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-fast"),
                      (EXACT, "mxmoe-exact-kidx", {"MXMOE_GEMM_K_ORDER": "index"}, "mxmoe-exact")]
@@ -685,6 +693,9 @@ def main():
                     help="time fast mode on the default and the 2-CTA multicast path (MXMOE_GEMM_MULTICAST=0/1)")
     ap.add_argument("--tile-both", action="store_true",
                     help="time fast mode on the default and the 128x192-tile path (MXMOE_GEMM_TILE=128/192)")
+    ap.add_argument("--exact-multicast", action="store_true",
+                    help="m-grouped: also time exact mode as 2-CTA clusters sharing B (mxmoe-exact-mc, "
+                         "MXMOE_GEMM_EXACT_MULTICAST=1; bitwise equal to mxmoe-exact required)")
     ap.add_argument("--exact-tile-both", action="store_true",
                     help="time exact mode on 128x256 (default) and 128x128 tiles (MXMOE_GEMM_EXACT_TILE=256/128)")
     ap.add_argument("--k-order-both", action="store_true",
@@ -706,8 +717,9 @@ def main():
     ap.add_argument("--routing", default="uniform,skewed", help="uniform, skewed or uniform,skewed")
     args = ap.parse_args()
     global EXACT_TILE_BOTH, K_ORDER_BOTH, K_RASTER_BOTH, K_RASTER_GROUPS, K_RASTER_GROUPS_FAST
-    global COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK
+    global COPY_GBS, WGRAD_ROWIMG, FAST_BLOCK, EXACT_MULTICAST
     EXACT_TILE_BOTH = args.exact_tile_both
+    EXACT_MULTICAST = args.exact_multicast
     FAST_BLOCK = args.fast_block
     WGRAD_ROWIMG = args.wgrad_rowimg
     K_ORDER_BOTH = args.k_order_both

@@ -831,6 +831,7 @@ struct PathEnv {
   bool k_order_tokens = true;  // MXMOE_GEMM_K_ORDER: tokens (largest expert first, default) or index
   std::string k_raster = "auto";  // MXMOE_GEMM_K_RASTER: auto (default: exact groups, fast nmajor),
                                   // auto:N, group, nmajor or a group width
+  bool exact_multicast = false;   // MXMOE_GEMM_EXACT_MULTICAST (exact m-grouped 256 wide: clusters sharing B)
 };
 const PathEnv kDefaultPath{};
 
@@ -844,6 +845,7 @@ class ScopedKernelPath {
     set("MXMOE_GEMM_TMA_STORE", e.tma_store ? "1" : "0", 3);
     set("MXMOE_GEMM_K_ORDER", e.k_order_tokens ? "tokens" : "index", 4);
     set("MXMOE_GEMM_K_RASTER", e.k_raster, 5);
+    set("MXMOE_GEMM_EXACT_MULTICAST", e.exact_multicast ? "1" : "0", 6);
   }
   ~ScopedKernelPath() {
     for (int i = 0; i < kVars; ++i) {
@@ -853,7 +855,7 @@ class ScopedKernelPath {
   }
 
  private:
-  static constexpr int kVars = 6;
+  static constexpr int kVars = 7;
   void set(const char* name, const std::string& value, int i) {
     const char* v = std::getenv(name);
     names_[i] = name;
@@ -948,6 +950,44 @@ TEST_F(GemmGpu, ClusterMulticastBitwiseMatchesDefault) {
       {3, 160, 96, {0, 700, 0}},                // 1 k-tile, N tail
   };
   expect_path_matches_default("multicast", PathEnv{128, true}, mcases, kcases, {0, 3}, false, rng_);
+}
+
+// Exact mode's 2-CTA clusters sharing B (MXMOE_GEMM_EXACT_MULTICAST=1: pairs of m-tiles, m-grouped,
+// 256-wide tiles, both epilogues): the plain kernel's bytes, BF16 and FP32, with accumulate (a
+// phantom tile that stored would add its partner's tile twice). Pairs whose m-tiles belong to two
+// experts (b_shared false: {100, 0, 250, 40} pads to m-tiles 1, 0, 2, 1, so both pairs straddle),
+// bands ending in a phantom (5 and 3 m-tiles; 384 experts of 0-300 rows), one m-tile, N = 160 (one
+// partial n-tile) and 2880 (a partial 12th), K tails; num_sms 3 launches one cluster, 7 three.
+// Runs on every GPU run (it selects the path itself). A bad value of the variable throws before any
+// launch, naming it.
+TEST_F(GemmGpu, ExactMulticastBitwiseMatchesDefault) {
+  REQUIRE_GPU();
+  TRACE_SEED();
+  const std::vector<PathCase> mcases = {
+      {4, 2880, 2880, {100, 0, 250, 40}},
+      {3, 160, 96, {130, 0, 257}},
+      {1, 512, 256, {100}},
+      {2, 4096, 640, {300, 0}},
+      {384, 256, 256, random_counts(rng_, 384, 0, 300)},
+      {8, 512, 1024, random_counts(rng_, 8, 0, 900)},
+  };
+  for (bool tma_store : {true, false}) {
+    PathEnv alt;
+    alt.exact_multicast = true;
+    alt.tma_store = tma_store;
+    expect_path_matches_default(tma_store ? "exact multicast, TMA stores" : "exact multicast, direct stores", alt,
+                                mcases, {}, {0, 3, 7}, true, rng_, GemmMode::kExact);
+  }
+  Problem P;
+  build(P, 2, 256, 128, {128, 128}, Dist::kGaussian, rng_);
+  const ScopedEnv bad("MXMOE_GEMM_EXACT_MULTICAST", "yes");
+  std::vector<uint8_t> raw;
+  try {
+    run(P, GemmMode::kExact, GemmOutDtype::kBF16, &raw, 0, nullptr);
+    ADD_FAILURE() << "MXMOE_GEMM_EXACT_MULTICAST=yes was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("MXMOE_GEMM_EXACT_MULTICAST"), std::string::npos) << e.what();
+  }
 }
 
 // The problems on which a tile width is compared with the default one byte for byte: N = 2880 is

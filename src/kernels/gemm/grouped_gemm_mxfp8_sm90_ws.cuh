@@ -179,7 +179,8 @@ struct Tile {
   int sa_x, sa_y0, sb_x, sb_y0;  // fast scales: boxes at (x, y0 + chunk)
   int64_t out_offset;          // element offset of the tile's (0, 0) in y
   int out_ld;                  // row stride of y (elements)
-  int out_rows_valid, out_cols_valid;
+  int out_rows_valid, out_cols_valid;  // <= 0: nothing of the tile is stored (a phantom tile)
+  bool b_shared;               // m-grouped exact pairs (kPairM): both tiles of the pair read one expert's B
 };
 
 // kExact: the stage holds BF16 images (64 elements per 128-byte row) and no scales.
@@ -262,10 +263,18 @@ __device__ __forceinline__ float e8m0_to_float_fast(uint32_t byte_in_low_bits) {
 // even: an odd last n-tile gets a phantom partner (n0 >= N: B and its scales read zero fill or
 // the next expert's rows, every output column is >= N so nothing is stored) that still takes part
 // in every barrier. kPair = 1 is the plain schedule.
+// kPairM (with kPair = 2; exact mode's clusters, B multicast): linear tiles 2u and 2u + 1 are instead
+// m-tiles 2q and 2q + 1 of one band and one n-tile, so the two CTAs of a cluster read the same B
+// rows whenever both m-tiles belong to one expert (Tile::b_shared; m-tiles never straddle experts,
+// whose segments are padded to 128 rows, but a pair can). A band with an odd m-tile count ends in a
+// phantom partner: it computes its partner's tile again (same A rows, same B) and stores nothing
+// (out_rows_valid = 0), so that it takes part in every barrier.
 // kChunkK: elements of K per stage (chunk_k()).
-template <int kBlockN, int kPair = 1, int kChunkK = kBlockK>
+template <int kBlockN, int kPair = 1, int kChunkK = kBlockK, bool kPairM = false>
 struct MGroupedScheduler {
-  static_assert(kPair == 1 || kPair == 2, "pairs of n-tiles at most");
+  static_assert(kPair == 1 || kPair == 2, "pairs of tiles at most");
+  static_assert(!kPairM || kPair == 2, "kPairM pairs m-tiles");
+  static_assert(kGroupM % 2 == 0, "kPairM: whole pairs in every full band");
   static constexpr bool kIsKGrouped = false;
   const int32_t* s_off;
   const Params* p;
@@ -276,9 +285,15 @@ struct MGroupedScheduler {
     m_tile_begin = s_off[0] / kBlockM;
     const int m_tile_end = min(s_off[p_.num_experts] / kBlockM, p_.m_tiles_cap);
     num_m_tiles = max(0, m_tile_end - m_tile_begin);
-    num_n_units = ((p_.n + kBlockN - 1) / kBlockN + kPair - 1) / kPair;  // n-tiles, or pairs of them
-    // host checks m_tiles_cap · (num_n_units · kPair) < 2^31
-    num_tiles = num_m_tiles * num_n_units * kPair;
+    if constexpr (kPairM) {  // pairs of m-tiles: kGroupM / 2 per full band, the last band rounded up
+      num_n_units = (p_.n + kBlockN - 1) / kBlockN;
+      const int rem = num_m_tiles % kGroupM;
+      num_tiles = 2 * ((num_m_tiles / kGroupM) * (kGroupM / 2) + (rem + 1) / 2) * num_n_units;
+    } else {
+      num_n_units = ((p_.n + kBlockN - 1) / kBlockN + kPair - 1) / kPair;  // n-tiles, or pairs of them
+      num_tiles = num_m_tiles * num_n_units * kPair;
+    }
+    // host checks (m_tiles_cap + 1) · (num_n_units · kPair) < 2^31
     num_kc = (p_.k + kChunkK - 1) / kChunkK;
   }
 
@@ -296,16 +311,30 @@ struct MGroupedScheduler {
   // pair member fastest of all), so concurrent CTAs share A rows and one expert's B.
   __device__ Tile tile(int t) const {
     const int u = t / kPair, member = t % kPair;  // kPair = 1: u = t, member = 0
-    const int per_band = kGroupM * num_n_units;
+    constexpr int kUnitsM = kPairM ? kGroupM / 2 : kGroupM;  // m-units (m-tiles or pairs of them) a band
+    const int per_band = kUnitsM * num_n_units;
     const int band = u / per_band;
     const int r = u - band * per_band;
     const int m0 = band * kGroupM;
-    const int rows_in_band = min(kGroupM, num_m_tiles - m0);
-    const int m_tile = m_tile_begin + m0 + r % rows_in_band;
-    const int n_tile = (r / rows_in_band) * kPair + member;
+    int m_tile, n_tile;
+    bool phantom = false, b_shared = false;
+    if constexpr (kPairM) {
+      const int pairs_in_band = min(kUnitsM, (num_m_tiles - m0 + 1) / 2);
+      const int m_first = m0 + 2 * (r % pairs_in_band);  // the pair's first m-tile
+      n_tile = r / pairs_in_band;
+      phantom = m_first + 1 >= num_m_tiles && member == 1;
+      m_tile = m_tile_begin + m_first + (phantom ? 0 : member);
+      b_shared = m_first + 1 >= num_m_tiles ||
+                 expert_of_row((m_tile_begin + m_first) * kBlockM) == expert_of_row((m_tile_begin + m_first + 1) * kBlockM);
+    } else {
+      const int rows_in_band = min(kGroupM, num_m_tiles - m0);
+      m_tile = m_tile_begin + m0 + r % rows_in_band;
+      n_tile = (r / rows_in_band) * kPair + member;
+    }
     const int row0 = m_tile * kBlockM, n0 = n_tile * kBlockN;
     const int e = expert_of_row(row0);
     Tile x;
+    x.b_shared = b_shared;
     x.a_row = row0;
     x.b_row = e * p->n + n0;  // may reach into expert e+1's rows: only columns >= N, never stored
     x.k0 = 0;
@@ -316,7 +345,7 @@ struct MGroupedScheduler {
     x.sb_y0 = e * num_kc;
     x.out_offset = int64_t(row0) * p->n + n0;
     x.out_ld = p->n;
-    x.out_rows_valid = kBlockM;
+    x.out_rows_valid = phantom ? 0 : kBlockM;
     x.out_cols_valid = p->n - n0;
     return x;
   }
@@ -406,6 +435,7 @@ struct KGroupedScheduler {
     }
     const int n0 = n_tile * kBlockM, k0 = k_tile * kBlockN;
     Tile x;
+    x.b_shared = false;
     x.a_row = n0;
     x.b_row = k0;
     x.k0 = t0;
@@ -521,13 +551,16 @@ __device__ __forceinline__ void decode_fast_scales(uint8_t* smem, const Schedule
   }
 }
 
-// kMulticast (2-CTA cluster sharing the A tile; see "2-CTA multicast" at the kernel): this CTA
-// (cluster rank `rank`) loads A rows [64·rank, 64·rank + 64) of the tile with one multicast TMA
-// (box [64, 128]) into both CTAs' stage s at the same offset, signalling both CTAs' full[s]; B and
-// both scale boxes stay local. Each full[s] still expects kTxBytes per pass (8 KB of A from each
-// CTA). empty[s] is then a cluster barrier (both CTAs' math warps arrive), waited with acquire at
-// cluster scope because the partner's consumers release the stage that this CTA's multicast
-// overwrites in the partner's shared memory.
+// kMulticast (2-CTA cluster; see "2-CTA multicast" at the kernel), fast mode: the pair shares the A
+// tile; this CTA (cluster rank `rank`) loads A rows [64·rank, 64·rank + 64) of the tile with one
+// multicast TMA (box [64, 128]) into both CTAs' stage s at the same offset, signalling both CTAs'
+// full[s]; B and both scale boxes stay local. Exact mode (m-grouped): the pair shares the B tile
+// (Tile::b_shared; MGroupedScheduler kPairM): this CTA loads B rows [kBlockN/2·rank, +kBlockN/2)
+// into both CTAs, A stays local; a pair whose m-tiles belong to two experts (b_shared false) loads
+// both halves of its own B locally, so every full[s] counts the same bytes either way. Each full[s]
+// still expects kTxBytes per pass. empty[s] is then a cluster barrier (both CTAs' math warps
+// arrive), waited with acquire at cluster scope because the partner's consumers release the stage
+// that this CTA's multicast overwrites in the partner's shared memory.
 // kExact: A and B are BF16 images read through byte-typed maps (2 bytes per element), so the TMA
 // coordinate along kdim is in bytes; there are no scales to load. k-grouped exact: an operand with
 // a token-blocked image (Params::a_blocked / b_blocked) is loaded by load_operand_box's 3-D form.
@@ -563,7 +596,8 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
   constexpr bool kBlockScalesB = kBlockB != BlockScalesB::kNone;
   using L = SmemLayout<kBlockN, kNumStages, kExact, false, 0, kBlockScalesB>;
   static_assert(!kBlockScalesB || L::kScaleB >= 128 + kBlockScaleBox, "kTma: the second box at slot byte 128");
-  constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a multicast pair loads
+  constexpr int kHalfA = kBlockM / 2;  // A rows each CTA of a fast multicast pair loads
+  constexpr int kHalfB = kBlockN / 2;  // B rows each CTA of an exact multicast pair loads
   constexpr int kChunkK = chunk_k<kExact>(), kElemBytes = kExact ? 2 : 1;
   constexpr bool kMayBeBlocked = kExact && Scheduler::kIsKGrouped && !kMulticast;
   static_assert(!kMayBeBlocked || (kChunkK * kElemBytes == kBlockK && 2 * kImageBlockCols % kBlockK == 0),
@@ -604,13 +638,28 @@ __device__ __forceinline__ void producer(const CUtensorMap* tm_a, const CUtensor
       if (lead) {
         device::mbarrier_arrive_expect_tx(&full[s], tx_bytes);
         const int kc = (x.k0 + c * kChunkK) * kElemBytes;  // bytes along kdim
-        if constexpr (kMulticast)  // [64, 128] half of A, 128B swizzle, into both CTAs
-          device::cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
-              smem + L::kOffA + s * L::kTileA + int(rank) * kHalfA * kBlockK, tm_a, &full[s], kc,
-              x.a_row + int(rank) * kHalfA, uint16_t(0x3));
-        else
-          load_operand_box<kMayBeBlocked>(smem + L::kOffA + s * L::kTileA, tm_a, &full[s], kc, x.a_row, a_blocked);
-        load_operand_box<kMayBeBlocked>(smem + L::kOffB + s * L::kTileB, tm_b, &full[s], kc, x.b_row, b_blocked);
+        if constexpr (kMulticast && kExact) {  // A local; [kBlockN/2, 128] halves of B
+          uint8_t* b_tile = smem + L::kOffB + s * L::kTileB;
+          device::cp_async_bulk_tensor_2d_global_to_shared(smem + L::kOffA + s * L::kTileA, tm_a, &full[s], kc,
+                                                           x.a_row);
+          if (x.b_shared) {  // this CTA's half into both CTAs
+            device::cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
+                b_tile + int(rank) * kHalfB * kBlockK, tm_b, &full[s], kc, x.b_row + int(rank) * kHalfB,
+                uint16_t(0x3));
+          } else {  // two experts: both halves of its own B, locally
+            device::cp_async_bulk_tensor_2d_global_to_shared(b_tile, tm_b, &full[s], kc, x.b_row);
+            device::cp_async_bulk_tensor_2d_global_to_shared(b_tile + kHalfB * kBlockK, tm_b, &full[s], kc,
+                                                             x.b_row + kHalfB);
+          }
+        } else {
+          if constexpr (kMulticast)  // [64, 128] half of A, 128B swizzle, into both CTAs
+            device::cp_async_bulk_tensor_2d_global_to_shared_multicast_cluster(
+                smem + L::kOffA + s * L::kTileA + int(rank) * kHalfA * kBlockK, tm_a, &full[s], kc,
+                x.a_row + int(rank) * kHalfA, uint16_t(0x3));
+          else
+            load_operand_box<kMayBeBlocked>(smem + L::kOffA + s * L::kTileA, tm_a, &full[s], kc, x.a_row, a_blocked);
+          load_operand_box<kMayBeBlocked>(smem + L::kOffB + s * L::kTileB, tm_b, &full[s], kc, x.b_row, b_blocked);
+        }
         if constexpr (!kExact) {
           device::cp_async_bulk_tensor_2d_global_to_shared(sa, tm_sa, &full[s], x.sa_x, x.sa_y0 + c);
           if constexpr (kBlockB == BlockScalesB::kNone) {
@@ -740,6 +789,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMa
                                                const float (&tot)[kBlockN / 2], uint8_t* stage,
                                                int math_wg, int warp, int lane) {
   using B = OutBoxes<kBlockN, kOutF32>;
+  if (x.out_rows_valid <= 0) return;  // a phantom tile (exact multicast pairs): stores nothing
   const bool leader = threadIdx.x % 128 == 0;
   const int lr = warp * 16 + lane / 4;  // fragment rows lr, lr + 8 of this warpgroup's 64
   // The tile's output coordinates: row 0 of this warpgroup, column 0, expert (FP32 maps), and
@@ -1016,8 +1066,9 @@ __device__ __forceinline__ StageDescs stage_descs(uint8_t* smem, int s, int math
 // the tensor core while this warp waits for the next stage) and hands its stage back. Each tile
 // drains with wait_group 0 before the epilogue reads acc; chunks past kdim are TMA zero fill
 // (exact zeros), so a K tail needs no branch.
-// kOut: where the output leaves (store_tile_any).
-template <int kBlockN, int kNumStages, bool kOutF32, OutStore kOut, class Scheduler>
+// kOut: where the output leaves (store_tile_any). kMulticast (m-grouped, B shared by a 2-CTA
+// cluster): stages are handed back to both CTAs (arrive_empty).
+template <int kBlockN, int kNumStages, bool kOutF32, OutStore kOut, bool kMulticast, class Scheduler>
 __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const Scheduler& sched,
                                            uint64_t* full, uint64_t* empty, const CUtensorMap* tm_y) {
   using L = SmemLayout<kBlockN, kNumStages, true>;
@@ -1045,7 +1096,7 @@ __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const
       device::wgmma_wait_group_sync_aligned<1>();  // chunk c-1 retired, chunk c in flight
       if (c > 0) {  // chunk c-1's stage is no longer read
         __syncwarp();
-        if (lane == 0) arrive_empty<false>(&empty[held.s]);
+        if (lane == 0) arrive_empty<kMulticast>(&empty[held.s]);
       }
       held = at;
       at.advance();
@@ -1054,7 +1105,7 @@ __device__ __forceinline__ void math_exact(const Params& p, uint8_t* smem, const
     device::wgmma_fence_operand(acc);  // reads of acc stay below the wait
     if (n > 0) {
       __syncwarp();
-      if (lane == 0) arrive_empty<false>(&empty[held.s]);
+      if (lane == 0) arrive_empty<kMulticast>(&empty[held.s]);
     }
     store_tile_any<kBlockN, kNumStages, true, false, kOutF32, kOut>(p, tm_y, sched, t, acc, smem, math_wg, warp,
                                                                          lane, r_tile, c_frag);
@@ -1362,13 +1413,20 @@ __device__ __forceinline__ void math_fast_single_block(const Params& p, uint8_t*
   finish_tile_stores<kOut>();
 }
 
-// ---- 2-CTA multicast (kMulticast, fast mode; off by default: kConfigClusterMulticast) ----------
+// ---- 2-CTA multicast (kMulticast; off by default: kConfigClusterMulticast, kConfigExactMulticast) --
 //
 // A cluster of two CTAs (ranks 0, 1 = blockIdx.x % 2) works on two tiles that share the A tile
 // (scheduler kPair = 2: n-tiles 2q, 2q + 1 of one m-tile; k-grouped: k-tiles 2q, 2q + 1 of one
 // (expert, n-tile)). Per chunk each producer loads half of A (rows 64·rank..) with one multicast
 // TMA into both CTAs, its own B, and both scale boxes locally: per CTA 8 + 16 KB of tiles from L2
-// instead of 16 + 16 (-25% L2->SM bytes per FLOP). Barrier invariants (each CTA has its own ring):
+// instead of 16 + 16 (-25% L2->SM bytes per FLOP).
+// Exact mode (m-grouped, 128 x 256 tiles on BF16 images) pairs m-tiles instead (kPairM: m-tiles
+// 2q, 2q + 1 of one band and one n-tile, as CUTLASS's 2x1 clusters and torch's BF16 grouped GEMM
+// do): each producer loads its A locally and half of B (rows 128·rank..) into both CTAs when both
+// m-tiles belong to one expert (Tile::b_shared), else both halves of its own B locally; per CTA
+// 16 + 16 KB a stage instead of 16 + 32 (-33%). I1-I6 hold as stated with "B" for "A"; the phantom
+// of an odd band recomputes its partner's tile and stores nothing.
+// Barrier invariants (each CTA has its own ring):
 //  I1 Same walk. Both CTAs visit the same units in the same order (t = blockIdx.x, stepping by the
 //     even gridDim.x; tiles 2u, 2u + 1 go to one cluster in the same iteration) with the same
 //     chunk count, so chunk c of unit u uses the same stage s and phase in both rings. Phantom
@@ -1397,7 +1455,8 @@ __device__ __forceinline__ void math_fast_single_block(const Params& p, uint8_t*
 // kKGrouped selects the schedule: false = m-grouped (forward/dgrad), true = k-grouped (wgrad).
 // kPipelined (fast mode only) selects decode_fast_scales + math_fast_pipelined (or, for wide
 // tiles, math_fast_single) over the serial fast path math_fast_serial; kExact runs math_exact on
-// BF16 images. kMulticast (fast mode only): launched as 2-CTA clusters sharing A, see above.
+// BF16 images. kMulticast: launched as 2-CTA clusters, see above; fast mode shares A (pairs of
+// n-tiles), exact mode (m-grouped, 256 wide) shares B (pairs of m-tiles, MGroupedScheduler kPairM).
 // kOut (store_tile_any): kTma (wide tiles; not BF16 with accumulate) the TMA-store epilogue
 // (store_tile_tma) through tm_y; kRows (wide tiles, m-grouped BF16) the row epilogue to the row table
 // (store_tile_rows + row_store_warp in producer warps 2 and 3); tm_y is unused otherwise.
@@ -1415,14 +1474,16 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
                                   const __grid_constant__ CUtensorMap tm_sb, const Params p,
                                   const __grid_constant__ CUtensorMap tm_y) {
   static_assert(!(kExact && kPipelined), "the pipelined schedule is fast mode's");
-  static_assert(!(kExact && kMulticast), "multicast is fast mode's");
+  static_assert(!(kExact && kMulticast) || (!kKGrouped && kBlockN == 256),
+                "exact multicast (B shared): m-grouped, 256-wide tiles (kConfigExactWideBlockN)");
   static_assert(kBlockN == 128 || (kPipelined && !kMulticast) || kExact,
                 "wide tiles: pipelined fast mode without multicast (192) or exact mode (256)");
   static_assert(kBlockM % 32 == 0 && kBlockN % 32 == 0, "decoder: whole rounds of 32 lanes");
   static_assert(!kMulticast || (kBlockM / 2) % 8 == 0,
                 "multicast halves of A keep whole 1024-byte swizzle atoms");
-  static_assert(kOut == OutStore::kDirect || (kBlockN > 128 && !kMulticast && (kPipelined || kExact)),
+  static_assert(kOut == OutStore::kDirect || (kBlockN > 128 && (!kMulticast || kExact) && (kPipelined || kExact)),
                 "the TMA-store and row epilogues: wide tiles (fast 192, exact 256)");
+  static_assert(kOut != OutStore::kRows || !kMulticast, "the row epilogue: one CTA a tile");
   static_assert(kOut != OutStore::kRows || (!kOutF32 && !kKGrouped), "the row epilogue: m-grouped BF16");
   constexpr bool kBlockScalesB = kBlockB != BlockScalesB::kNone;
   static_assert(!kBlockScalesB || (kPipelined && kBlockN == 192 && !kMulticast && kOut != OutStore::kRows),
@@ -1468,7 +1529,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
   constexpr int kPair = kMulticast ? 2 : 1;
   constexpr int kChunkK = chunk_k<kExact>();
   using Scheduler = std::conditional_t<kKGrouped, KGroupedScheduler<kBlockN, kPair, kChunkK>,
-                                       MGroupedScheduler<kBlockN, kPair, kChunkK>>;
+                                       MGroupedScheduler<kBlockN, kPair, kChunkK, kExact && kMulticast>>;
   // Wide tiles (kBlockN > 128): each role builds its scheduler after its setmaxnreg; built once
   // before it, ptxas spilled scheduler fields across the register reallocation (k-grouped and
   // m-grouped FP32 kernels). The 128-wide kernels keep the single construction (SASS unchanged).
@@ -1499,7 +1560,7 @@ grouped_gemm_mxfp8_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_a,
     else if constexpr (kPipelined)  // wide tile: one accumulator per warpgroup
       math_fast_single<kBlockN, kNumStages, kOutF32, kOut>(p, smem, sched, full, empty, ready, &tm_y);
     else if constexpr (kExact)  // BF16 images, no promotion
-      math_exact<kBlockN, kNumStages, kOutF32, kOut>(p, smem, sched, full, empty, &tm_y);
+      math_exact<kBlockN, kNumStages, kOutF32, kOut, kMulticast>(p, smem, sched, full, empty, &tm_y);
     else
       math_fast_serial<kBlockN, kNumStages, kOutF32, kMulticast>(p, smem, sched, full, empty);
   }
@@ -1548,6 +1609,11 @@ constexpr int kConfigBlockN = 128;
 constexpr int kConfigStages = 6;
 constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
+//   kConfigExactMulticast: exact m-grouped 256-wide tiles as 2-CTA clusters sharing B (pairs of
+//   m-tiles, MGroupedScheduler kPairM; -33% L2->SM bytes a stage). Same bytes as the plain kernel
+//   (GemmGpu.ExactMulticastBitwiseMatchesDefault). Not yet measured: off by default;
+//   MXMOE_GEMM_EXACT_MULTICAST=1 (or 0) overrides it per call (exact_multicast_requested).
+constexpr bool kConfigExactMulticast = false;
 constexpr int kConfigFastBlockN = 192;
 // Measured and deleted (docs/notes/gemm.md): the ping-pong schedule with scales loaded before the
 // wgmma wait (run 30: 0.91-1.03x) and a 128-wide one-accumulator schedule with the scale products
@@ -1679,6 +1745,17 @@ inline KernelPath block_scales_path(const char* fn, const GemmOptions& opts) {
   return path;
 }
 
+// m-grouped exact mode: clusters sharing B (kConfigExactMulticast unless MXMOE_GEMM_EXACT_MULTICAST,
+// read per call, says "1" or "0"). Another value throws (before any CUDA call), naming the variable.
+inline bool exact_multicast_requested(const char* fn) {
+  const char* v = std::getenv("MXMOE_GEMM_EXACT_MULTICAST");
+  if (v == nullptr || v[0] == '\0') return kConfigExactMulticast;
+  if (std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  detail::throw_arg(fn, "MXMOE_GEMM_EXACT_MULTICAST", std::string("'") + v + "'",
+                    "environment variable: must be '1' or '0'");
+}
+
 // fast_block_n: the caller's default width for fast mode (kConfigFastBlockN, or a width chosen
 // from the shape, see k_grouped_fast_block_n).
 inline KernelPath choose_kernel_path(bool exact, int fast_block_n = kConfigFastBlockN) {
@@ -1709,8 +1786,14 @@ inline int k_grouped_fast_block_n(int64_t k) {
   return k >= 1024 || tma_store_requested() ? kConfigWideBlockN : kConfigBlockN;
 }
 
-// Rows of the A box: half a tile per CTA when multicasting (each CTA loads its half for both).
-inline uint32_t a_box_rows(bool multicast) { return multicast ? kBlockM / 2 : kBlockM; }
+// Rows of the A box: half a tile per CTA when multicasting in fast mode (each CTA loads its half for
+// both). Exact mode's clusters share B instead: b_box_rows.
+inline uint32_t a_box_rows(bool multicast, bool exact = false) {
+  return multicast && !exact ? kBlockM / 2 : kBlockM;
+}
+inline uint32_t b_box_rows(bool multicast, bool exact, int block_n) {
+  return multicast && exact ? uint32_t(block_n / 2) : uint32_t(block_n);
+}
 
 // TMA map of one operand's K-major data [rows, kdim] in the form its mode reads, as bytes: fast
 // mode its fast_data (E4M3, kdim bytes per row), exact mode its BF16 image (2·kdim bytes per row;
@@ -1811,10 +1894,13 @@ void launch_grouped(const char* fn, bool multicast, const CUtensorMap& tm_a,
                                                     : stages_for<kBlockN>();
   using L = SmemLayout<kBlockN, kStages, kExact, kPipelined, out_stage_bytes_for<kBlockN, kOut>(),
                        kBlockB != BlockScalesB::kNone>;
-  if constexpr (!kExact && kBlockN == kConfigBlockN) {
+  // Multicast kernels: fast mode 128 wide (A shared), exact m-grouped 256 wide (B shared).
+  constexpr bool kMayMulticast = kOut != OutStore::kRows && kBlockB == BlockScalesB::kNone &&
+                                 (kExact ? !kKGrouped && kBlockN == kConfigExactWideBlockN : kBlockN == kConfigBlockN);
+  if constexpr (kMayMulticast) {
     if (multicast) {
       constexpr auto kernel = grouped_gemm_mxfp8_sm90_ws_kernel<kBlockN, kStages, kExact, kOutF32,
-                                                                kKGrouped, kPipelined, true>;
+                                                                kKGrouped, kPipelined, true, kOut>;
       detail::set_smem_limit_once<kernel>(fn, L::kAlloc);
       // An even grid (I1), at most the clusters that are co-resident, at least one cluster.
       const int pairs = std::max(1, std::min(grid / 2, max_active_pairs<kernel>(fn, L::kAlloc)));

@@ -47,13 +47,16 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
     path = gemm_sm90::choose_kernel_path(exact, opts.fast_tile_n != 0 ? opts.fast_tile_n
                                                                        : gemm_sm90::kConfigFastBlockN);
     path.tma_store = gemm_sm90::use_tma_store(path, exact, out_f32, opts.accumulate);
+    if (exact && path.block_n == gemm_sm90::kConfigExactWideBlockN)  // clusters sharing B (pairs of m-tiles)
+      path.multicast = gemm_sm90::exact_multicast_requested(fn);
   }
   const bool multicast = path.multicast;
   const int block_n = path.block_n;
   int64_t n_tiles = (n + block_n - 1) / block_n;
-  if (multicast) n_tiles += n_tiles % 2;  // 2-CTA clusters pair n-tiles (phantom partner if odd)
-  if ((m_total / kBlockM) * n_tiles >= (int64_t(1) << 31))
-    throw_arg(fn, "m_total", to_str(m_total), "(m_total/128)·ceil(n/block_n) must be < 2^31");
+  if (multicast && !exact) n_tiles += n_tiles % 2;  // fast: pairs of n-tiles (phantom partner if odd)
+  // (exact multicast pairs m-tiles: the last band may end in a phantom, hence the + 1 below)
+  if ((m_total / kBlockM + 1) * n_tiles >= (int64_t(1) << 31))
+    throw_arg(fn, "m_total", to_str(m_total), "(m_total/128 + 1)·ceil(n/block_n) must be < 2^31");
   detail::check_grouped_operand(fn, "b", b, opts.mode);
   if (m_total == 0) return;  // nothing can be written
   detail::check_grouped_operand(fn, "a", a, opts.mode);
@@ -67,9 +70,10 @@ void m_grouped_impl(const char* fn, const MxOperand& a, int64_t m_total, const M
   // ---- tensor maps (no offsets read) and launch ----
   const int grid = gemm_sm90::persistent_grid(fn, opts.num_sms);
   const int64_t num_kc = (k + kBlockK - 1) / kBlockK;
-  const CUtensorMap tm_a =  // [128 (64 when multicast), 128 B]
-      gemm_sm90::operand_map(fn, a, exact, m_total, k, gemm_sm90::a_box_rows(multicast));
-  const CUtensorMap tm_b = gemm_sm90::operand_map(fn, b, exact, num_experts * n, k, block_n);
+  const CUtensorMap tm_a =  // [128 (64 when multicast in fast mode), 128 B]
+      gemm_sm90::operand_map(fn, a, exact, m_total, k, gemm_sm90::a_box_rows(multicast, exact));
+  const CUtensorMap tm_b =  // [block_n (block_n/2 when multicast in exact mode), 128 B]
+      gemm_sm90::operand_map(fn, b, exact, num_experts * n, k, gemm_sm90::b_box_rows(multicast, exact, block_n));
   CUtensorMap tm_sa = tm_a, tm_sb = tm_b;  // unused in exact mode
   if (!exact) {
     tm_sa = detail::make_tensor_map_2d_u8(fn, a.fast_scales, num_kc, m_total, m_total, 1,
