@@ -1611,7 +1611,8 @@ constexpr bool kConfigFastPipelined = true;
 constexpr bool kConfigClusterMulticast = false;
 //   kConfigExactMulticast: exact m-grouped 256-wide tiles as 2-CTA clusters sharing B (pairs of
 //   m-tiles, MGroupedScheduler kPairM; -33% L2->SM bytes a stage). Same bytes as the plain kernel
-//   (GemmGpu.ExactMulticastBitwiseMatchesDefault). Not yet measured: off by default;
+//   (GemmGpu.ExactMulticastBitwiseMatchesDefault). Measured in run 100: 0.85-0.97x the default on
+//   all 24 m-grouped bench cases, so off by default (docs/notes/gemm.md, "Runs 99-100");
 //   MXMOE_GEMM_EXACT_MULTICAST=1 (or 0) overrides it per call (exact_multicast_requested).
 constexpr bool kConfigExactMulticast = false;
 constexpr int kConfigFastBlockN = 192;
