@@ -270,6 +270,12 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   p.n_groups = params.n_groups;
   p.topk_groups = params.topk_groups;
   p.scaling = params.scaling_factor;
+  // The top-k's warp arg-max (router_select.cuh): redux.sync by default, the xor-shuffle butterfly it
+  // replaced with MXMOE_ROUTER_ARGMAX=shuffle (read per call, for A/B timing; the same selection).
+  const char* am = std::getenv("MXMOE_ROUTER_ARGMAX");
+  if (am != nullptr && *am != '\0' && std::strcmp(am, "redux") != 0 && std::strcmp(am, "shuffle") != 0)
+    throw_arg("routing", "MXMOE_ROUTER_ARGMAX", am, "must be redux | shuffle");
+  p.argmax_shuffle = am != nullptr && std::strcmp(am, "shuffle") == 0 ? 1 : 0;
   return p;
 }
 

@@ -157,6 +157,70 @@ TEST(MoeOpsGpu, TopkMatchesReferenceRouting) {
   }
 }
 
+// The top-k's warp arg-max on logits full of exact ties: values from {-Inf, -2, -0.0, +0.0, 1, 3} and
+// 2% NaN (counted as -Inf), E = 128 / 256 / 384 (4, 8 and 16 scores a lane). Softmax: the ids equal
+// the reference's exactly (selection on the exact logits, ties to the lower id; -0.0 and +0.0 tie).
+// Both arg-max paths (redux.sync, default; the xor-shuffle butterfly, MXMOE_ROUTER_ARGMAX=shuffle)
+// give the same ids and weight bits, for softmax and for sigmoid scoring with 8 groups (top-4).
+// A bad value of the variable throws before any launch, naming it.
+TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed());
+  const float kValues[] = {-INFINITY, -2.0f, -0.0f, 0.0f, 1.0f, 3.0f};
+  std::uniform_int_distribution<int> pick(0, 5);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  const int64_t T = 512;
+  for (int E : {128, 256, 384}) {
+    for (bool sigmoid : {false, true}) {
+      if (sigmoid && E % 8 != 0) continue;
+      SCOPED_TRACE("E=" + std::to_string(E) + (sigmoid ? " sigmoid, 8 groups" : " softmax"));
+      std::vector<float> logits(size_t(T * E));
+      for (auto& v : logits) v = u01(rng) < 0.02f ? NAN : kValues[pick(rng)];
+      for (int64_t t = 0; t < T; ++t)  // at least k finite logits a row, so that softmax weights exist
+        for (int j = 0; j < 8; ++j) logits[size_t(t * E + (t + 37 * j) % E)] = float(j % 3);
+      RouterParams p;
+      p.top_k = 8;
+      if (sigmoid) {
+        p.scoring = RouterScoring::kSigmoid;
+        p.n_groups = 8;
+        p.topk_groups = 4;
+      }
+      DevBuf<float> dl{logits.size()}, dw{size_t(T * p.top_k)};
+      DevBuf<int32_t> di{size_t(T * p.top_k)};
+      dl.upload(logits);
+      std::vector<int32_t> ids[2];
+      std::vector<float> w[2];
+      for (int path = 0; path < 2; ++path) {
+        const ScopedEnv env("MXMOE_ROUTER_ARGMAX", path == 0 ? "redux" : "shuffle");
+        moe_topk(dl.p, T, E, p, di.p, dw.p);
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        ids[path] = di.download();
+        w[path] = dw.download();
+      }
+      EXPECT_EQ(ids[0], ids[1]) << "the two arg-max paths chose differently";
+      EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float))) << "weights differ";
+      if (sigmoid) continue;
+      ref::RouterRefParams rp;
+      rp.top_k = p.top_k;
+      const ref::RouterRefResult want =
+          ref::route_from_logits(std::vector<double>(logits.begin(), logits.end()), int(T), E, rp);
+      for (size_t o = 0; o < ids[0].size(); ++o)
+        ASSERT_EQ(ids[0][o], want.ids[o]) << "token " << o / size_t(p.top_k) << " slot " << o % size_t(p.top_k);
+    }
+  }
+  const ScopedEnv bad("MXMOE_ROUTER_ARGMAX", "fast");
+  DevBuf<float> dl{size_t(128)}, dw{size_t(8)};
+  DevBuf<int32_t> di{size_t(8)};
+  RouterParams p;
+  p.top_k = 8;
+  try {
+    moe_topk(dl.p, 1, 128, p, di.p, dw.p);
+    ADD_FAILURE() << "MXMOE_ROUTER_ARGMAX=fast was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("MXMOE_ROUTER_ARGMAX"), std::string::npos) << e.what();
+  }
+}
+
 namespace {
 
 // Routing weights, uniform in [-1, 1) (signed, so that dy's rounding sees both signs).

@@ -4,8 +4,11 @@
 // (warp_decode_router_sm90.cu) and the training layer's top-k (moe_topk_sm90.cu), so both paths
 // route identically. kSlots scores a lane (E <= 32·kSlots; default 16: E <= 512; the fused step
 // uses 4 or 8 to fit its register budget — entries past E are never valid, so every kSlots with
-// 32·kSlots >= E gives the same bits); k rounds of a warp arg-max with the total order
-// (score desc, id asc); group scores (top-2 sums) by one lane per group.
+// 32·kSlots >= E gives the same bits; select_top_k_any picks the smallest); k rounds of a warp
+// arg-max with the total order (score desc, id asc) — two redux.sync (max of an order-preserving
+// key, then min id among the lanes holding it) instead of a 5-step xor-shuffle butterfly of three
+// values (RouterLaunch::argmax_shuffle keeps the butterfly for A/B timing; both pick the same
+// winner); group scores (top-2 sums) by one lane per group.
 #pragma once
 #include <climits>
 #include <cmath>
@@ -27,19 +30,39 @@ __device__ __forceinline__ bool better(float v, int e, float bv, int be) {
   return v > bv || (v == bv && e < be);
 }
 
-// Warp-wide arg-max of (v, e) carrying a payload s; every lane ends with the same triple.
-__device__ __forceinline__ void warp_argmax(float& v, int& e, float& s) {
+// An unsigned key with the order of the floats (v never NaN): key(a) < key(b) exactly when a < b,
+// and -0.0, +0.0 get one key (they compare equal, so `better` breaks their tie by id).
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t u = __float_as_uint(v + 0.0f);  // -0.0 + 0.0 = +0.0 (round to nearest)
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Warp-wide arg-max of (v, e) under `better`, carrying a payload s; every lane ends with the
+// winner's triple. v is never NaN (callers map NaN to -Inf); e >= 0, each real candidate's e held
+// by lane e % 32 (the callers' experts e = lane + 32·i and groups g = lane), INT_MAX for a lane
+// without one. shuffle: the xor butterfly (15 dependent shuffles); else max of order_key, then
+// min e among the lanes holding that key (redux.sync), and v, s from lane e % 32. Same winner.
+__device__ __forceinline__ void warp_argmax(float& v, int& e, float& s, bool shuffle) {
+  if (shuffle) {
 #pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) {
-    const float ov = __shfl_xor_sync(dev::kFullMask, v, o);
-    const int oe = __shfl_xor_sync(dev::kFullMask, e, o);
-    const float os = __shfl_xor_sync(dev::kFullMask, s, o);
-    if (better(ov, oe, v, e)) {
-      v = ov;
-      e = oe;
-      s = os;
+    for (int o = 16; o >= 1; o >>= 1) {
+      const float ov = __shfl_xor_sync(dev::kFullMask, v, o);
+      const int oe = __shfl_xor_sync(dev::kFullMask, e, o);
+      const float os = __shfl_xor_sync(dev::kFullMask, s, o);
+      if (better(ov, oe, v, e)) {
+        v = ov;
+        e = oe;
+        s = os;
+      }
     }
+    return;
   }
+  const uint32_t key = order_key(v);
+  const uint32_t top = __reduce_max_sync(dev::kFullMask, key);
+  e = int(__reduce_min_sync(dev::kFullMask, key == top ? uint32_t(e) : 0xFFFFFFFFu));
+  const int src = e & 31;
+  v = __shfl_sync(dev::kFullMask, v, src);
+  s = __shfl_sync(dev::kFullMask, s, src);
 }
 
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
@@ -78,7 +101,7 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
       v = gscore;
       g = lane;
     }
-    warp_argmax(v, g, unused);
+    warp_argmax(v, g, unused, p.argmax_shuffle != 0);
     chosen |= 1u << g;  // g < n_groups: topk_groups <= n_groups
   }
   __syncwarp();
@@ -134,7 +157,7 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
         s = src[i];
       }
     }
-    warp_argmax(v, e, s);  // e < E: top_k <= the number of available experts
+    warp_argmax(v, e, s, p.argmax_shuffle != 0);  // e < E: top_k <= the number of available experts
     if (lane == (e & 31)) avail &= ~(1u << (e >> 5));
     if (lane == r) {
       my_id = e;
@@ -171,6 +194,15 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
     p.ids[int64_t(b) * p.top_k + lane] = my_id;
     p.weights[int64_t(b) * p.top_k + lane] = w;
   }
+}
+
+// select_top_k with the fewest scores a lane that hold E experts (4 for E <= 128, 8 for <= 256, else
+// 16): the same bits (entries past E are never valid), a shorter scan in each of the k rounds.
+__device__ __forceinline__ void select_top_k_any(const RouterLaunch& p, const float* logits, float* scratch, int b,
+                                                 int lane) {
+  if (p.num_experts <= 128) select_top_k<4>(p, logits, scratch, b, lane);
+  else if (p.num_experts <= 256) select_top_k<8>(p, logits, scratch, b, lane);
+  else select_top_k<kPerLane>(p, logits, scratch, b, lane);
 }
 
 }  // namespace mxmoe::detail

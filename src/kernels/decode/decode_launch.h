@@ -17,6 +17,8 @@ struct RouterLaunch {
   int batch = 0, hidden = 0, num_experts = 0, top_k = 0;
   int sigmoid = 0, renormalize = 1, n_groups = 1, topk_groups = 1;
   float scaling = 1.0f;
+  int argmax_shuffle = 0;        // router_select.cuh warp_argmax: 0 redux.sync (default), 1 the xor-shuffle
+                                 // butterfly (MXMOE_ROUTER_ARGMAX=shuffle; same ids and weights)
 };
 
 struct ExpertWeights {

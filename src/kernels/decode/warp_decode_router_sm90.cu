@@ -51,7 +51,10 @@ static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its to
 // Tokens per cluster for a batch of B: B rounded up to 1, 2 or 4, at most 4.
 int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 
-template <int kTokens>
+// kSlots: scores a lane in the top-k (select_top_k: 32·kSlots >= E; the same bits for any such kSlots,
+// the fewest scan the fastest). A kernel per (kTokens, kSlots): inlining the three selections into one
+// kernel made ptxas spill around the division's call.
+template <int kTokens, int kSlots>
 __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
     warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
@@ -83,7 +86,17 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   cluster.sync();  // release/acquire: rank 0 sees every logit
   if (rank != 0) return;
   if (warp < kTokens && b0 + warp < p.batch)
-    select_top_k(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+    select_top_k<kSlots>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+}
+
+template <int kTokens>
+void launch_router_tokens(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
+  if (p.num_experts <= 128)
+    launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, 4>, grid, block, 0, stream, p);
+  else if (p.num_experts <= 256)
+    launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, 8>, grid, block, 0, stream, p);
+  else
+    launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, kPerLane>, grid, block, 0, stream, p);
 }
 
 }  // namespace
@@ -92,9 +105,9 @@ void launch_decode_router(const RouterLaunch& p, cudaStream_t stream) {
   const int tokens = tokens_per_cluster(p.batch);
   const int64_t clusters = (int64_t(p.batch) + tokens - 1) / tokens;
   const dim3 grid(unsigned(clusters * kClusterSize)), block(kThreads);
-  if (tokens == 1) launch_with_pdl("decode_router", warp_decode_router_kernel<1>, grid, block, 0, stream, p);
-  else if (tokens == 2) launch_with_pdl("decode_router", warp_decode_router_kernel<2>, grid, block, 0, stream, p);
-  else launch_with_pdl("decode_router", warp_decode_router_kernel<kMaxTokens>, grid, block, 0, stream, p);
+  if (tokens == 1) launch_router_tokens<1>(p, grid, block, stream);
+  else if (tokens == 2) launch_router_tokens<2>(p, grid, block, stream);
+  else launch_router_tokens<kMaxTokens>(p, grid, block, stream);
   MXMOE_CHECK_LAUNCH("decode_router");
 }
 

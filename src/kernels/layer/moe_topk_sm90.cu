@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) moe_topk_kernel(const float
   const float* row = logits + t * p.num_experts;
   for (int e = lane; e < p.num_experts; e += 32) s_logits[warp][e] = __ldg(row + e);
   __syncwarp();
-  select_top_k(p, s_logits[warp], s_scratch[warp], int(t), lane);
+  select_top_k_any(p, s_logits[warp], s_scratch[warp], int(t), lane);
 }
 
 // The value lane q holds for slot q whose expert is e (lane q < k holds expert id_q), or 0 when e
