@@ -276,6 +276,11 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   if (am != nullptr && *am != '\0' && std::strcmp(am, "redux") != 0 && std::strcmp(am, "shuffle") != 0)
     throw_arg("routing", "MXMOE_ROUTER_ARGMAX", am, "must be redux | shuffle");
   p.argmax_shuffle = am != nullptr && std::strcmp(am, "shuffle") == 0 ? 1 : 0;
+  // Scores a lane in the top-k (MXMOE_ROUTER_SLOTS, read per call, for A/B timing): unset = the fewest
+  // that hold E (4 / 8 / 16); 16 was the only choice before session 14.
+  p.slots = env_choice("routing", "MXMOE_ROUTER_SLOTS", 0, {0, 4, 8, 16});
+  if (p.slots != 0 && 32 * p.slots < num_experts)
+    throw_arg("routing", "MXMOE_ROUTER_SLOTS", to_str(p.slots), "32 x slots must be >= num_experts (" + to_str(num_experts) + ")");
   return p;
 }
 

@@ -160,8 +160,9 @@ TEST(MoeOpsGpu, TopkMatchesReferenceRouting) {
 // The top-k's warp arg-max on logits full of exact ties: values from {-Inf, -2, -0.0, +0.0, 1, 3} and
 // 2% NaN (counted as -Inf), E = 128 / 256 / 384 (4, 8 and 16 scores a lane). Softmax: the ids equal
 // the reference's exactly (selection on the exact logits, ties to the lower id; -0.0 and +0.0 tie).
-// Both arg-max paths (redux.sync, default; the xor-shuffle butterfly, MXMOE_ROUTER_ARGMAX=shuffle)
-// give the same ids and weight bits, for softmax and for sigmoid scoring with 8 groups (top-4).
+// Both arg-max paths (redux.sync, default; the xor-shuffle butterfly, MXMOE_ROUTER_ARGMAX=shuffle) and
+// 16 scores a lane (MXMOE_ROUTER_SLOTS=16) give the same ids and weight bits, for softmax and for
+// sigmoid scoring with 8 groups (top-4).
 // A bad value of the variable throws before any launch, naming it.
 TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
   MXMOE_REQUIRE_GPU();
@@ -188,17 +189,21 @@ TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
       DevBuf<float> dl{logits.size()}, dw{size_t(T * p.top_k)};
       DevBuf<int32_t> di{size_t(T * p.top_k)};
       dl.upload(logits);
-      std::vector<int32_t> ids[2];
-      std::vector<float> w[2];
-      for (int path = 0; path < 2; ++path) {
-        const ScopedEnv env("MXMOE_ROUTER_ARGMAX", path == 0 ? "redux" : "shuffle");
+      std::vector<int32_t> ids[3];
+      std::vector<float> w[3];
+      for (int path = 0; path < 3; ++path) {  // redux (fewest slots), shuffle, redux with 16 slots a lane
+        const ScopedEnv env("MXMOE_ROUTER_ARGMAX", path == 1 ? "shuffle" : "redux");
+        const ScopedEnv slots("MXMOE_ROUTER_SLOTS", path == 2 ? "16" : "");
         moe_topk(dl.p, T, E, p, di.p, dw.p);
         MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
         ids[path] = di.download();
         w[path] = dw.download();
       }
-      EXPECT_EQ(ids[0], ids[1]) << "the two arg-max paths chose differently";
-      EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float))) << "weights differ";
+      for (int path = 1; path < 3; ++path) {
+        EXPECT_EQ(ids[0], ids[path]) << "path " << path << " chose differently";
+        EXPECT_EQ(0, std::memcmp(w[0].data(), w[path].data(), w[0].size() * sizeof(float)))
+            << "path " << path << ": weights differ";
+      }
       if (sigmoid) continue;
       ref::RouterRefParams rp;
       rp.top_k = p.top_k;

@@ -198,10 +198,15 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
 
 // select_top_k with the fewest scores a lane that hold E experts (4 for E <= 128, 8 for <= 256, else
 // 16): the same bits (entries past E are never valid), a shorter scan in each of the k rounds.
+// RouterLaunch::slots (MXMOE_ROUTER_SLOTS) overrides the choice for A/B timing.
+__host__ __device__ __forceinline__ int top_k_slots(const RouterLaunch& p) {
+  return p.slots != 0 ? p.slots : p.num_experts <= 128 ? 4 : p.num_experts <= 256 ? 8 : kPerLane;
+}
 __device__ __forceinline__ void select_top_k_any(const RouterLaunch& p, const float* logits, float* scratch, int b,
                                                  int lane) {
-  if (p.num_experts <= 128) select_top_k<4>(p, logits, scratch, b, lane);
-  else if (p.num_experts <= 256) select_top_k<8>(p, logits, scratch, b, lane);
+  const int slots = top_k_slots(p);
+  if (slots == 4) select_top_k<4>(p, logits, scratch, b, lane);
+  else if (slots == 8) select_top_k<8>(p, logits, scratch, b, lane);
   else select_top_k<kPerLane>(p, logits, scratch, b, lane);
 }
 

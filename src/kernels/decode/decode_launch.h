@@ -19,6 +19,8 @@ struct RouterLaunch {
   float scaling = 1.0f;
   int argmax_shuffle = 0;        // router_select.cuh warp_argmax: 0 redux.sync (default), 1 the xor-shuffle
                                  // butterfly (MXMOE_ROUTER_ARGMAX=shuffle; same ids and weights)
+  int slots = 0;                 // scores a lane in the top-k: 0 the fewest for E (select_top_k_any), else
+                                 // 4, 8 or 16 with 32·slots >= E (MXMOE_ROUTER_SLOTS; same ids and weights)
 };
 
 struct ExpertWeights {

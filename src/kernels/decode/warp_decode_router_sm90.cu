@@ -91,9 +91,10 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
 
 template <int kTokens>
 void launch_router_tokens(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  if (p.num_experts <= 128)
+  const int slots = top_k_slots(p);
+  if (slots == 4)
     launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, 4>, grid, block, 0, stream, p);
-  else if (p.num_experts <= 256)
+  else if (slots == 8)
     launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, 8>, grid, block, 0, stream, p);
   else
     launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, kPerLane>, grid, block, 0, stream, p);
