@@ -10,7 +10,8 @@
 // (X from L1), FP32 accumulation per token,
 // xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
-// 16 scores a lane (E <= 512), k rounds of a warp arg-max with the total order
+// 4, 8 or 16 scores a lane (the fewest with 32·slots >= E: a router kernel per count), k rounds of a
+// warp arg-max (redux.sync, router_select.cuh) with the total order
 // (score desc, id asc), group scores (top-2 sums) by one lane per group. Ties → lower id.
 // A token's arithmetic is the same whatever its position in the cluster, kTokens or B:
 // batch-invariant (logits_warp's order does not depend on kTokens).
