@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/scoped_env.h"
 #include "mxmoe/decode.h"
 #include "ref/decode_ref.h"
 #include "ref/mx_ref.h"
@@ -230,6 +231,23 @@ TEST(DecodeArgs, RouterRejectsBadArguments) {
   expect_error_naming([&] { decode_router(x, 1, 64, nullptr, 16, p, ids, w); }, "router_w");
   expect_error_naming([&] { decode_router(x, 1, 64, wr, 16, p, nullptr, w); }, "topk_ids");
   expect_error_naming([&] { decode_router(x, 1, 64, wr, 16, p, ids, fake<float>(0x40002)); }, "topk_weights");
+}
+
+// The router's A/B switches (read per call): a bad value throws before any launch, naming the variable.
+TEST(DecodeArgs, RouterSwitchesRejectBadValues) {
+  const auto* x = fake<const __nv_bfloat16>(0x10000);
+  const auto* wr = fake<const __nv_bfloat16>(0x20000);
+  int32_t* ids = fake<int32_t>(0x30000);
+  float* w = fake<float>(0x40000);
+  RouterParams p;
+  p.top_k = 4;
+  for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
+           {"MXMOE_ROUTER_ARGMAX", "fast"}, {"MXMOE_ROUTER_SLOTS", "2"}}) {
+    const mxmoe::test::ScopedEnv env(var, val);
+    expect_error_naming([&] { decode_router(x, 1, 64, wr, 16, p, ids, w); }, var);
+  }
+  const mxmoe::test::ScopedEnv env("MXMOE_ROUTER_SLOTS", "4");  // 4 scores a lane hold 128 experts, not 200
+  expect_error_naming([&] { decode_router(x, 1, 64, wr, 200, p, ids, w); }, "MXMOE_ROUTER_SLOTS");
 }
 
 TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
