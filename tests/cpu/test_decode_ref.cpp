@@ -188,13 +188,26 @@ TEST(DecodeRef, MissingExpertIsAnError) {
   EXPECT_THROW(ref::decode_gate_up(x, 1, 8, 4, w1, ids, 1), std::invalid_argument);
 }
 
-TEST(DecodeArgs, RouterRejectsBadArguments) {
-  const auto* x = fake<const __nv_bfloat16>(0x10000);
-  const auto* wr = fake<const __nv_bfloat16>(0x20000);
+// Well-formed (fake, never dereferenced) router arguments: every check passes unless a test spoils one.
+struct RouterArgs {
+  const __nv_bfloat16* x = fake<const __nv_bfloat16>(0x10000);
+  const __nv_bfloat16* wr = fake<const __nv_bfloat16>(0x20000);
   int32_t* ids = fake<int32_t>(0x30000);
   float* w = fake<float>(0x40000);
-  RouterParams p;
-  p.top_k = 4;
+  RouterParams p = [] {
+    RouterParams q;
+    q.top_k = 4;
+    return q;
+  }();
+};
+
+TEST(DecodeArgs, RouterRejectsBadArguments) {
+  const RouterArgs a;
+  const auto* x = a.x;
+  const auto* wr = a.wr;
+  int32_t* ids = a.ids;
+  float* w = a.w;
+  const RouterParams& p = a.p;
   auto call = [&](const __nv_bfloat16* xx, int B, int H, int E, const RouterParams& pp) {
     decode_router(xx, B, H, wr, E, pp, ids, w);
   };
@@ -235,19 +248,15 @@ TEST(DecodeArgs, RouterRejectsBadArguments) {
 
 // The router's A/B switches (read per call): a bad value throws before any launch, naming the variable.
 TEST(DecodeArgs, RouterSwitchesRejectBadValues) {
-  const auto* x = fake<const __nv_bfloat16>(0x10000);
-  const auto* wr = fake<const __nv_bfloat16>(0x20000);
-  int32_t* ids = fake<int32_t>(0x30000);
-  float* w = fake<float>(0x40000);
-  RouterParams p;
-  p.top_k = 4;
+  const RouterArgs a;
+  const auto route = [&](int E) { decode_router(a.x, 1, 64, a.wr, E, a.p, a.ids, a.w); };
   for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
            {"MXMOE_ROUTER_ARGMAX", "fast"}, {"MXMOE_ROUTER_SLOTS", "2"}}) {
     const mxmoe::test::ScopedEnv env(var, val);
-    expect_error_naming([&] { decode_router(x, 1, 64, wr, 16, p, ids, w); }, var);
+    expect_error_naming([&] { route(16); }, var);
   }
   const mxmoe::test::ScopedEnv env("MXMOE_ROUTER_SLOTS", "4");  // 4 scores a lane hold 128 experts, not 200
-  expect_error_naming([&] { decode_router(x, 1, 64, wr, 200, p, ids, w); }, "MXMOE_ROUTER_SLOTS");
+  expect_error_naming([&] { route(200); }, "MXMOE_ROUTER_SLOTS");
 }
 
 TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
