@@ -1648,7 +1648,8 @@ constexpr int stages_for() {
 // Which kernel a call runs, from the compile-time defaults and the environment (read on every
 // call, so that one process can time every path). Fast mode: block_n 128 or 192
 // (MXMOE_GEMM_TILE), multicast (MXMOE_GEMM_MULTICAST "1" on, "0" off; 128-wide only). Exact mode:
-// block_n 256 or 128 (MXMOE_GEMM_EXACT_TILE), never multicast.
+// block_n 256 or 128 (MXMOE_GEMM_EXACT_TILE); multicast only where the m-grouped launcher sets it
+// (exact_multicast_requested, 256 wide: clusters sharing B), never here.
 struct KernelPath {
   int block_n = kConfigBlockN;
   bool multicast = false;
