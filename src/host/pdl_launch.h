@@ -27,15 +27,17 @@ inline bool pdl_enabled() {
 // (compile-time cluster dimensions of the kernel apply as usual), and with
 // cudaLaunchAttributeCooperative when `cooperative` (the driver then guarantees that every CTA is
 // co-resident, or fails the launch). The return code is checked.
+// cluster > 0: clusters of `cluster` CTAs along x (cudaLaunchAttributeClusterDimension), for kernels
+// without compile-time cluster dimensions.
 template <class... KernelArgs, class... Args>
-void launch_with_pdl_attrs(const char* fn, bool cooperative, void (*kernel)(KernelArgs...), dim3 grid,
-                           dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_with_pdl_attrs(const char* fn, bool cooperative, unsigned cluster, void (*kernel)(KernelArgs...),
+                           dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[3];
   unsigned n = 0;
   if (pdl_enabled()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -45,6 +47,12 @@ void launch_with_pdl_attrs(const char* fn, bool cooperative, void (*kernel)(Kern
     attr[n].id = cudaLaunchAttributeCooperative;
     attr[n++].val.cooperative = 1;
   }
+  if (cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
   cfg.numAttrs = n;
   MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
@@ -53,7 +61,13 @@ void launch_with_pdl_attrs(const char* fn, bool cooperative, void (*kernel)(Kern
 template <class... KernelArgs, class... Args>
 void launch_with_pdl(const char* fn, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                      size_t smem, cudaStream_t stream, Args&&... args) {
-  launch_with_pdl_attrs(fn, false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  launch_with_pdl_attrs(fn, false, 0u, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+template <class... KernelArgs, class... Args>
+void launch_with_pdl_cluster(const char* fn, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, unsigned cluster, Args&&... args) {
+  launch_with_pdl_attrs(fn, false, cluster, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace mxmoe::detail

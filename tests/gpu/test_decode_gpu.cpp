@@ -1131,6 +1131,62 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
   down_switches_bitwise(kManySlots, both, rng);
 }
 
+// The decode router's load switches (MXMOE_ROUTER_UNROLL / _CLUSTER / _PREFETCH) give the default's
+// ids and weights bit for bit: logits_warp's order does not depend on them. Shapes with several
+// rounds of loads a warp (DeepSeek-V3's H and E, Kimi-K2's E = 384), an H that leaves the last round
+// ragged, B = 1..8 (1, 2 and 4 tokens a cluster, and a partial last cluster). A cluster size that
+// cannot be placed fails the launch here.
+TEST(DecodeGpu, RouterSwitchesGiveDefaultBits) {
+  MXMOE_REQUIRE_GPU();
+  std::mt19937 rng(fresh_seed() + 23);
+  const Config cfgs[] = {
+      {"DSV3 router (H 7168, E 256, groups)", 7168, 32, 256, 8, false, true, 8, 4, 2.5f},
+      {"E 384 (H 7168)", 7168, 32, 384, 8, false, false, 1, 1, 1.0f},
+      {"ragged H 2056, E 128", 2056, 32, 128, 8, false, false, 1, 1, 1.0f},
+      {"qwen-style small", 512, 256, 16, 4, false, false, 1, 1, 1.0f},
+  };
+  const std::vector<std::pair<const char*, std::vector<std::pair<const char*, const char*>>>> settings = {
+      {"unroll 16", {{"MXMOE_ROUTER_UNROLL", "16"}}},
+      {"cluster 16", {{"MXMOE_ROUTER_CLUSTER", "16"}}},
+      {"prefetch", {{"MXMOE_ROUTER_PREFETCH", "1"}}},
+      {"all three",
+       {{"MXMOE_ROUTER_UNROLL", "16"}, {"MXMOE_ROUTER_CLUSTER", "16"}, {"MXMOE_ROUTER_PREFETCH", "1"}}},
+  };
+  // Gaussian Wr and X, not the integer grids of the other tests: with those every logit is exact in
+  // FP32 whatever the order of its sums, and a reordering would go unseen.
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const auto gaussian_bf16 = [&](int64_t n) {
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = ref::float_to_bf16(g(rng));
+    return v;
+  };
+  for (const Config& cfg : cfgs) {
+    Layer L(cfg, DecodeWeightDtype::kBF16, rng);
+    L.wr = gaussian_bf16(int64_t(cfg.E) * cfg.H);
+    L.d_wr->upload(L.wr);
+    for (int B : {1, 2, 3, 5, 8}) {
+      SCOPED_TRACE(std::string(cfg.name) + " B=" + std::to_string(B));
+      Step s(L, gaussian_bf16(int64_t(B) * cfg.H), B, DecodeHDtype::kFP32);
+      s.router();
+      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<int32_t> ids0 = s.ids.download();
+      const std::vector<float> w0 = s.w.download();
+      for (const auto& [name, env] : settings) {
+        SCOPED_TRACE(name);
+        std::vector<std::unique_ptr<ScopedEnv>> envs;
+        for (const auto& [k, v] : env) envs.push_back(std::make_unique<ScopedEnv>(k, v));
+        MXMOE_ASSERT_CUDA(cudaMemset(s.ids.p, 0xFF, s.ids.n * 4));
+        MXMOE_ASSERT_CUDA(cudaMemset(s.w.p, 0xFF, s.w.n * 4));
+        s.router();
+        MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+        EXPECT_EQ(s.ids.download(), ids0);
+        const std::vector<float> w1 = s.w.download();
+        EXPECT_EQ(0, std::memcmp(w1.data(), w0.data(), w0.size() * 4)) << "routing weights differ";
+      }
+    }
+  }
+}
+
 // Values outside the allowed sets, and combinations that are not built, are refused before any
 // launch with an error naming the variable.
 TEST(DecodeGpu, DownSwitchesRejectBadValues) {

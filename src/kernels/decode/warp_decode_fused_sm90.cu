@@ -278,7 +278,7 @@ void launch(const FusedLaunch& p, cudaStream_t stream) {
     return std::max(bytes, 1);
   });
   const int64_t w2_budget = p.w2_prefetch ? int64_t(l2) / 2 / grid : 0;  // half the L2 over the grid
-  launch_with_pdl_attrs(fn, p.cooperative != 0, kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, p,
+  launch_with_pdl_attrs(fn, p.cooperative != 0, 0u, kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, p,
                         w2_budget);
 }
 

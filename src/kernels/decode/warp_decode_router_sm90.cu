@@ -1,12 +1,13 @@
 // Warp decode, fused router (DESIGN.md §4, decode.h): logits = X·Wrᵀ in FP32, then top-k.
 //   X BF16 [B, H], Wr BF16 [E, H] (16-byte aligned, H % 8 == 0), bias FP32 [E] (optional),
 //   topk_ids int32 [B, k], topk_weights FP32 [B, k]. Scoring rules: decode.h.
-// A cluster of kClusterSize = 8 CTAs (512 threads each) owns kTokens consecutive tokens: 4, or
+// A cluster of 8 CTAs (512 threads each; 16 with MXMOE_ROUTER_CLUSTER=16, a non-portable size the
+// launch may fail to place: the cluster size is given at launch, p.cluster) owns kTokens consecutive tokens: 4, or
 // for B < 4 the batch rounded up to 1, 2 or 4 (kTokens is a template parameter: at B = 1 a cluster
 // of 4 computed every logit four times, the copies' products and X loads included; run 74's ncu put
 // the DeepSeek-V3 router at ~40 us for 3.7 MB). Its 128 warps split the experts (warp g of the
 // cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 independent 16-byte loads
-// a lane in flight (4 KB a warp, 64 KB an SM) and uses each loaded chunk for the cluster's tokens
+// a lane in flight (4 KB a warp, 64 KB an SM; 16 with MXMOE_ROUTER_UNROLL=16, p.unroll) and uses each loaded chunk for the cluster's tokens
 // (X from L1), FP32 accumulation per token,
 // xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
@@ -20,6 +21,9 @@
 // anything is written (X may come from the kernel ahead of this one, which may still read the ids
 // and weights), then launch_dependents, so that decode_gate_up's CTAs launch and wait while the
 // router runs.
+// MXMOE_ROUTER_PREFETCH=1 (p.prefetch): before griddepcontrol.wait each CTA asks L2 for its experts'
+// rows of Wr (a weight, never the previous kernel's output), so the loads after the wait hit L2 when
+// the kernel ahead leaves time. None of the three switches changes a bit (logits_warp's fixed order).
 // Registers: checked with -Xptxas -v, no spills. Shared: 2·4·512·4 B = 16 KB (used in rank 0).
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <climits>
@@ -28,6 +32,7 @@
 
 #include <cooperative_groups.h>
 
+#include "device/cp_async_bulk_prefetch.cuh"
 #include "device/griddepcontrol.cuh"
 #include "host/check.h"
 #include "host/pdl_launch.h"
@@ -42,11 +47,9 @@ namespace cg = cooperative_groups;
 namespace mxmoe::detail {
 namespace {
 
-constexpr int kClusterSize = 8;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTokens = 4;  // tokens per cluster (fewer when B is smaller: tokens_per_cluster)
-constexpr int kUnroll = 8;     // 16-byte chunks of Wr in flight per lane
 static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
 
 // Tokens per cluster for a batch of B: B rounded up to 1, 2 or 4, at most 4.
@@ -55,16 +58,20 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // kSlots: scores a lane in the top-k (select_top_k: 32·kSlots >= E; the same bits for any such kSlots,
 // the fewest scan the fastest). A kernel per (kTokens, kSlots): inlining the three selections into one
 // kernel made ptxas spill around the division's call.
-template <int kTokens, int kSlots>
-__global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
-    warp_decode_router_kernel(const RouterLaunch p) {
+// kUnroll: 16-byte chunks of Wr in flight per lane (8, or 16 with MXMOE_ROUTER_UNROLL=16).
+template <int kTokens, int kSlots, int kUnroll>
+__global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank());
+  const int rank = int(cluster.block_rank()), csize = int(cluster.num_blocks());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int b0 = int(blockIdx.x / kClusterSize) * kTokens;
+  const int b0 = int(blockIdx.x / unsigned(csize)) * kTokens;
   const int H = p.hidden, E = p.num_experts, nchunks = H / 8;
+  if (p.prefetch && lane == 0) {  // this warp's rows of Wr into L2 (a hint; Wr is not an input of the kernel ahead)
+    for (int e = rank * kWarps + warp; e < E; e += csize * kWarps)
+      device::cp_async_bulk_prefetch_L2_global(p.w + int64_t(e) * H, uint32_t(H * 2));
+  }
 
   const uint8_t* x[kTokens];  // tokens past B repeat the last one (same code, result dropped)
 #pragma unroll
@@ -75,7 +82,7 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
   device::griddepcontrol_launch_dependents();
   cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal
 
-  for (int e = rank * kWarps + warp; e < E; e += kClusterSize * kWarps) {
+  for (int e = rank * kWarps + warp; e < E; e += csize * kWarps) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
     float acc[kTokens];
     router::logits_warp<kTokens, kUnroll>(w, x, nchunks, lane, acc);
@@ -90,15 +97,31 @@ __global__ void __cluster_dims__(kClusterSize, 1, 1) __launch_bounds__(kThreads)
     select_top_k<kSlots>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
 }
 
+template <int kTokens, int kSlots, int kUnroll>
+void launch_router_kernel(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
+  auto* kernel = warp_decode_router_kernel<kTokens, kSlots, kUnroll>;
+  if (p.cluster > 8) {  // a non-portable cluster size must be allowed per kernel (once is enough)
+    static const bool allowed = [&] {
+      MXMOE_CUDA_CHECK("decode_router", cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      return true;
+    }();
+    (void)allowed;
+  }
+  launch_with_pdl_cluster("decode_router", kernel, grid, block, 0, stream, unsigned(p.cluster), p);
+}
+
+template <int kTokens, int kUnroll>
+void launch_router_unroll(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
+  const int slots = top_k_slots(p);
+  if (slots == 4) launch_router_kernel<kTokens, 4, kUnroll>(p, grid, block, stream);
+  else if (slots == 8) launch_router_kernel<kTokens, 8, kUnroll>(p, grid, block, stream);
+  else launch_router_kernel<kTokens, kPerLane, kUnroll>(p, grid, block, stream);
+}
+
 template <int kTokens>
 void launch_router_tokens(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  const int slots = top_k_slots(p);
-  if (slots == 4)
-    launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, 4>, grid, block, 0, stream, p);
-  else if (slots == 8)
-    launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, 8>, grid, block, 0, stream, p);
-  else
-    launch_with_pdl("decode_router", warp_decode_router_kernel<kTokens, kPerLane>, grid, block, 0, stream, p);
+  if (p.unroll == 16) launch_router_unroll<kTokens, 16>(p, grid, block, stream);
+  else launch_router_unroll<kTokens, 8>(p, grid, block, stream);
 }
 
 }  // namespace
@@ -106,7 +129,7 @@ void launch_router_tokens(const RouterLaunch& p, dim3 grid, dim3 block, cudaStre
 void launch_decode_router(const RouterLaunch& p, cudaStream_t stream) {
   const int tokens = tokens_per_cluster(p.batch);
   const int64_t clusters = (int64_t(p.batch) + tokens - 1) / tokens;
-  const dim3 grid(unsigned(clusters * kClusterSize)), block(kThreads);
+  const dim3 grid(unsigned(clusters * p.cluster)), block(kThreads);
   if (tokens == 1) launch_router_tokens<1>(p, grid, block, stream);
   else if (tokens == 2) launch_router_tokens<2>(p, grid, block, stream);
   else launch_router_tokens<kMaxTokens>(p, grid, block, stream);
