@@ -281,11 +281,9 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   p.slots = env_choice("routing", "MXMOE_ROUTER_SLOTS", 0, {0, 4, 8, 16});
   if (p.slots != 0 && 32 * p.slots < num_experts)
     throw_arg("routing", "MXMOE_ROUTER_SLOTS", to_str(p.slots), "32 x slots must be >= num_experts (" + to_str(num_experts) + ")");
-  // The decode router's loads (read per call, for A/B timing; the same ids and weights, decode.md
-  // "Run 107"): chunks of Wr in flight a lane, CTAs a cluster, an L2 prefetch of Wr before the wait.
-  p.unroll = env_choice("routing", "MXMOE_ROUTER_UNROLL", 8, {8, 16});
-  p.cluster = env_choice("routing", "MXMOE_ROUTER_CLUSTER", 8, {8, 16});
-  p.prefetch = env_choice("routing", "MXMOE_ROUTER_PREFETCH", 0, {0, 1});
+  // The decode router's CTAs a cluster (read per call, for A/B timing; the same ids and weights):
+  // unset = by rule (warp_decode_router_sm90.cu router_cluster_size), 8 or 16 forces one.
+  p.cluster = env_choice("routing", "MXMOE_ROUTER_CLUSTER", 0, {0, 8, 16});
   return p;
 }
 

@@ -1131,8 +1131,9 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
   down_switches_bitwise(kManySlots, both, rng);
 }
 
-// The decode router's load switches (MXMOE_ROUTER_UNROLL / _CLUSTER / _PREFETCH) give the default's
-// ids and weights bit for bit: logits_warp's order does not depend on them. Shapes with several
+// The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two
+// shapes at B <= 8, 8 for the others) gives the same ids and weights bit for bit: logits_warp's order
+// does not depend on it. Shapes with several
 // rounds of loads a warp (DeepSeek-V3's H and E, Kimi-K2's E = 384), an H that leaves the last round
 // ragged, B = 1..8 (1, 2 and 4 tokens a cluster, and a partial last cluster). A cluster size that
 // cannot be placed fails the launch here.
@@ -1146,11 +1147,10 @@ TEST(DecodeGpu, RouterSwitchesGiveDefaultBits) {
       {"qwen-style small", 512, 256, 16, 4, false, false, 1, 1, 1.0f},
   };
   const std::vector<std::pair<const char*, std::vector<std::pair<const char*, const char*>>>> settings = {
-      {"unroll 16", {{"MXMOE_ROUTER_UNROLL", "16"}}},
+      {"cluster 8", {{"MXMOE_ROUTER_CLUSTER", "8"}}},
       {"cluster 16", {{"MXMOE_ROUTER_CLUSTER", "16"}}},
-      {"prefetch", {{"MXMOE_ROUTER_PREFETCH", "1"}}},
-      {"all three",
-       {{"MXMOE_ROUTER_UNROLL", "16"}, {"MXMOE_ROUTER_CLUSTER", "16"}, {"MXMOE_ROUTER_PREFETCH", "1"}}},
+      {"cluster 16, shuffle arg-max, 16 slots",
+       {{"MXMOE_ROUTER_CLUSTER", "16"}, {"MXMOE_ROUTER_ARGMAX", "shuffle"}, {"MXMOE_ROUTER_SLOTS", "16"}}},
   };
   // Gaussian Wr and X, not the integer grids of the other tests: with those every logit is exact in
   // FP32 whatever the order of its sums, and a reordering would go unseen.

@@ -21,10 +21,8 @@ struct RouterLaunch {
                                  // butterfly (MXMOE_ROUTER_ARGMAX=shuffle; same ids and weights)
   int slots = 0;                 // scores a lane in the top-k: 0 the fewest for E (select_top_k_any), else
                                  // 4, 8 or 16 with 32·slots >= E (MXMOE_ROUTER_SLOTS; same ids and weights)
-  // Decode router only (warp_decode_router_sm90.cu; same ids and weights for every setting):
-  int unroll = 8;                // 16-byte chunks of Wr in flight a lane: 8 or 16 (MXMOE_ROUTER_UNROLL)
-  int cluster = 8;               // CTAs a cluster: 8 or 16 (MXMOE_ROUTER_CLUSTER; 16 is non-portable)
-  int prefetch = 0;              // 1: L2 prefetch of Wr before griddepcontrol.wait (MXMOE_ROUTER_PREFETCH)
+  int cluster = 0;               // decode router's CTAs a cluster: 0 by rule (router_cluster_size), 8 or 16
+                                 // (MXMOE_ROUTER_CLUSTER; 16 is non-portable; same ids and weights)
 };
 
 struct ExpertWeights {

@@ -1,13 +1,13 @@
 // Warp decode, fused router (DESIGN.md §4, decode.h): logits = X·Wrᵀ in FP32, then top-k.
 //   X BF16 [B, H], Wr BF16 [E, H] (16-byte aligned, H % 8 == 0), bias FP32 [E] (optional),
 //   topk_ids int32 [B, k], topk_weights FP32 [B, k]. Scoring rules: decode.h.
-// A cluster of 8 CTAs (512 threads each; 16 with MXMOE_ROUTER_CLUSTER=16, a non-portable size the
-// launch may fail to place: the cluster size is given at launch, p.cluster) owns kTokens consecutive tokens: 4, or
+// A cluster of 8 or 16 CTAs (512 threads each; the size is given at launch: router_cluster_size) owns
+// kTokens consecutive tokens: 4, or
 // for B < 4 the batch rounded up to 1, 2 or 4 (kTokens is a template parameter: at B = 1 a cluster
 // of 4 computed every logit four times, the copies' products and X loads included; run 74's ncu put
 // the DeepSeek-V3 router at ~40 us for 3.7 MB). Its 128 warps split the experts (warp g of the
 // cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 independent 16-byte loads
-// a lane in flight (4 KB a warp, 64 KB an SM; 16 with MXMOE_ROUTER_UNROLL=16, p.unroll) and uses each loaded chunk for the cluster's tokens
+// a lane in flight (4 KB a warp, 64 KB an SM) and uses each loaded chunk for the cluster's tokens
 // (X from L1), FP32 accumulation per token,
 // xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
@@ -21,9 +21,7 @@
 // anything is written (X may come from the kernel ahead of this one, which may still read the ids
 // and weights), then launch_dependents, so that decode_gate_up's CTAs launch and wait while the
 // router runs.
-// MXMOE_ROUTER_PREFETCH=1 (p.prefetch): before griddepcontrol.wait each CTA asks L2 for its experts'
-// rows of Wr (a weight, never the previous kernel's output), so the loads after the wait hit L2 when
-// the kernel ahead leaves time. None of the three switches changes a bit (logits_warp's fixed order).
+// The cluster size changes no bit (logits_warp's fixed order; every expert's logit is one warp's).
 // Registers: checked with -Xptxas -v, no spills. Shared: 2·4·512·4 B = 16 KB (used in rank 0).
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <climits>
@@ -32,7 +30,6 @@
 
 #include <cooperative_groups.h>
 
-#include "device/cp_async_bulk_prefetch.cuh"
 #include "device/griddepcontrol.cuh"
 #include "host/check.h"
 #include "host/pdl_launch.h"
@@ -49,6 +46,8 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 8;     // 16-byte chunks of Wr in flight per lane (16: no faster, run 107)
+constexpr int kMaxDevices = 64;
 constexpr int kMaxTokens = 4;  // tokens per cluster (fewer when B is smaller: tokens_per_cluster)
 static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
 
@@ -58,8 +57,7 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // kSlots: scores a lane in the top-k (select_top_k: 32·kSlots >= E; the same bits for any such kSlots,
 // the fewest scan the fastest). A kernel per (kTokens, kSlots): inlining the three selections into one
 // kernel made ptxas spill around the division's call.
-// kUnroll: 16-byte chunks of Wr in flight per lane (8, or 16 with MXMOE_ROUTER_UNROLL=16).
-template <int kTokens, int kSlots, int kUnroll>
+template <int kTokens, int kSlots>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
@@ -68,10 +66,6 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b0 = int(blockIdx.x / unsigned(csize)) * kTokens;
   const int H = p.hidden, E = p.num_experts, nchunks = H / 8;
-  if (p.prefetch && lane == 0) {  // this warp's rows of Wr into L2 (a hint; Wr is not an input of the kernel ahead)
-    for (int e = rank * kWarps + warp; e < E; e += csize * kWarps)
-      device::cp_async_bulk_prefetch_L2_global(p.w + int64_t(e) * H, uint32_t(H * 2));
-  }
 
   const uint8_t* x[kTokens];  // tokens past B repeat the last one (same code, result dropped)
 #pragma unroll
@@ -97,42 +91,70 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
     select_top_k<kSlots>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
 }
 
-template <int kTokens, int kSlots, int kUnroll>
-void launch_router_kernel(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  auto* kernel = warp_decode_router_kernel<kTokens, kSlots, kUnroll>;
-  if (p.cluster > 8) {  // a non-portable cluster size must be allowed per kernel (once is enough)
+// CTAs a cluster (run 107, decode.md): 16 halves each SM's share of Wr and took DeepSeek-V3's router
+// (3.7 MB of Wr) from 19.9 to 16.2 us at B = 1 (its step 1.02x BF16, 1.03x MXFP8), and changed nothing
+// measurable with 0.5-1 MB (the Qwen3 shapes). So 16 where Wr >= 2 MiB and B <= 8 (the batches measured;
+// at most 2 clusters), if the device can place a 16-CTA cluster of this kernel (a non-portable size:
+// GPCs with fewer free SMs cannot); else 8. p.cluster (MXMOE_ROUTER_CLUSTER) forces either.
+template <class Kernel>
+int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 block) {
+  if (p.cluster != 0) return p.cluster;
+  if (int64_t(p.num_experts) * p.hidden * 2 < (int64_t(2) << 20) || p.batch > 8) return 8;
+  static int placeable[kMaxDevices];  // per device: 0 not asked yet, 1 yes, -1 no
+  int dev = 0;
+  MXMOE_CUDA_CHECK("decode_router", cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) return 8;
+  if (placeable[dev] == 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(16 * ((grid.x + 15) / 16));
+    cfg.blockDim = block;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 16;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
+    (void)cudaGetLastError();  // a refusal only means "8"
+    placeable[dev] = ok ? 1 : -1;
+  }
+  return placeable[dev] > 0 ? 16 : 8;
+}
+
+template <int kTokens, int kSlots>
+void launch_router_kernel(const RouterLaunch& p, int clusters, cudaStream_t stream) {
+  auto* kernel = warp_decode_router_kernel<kTokens, kSlots>;
+  const dim3 block(kThreads);
+  const int cs = router_cluster_size(p, kernel, dim3(unsigned(clusters * 16)), block);
+  if (cs > 8) {  // a non-portable cluster size must be allowed per kernel (once is enough)
     static const bool allowed = [&] {
       MXMOE_CUDA_CHECK("decode_router", cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
       return true;
     }();
     (void)allowed;
   }
-  launch_with_pdl_cluster("decode_router", kernel, grid, block, 0, stream, unsigned(p.cluster), p);
-}
-
-template <int kTokens, int kUnroll>
-void launch_router_unroll(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  const int slots = top_k_slots(p);
-  if (slots == 4) launch_router_kernel<kTokens, 4, kUnroll>(p, grid, block, stream);
-  else if (slots == 8) launch_router_kernel<kTokens, 8, kUnroll>(p, grid, block, stream);
-  else launch_router_kernel<kTokens, kPerLane, kUnroll>(p, grid, block, stream);
+  launch_with_pdl_cluster("decode_router", kernel, dim3(unsigned(clusters * cs)), block, 0, stream, unsigned(cs), p);
 }
 
 template <int kTokens>
-void launch_router_tokens(const RouterLaunch& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  if (p.unroll == 16) launch_router_unroll<kTokens, 16>(p, grid, block, stream);
-  else launch_router_unroll<kTokens, 8>(p, grid, block, stream);
+void launch_router_tokens(const RouterLaunch& p, int clusters, cudaStream_t stream) {
+  const int slots = top_k_slots(p);
+  if (slots == 4) launch_router_kernel<kTokens, 4>(p, clusters, stream);
+  else if (slots == 8) launch_router_kernel<kTokens, 8>(p, clusters, stream);
+  else launch_router_kernel<kTokens, kPerLane>(p, clusters, stream);
 }
 
 }  // namespace
 
 void launch_decode_router(const RouterLaunch& p, cudaStream_t stream) {
   const int tokens = tokens_per_cluster(p.batch);
-  const int64_t clusters = (int64_t(p.batch) + tokens - 1) / tokens;
-  const dim3 grid(unsigned(clusters * p.cluster)), block(kThreads);
-  if (tokens == 1) launch_router_tokens<1>(p, grid, block, stream);
-  else if (tokens == 2) launch_router_tokens<2>(p, grid, block, stream);
-  else launch_router_tokens<kMaxTokens>(p, grid, block, stream);
+  const int clusters = int((int64_t(p.batch) + tokens - 1) / tokens);
+  if (tokens == 1) launch_router_tokens<1>(p, clusters, stream);
+  else if (tokens == 2) launch_router_tokens<2>(p, clusters, stream);
+  else launch_router_tokens<kMaxTokens>(p, clusters, stream);
   MXMOE_CHECK_LAUNCH("decode_router");
 }
 
