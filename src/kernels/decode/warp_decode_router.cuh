@@ -11,9 +11,10 @@
 
 namespace mxmoe::detail::router {
 
-// w: Wr[e] (BF16 bits, 16-byte aligned, nchunks·16 bytes); x[t]: X rows of the kTokens tokens.
+// w: Wr[e] (BF16 bits, 16-byte aligned, nchunks·16 bytes); x[t]: X rows of the kTokens tokens, in
+// global memory (read through the non-coherent path) or, kXShared, copies in shared memory.
 // Returns every token's logit in acc[t] on every lane.
-template <int kTokens, int kUnroll>
+template <int kTokens, int kUnroll, bool kXShared = false>
 __device__ __forceinline__ void logits_warp(const uint8_t* w, const uint8_t* const (&x)[kTokens], int nchunks,
                                             int lane, float (&acc)[kTokens]) {
 #pragma unroll
@@ -32,7 +33,9 @@ __device__ __forceinline__ void logits_warp(const uint8_t* w, const uint8_t* con
       if (c < nchunks) {
 #pragma unroll
         for (int t = 0; t < kTokens; ++t)
-          acc[t] = dev::dot8_bf16_bf16(wv[u], dev::ldg_v4(x[t] + int64_t(c) * 16), acc[t]);
+          acc[t] = dev::dot8_bf16_bf16(
+              wv[u], kXShared ? *reinterpret_cast<const uint4*>(x[t] + c * 16) : dev::ldg_v4(x[t] + int64_t(c) * 16),
+              acc[t]);
       }
     }
   }

@@ -57,10 +57,13 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // kSlots: scores a lane in the top-k (select_top_k: 32·kSlots >= E; the same bits for any such kSlots,
 // the fewest scan the fastest). A kernel per (kTokens, kSlots): inlining the three selections into one
 // kernel made ptxas spill around the division's call.
-template <int kTokens, int kSlots>
+// kXShared: the kTokens X rows are first copied into shared memory (dynamic, kTokens·H·2 bytes) and
+// every warp reads them there (router_x_shared).
+template <int kTokens, int kSlots, bool kXShared>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
+  extern __shared__ uint4 s_x[];                           // kXShared: [kTokens][H / 8]
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), csize = int(cluster.num_blocks());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -74,12 +77,21 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   float* logits0 = cluster.map_shared_rank(&s_logits[0][0], 0);
   device::griddepcontrol_wait();  // X may be the output of the kernel ahead of this one
   device::griddepcontrol_launch_dependents();
-  cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal
+  if constexpr (kXShared) {
+    for (int i = threadIdx.x; i < kTokens * nchunks; i += kThreads) {
+      const int t = i / nchunks, c = i - t * nchunks;  // (x[t] with a run-time t would go to local memory)
+      const uint16_t* row = p.x + int64_t(min(b0 + t, p.batch - 1)) * H;
+      s_x[i] = dev::ldg_v4(row + int64_t(c) * 8);
+    }
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) x[t] = reinterpret_cast<const uint8_t*>(s_x + t * nchunks);
+  }
+  cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
 
   for (int e = rank * kWarps + warp; e < E; e += csize * kWarps) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
     float acc[kTokens];
-    router::logits_warp<kTokens, kUnroll>(w, x, nchunks, lane, acc);
+    router::logits_warp<kTokens, kUnroll, kXShared>(w, x, nchunks, lane, acc);
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) logits0[t * kDecodeMaxExperts + e] = acc[t];
@@ -97,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 // at most 2 clusters), if the device can place a 16-CTA cluster of this kernel (a non-portable size:
 // GPCs with fewer free SMs cannot); else 8. p.cluster (MXMOE_ROUTER_CLUSTER) forces either.
 template <class Kernel>
-int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 block) {
+int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 block, size_t smem) {
   if (p.cluster != 0) return p.cluster;
   if (int64_t(p.num_experts) * p.hidden * 2 < (int64_t(2) << 20) || p.batch > 8) return 8;
   static int placeable[kMaxDevices];  // per device: 0 not asked yet, 1 yes, -1 no
@@ -108,6 +120,7 @@ int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 b
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(16 * ((grid.x + 15) / 16));
     cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 16;
@@ -124,11 +137,29 @@ int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 b
   return placeable[dev] > 0 ? 16 : 8;
 }
 
-template <int kTokens, int kSlots>
-void launch_router_kernel(const RouterLaunch& p, int clusters, cudaStream_t stream) {
-  auto* kernel = warp_decode_router_kernel<kTokens, kSlots>;
+// X in shared memory (run 108's ncu: each warp's loop stalled on its X loads, one after another
+// behind the products; decode.md "Run 109"): when the copies fit next to the static 16 KB
+// (kTokens·H·2 bytes <= kRouterMaxXSmem), unless MXMOE_ROUTER_XSMEM=0 (p.x_global).
+constexpr size_t kRouterMaxXSmem = 160 * 1024;
+template <int kTokens>
+size_t router_x_smem(const RouterLaunch& p) {
+  const size_t bytes = size_t(kTokens) * size_t(p.hidden) * 2;
+  return p.x_global || bytes > kRouterMaxXSmem ? 0 : bytes;
+}
+
+template <int kTokens, int kSlots, bool kXShared>
+void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
+  auto* kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared>;
   const dim3 block(kThreads);
-  const int cs = router_cluster_size(p, kernel, dim3(unsigned(clusters * 16)), block);
+  if (kXShared) {  // once per kernel: the largest copy allowed
+    static const bool sized = [&] {
+      MXMOE_CUDA_CHECK("decode_router",
+                       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRouterMaxXSmem)));
+      return true;
+    }();
+    (void)sized;
+  }
+  const int cs = router_cluster_size(p, kernel, dim3(unsigned(clusters * 16)), block, smem);
   if (cs > 8) {  // a non-portable cluster size must be allowed per kernel (once is enough)
     static const bool allowed = [&] {
       MXMOE_CUDA_CHECK("decode_router", cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -136,15 +167,22 @@ void launch_router_kernel(const RouterLaunch& p, int clusters, cudaStream_t stre
     }();
     (void)allowed;
   }
-  launch_with_pdl_cluster("decode_router", kernel, dim3(unsigned(clusters * cs)), block, 0, stream, unsigned(cs), p);
+  launch_with_pdl_cluster("decode_router", kernel, dim3(unsigned(clusters * cs)), block, smem, stream, unsigned(cs), p);
+}
+
+template <int kTokens, int kSlots>
+void launch_router_x(const RouterLaunch& p, int clusters, cudaStream_t stream) {
+  const size_t smem = router_x_smem<kTokens>(p);
+  if (smem > 0) launch_router_kernel<kTokens, kSlots, true>(p, clusters, smem, stream);
+  else launch_router_kernel<kTokens, kSlots, false>(p, clusters, 0, stream);
 }
 
 template <int kTokens>
 void launch_router_tokens(const RouterLaunch& p, int clusters, cudaStream_t stream) {
   const int slots = top_k_slots(p);
-  if (slots == 4) launch_router_kernel<kTokens, 4>(p, clusters, stream);
-  else if (slots == 8) launch_router_kernel<kTokens, 8>(p, clusters, stream);
-  else launch_router_kernel<kTokens, kPerLane>(p, clusters, stream);
+  if (slots == 4) launch_router_x<kTokens, 4>(p, clusters, stream);
+  else if (slots == 8) launch_router_x<kTokens, 8>(p, clusters, stream);
+  else launch_router_x<kTokens, kPerLane>(p, clusters, stream);
 }
 
 }  // namespace
