@@ -195,9 +195,10 @@ constexpr CrossoverEntry kCrossovers[] = {
     {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, true}},
     // DeepSeek-V3 (shared expert), first measured against the expert-centric step in run 96: BF16
     // 1445 vs 1418 at 8 (a tie then: 8 kept), 2842 vs 2060 at 16; MXFP8 up to 8, 1561 vs 1406 at 16.
-    // Run 108 (after the expert-centric step's GEMMs got faster): BF16 at 8 is 1437 vs 1312 us, so 4
-    // (738 vs 900 at 4); MXFP8 still up to 8 (789 vs 881 at 8, 1545 vs 1350 at 16).
-    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {4, true}},
+    // Runs 108-109: BF16 at 8 is a tie that follows the routing's overlap (the expert-centric step
+    // reads only the distinct experts, warp decode every slot): 1437 vs 1312 us with 3.9 GB of distinct
+    // experts (run 108), 1468 vs 1587 with 5.0 GB (run 109); 8 kept. MXFP8 up to 8 (789 vs 881 at 8).
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {8, true}},
     {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {8, true}},
 };
 constexpr DecodeCrossover kDefaultCrossover{8, false};  // unlisted shapes: a guess, not measured
@@ -286,6 +287,8 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   // The decode router's CTAs a cluster (read per call, for A/B timing; the same ids and weights):
   // unset = by rule (warp_decode_router_sm90.cu router_cluster_size), 8 or 16 forces one.
   p.cluster = env_choice("routing", "MXMOE_ROUTER_CLUSTER", 0, {0, 8, 16});
+  // The decode router's chunks of Wr in flight a lane: unset = by rule (router_unroll), or 8 / 16.
+  p.unroll = env_choice("routing", "MXMOE_ROUTER_UNROLL", 0, {0, 8, 16});
   // The decode router's X: a copy in shared memory (default, 1) or read from global memory (0).
   p.x_global = env_choice("routing", "MXMOE_ROUTER_XSMEM", 1, {0, 1}) == 0 ? 1 : 0;
   return p;

@@ -252,7 +252,7 @@ TEST(DecodeArgs, RouterSwitchesRejectBadValues) {
   const auto route = [&](int E) { decode_router(a.x, 1, 64, a.wr, E, a.p, a.ids, a.w); };
   for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
            {"MXMOE_ROUTER_ARGMAX", "fast"}, {"MXMOE_ROUTER_SLOTS", "2"}, {"MXMOE_ROUTER_CLUSTER", "32"},
-           {"MXMOE_ROUTER_XSMEM", "2"}}) {
+           {"MXMOE_ROUTER_XSMEM", "2"}, {"MXMOE_ROUTER_UNROLL", "4"}}) {
     const mxmoe::test::ScopedEnv env(var, val);
     expect_error_naming([&] { route(16); }, var);
   }
@@ -323,7 +323,7 @@ TEST(DecodeDispatch, TableSplitsByBatch) {
       {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, 16},
       {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, 8},
       {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, 16},
-      {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, 4},
+      {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, 8},
       {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, 8}};
   for (const auto& w : want) {
     const DecodeCrossover c = decode_crossover(w.shape, w.dtype);

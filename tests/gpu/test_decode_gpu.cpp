@@ -1132,8 +1132,9 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
 }
 
 // The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two
-// shapes at B <= 8, 8 for the others) and where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
-// by default, global memory with 0) give the same ids and weights bit for bit: logits_warp's order
+// shapes at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
+// by default, global memory with 0) and its loads in flight (MXMOE_ROUTER_UNROLL) give the same ids
+// and weights bit for bit: logits_warp's order
 // does not depend on them. Shapes with several
 // rounds of loads a warp (DeepSeek-V3's H and E, Kimi-K2's E = 384), an H that leaves the last round
 // ragged, B = 1..8 (1, 2 and 4 tokens a cluster, and a partial last cluster). A cluster size that
@@ -1153,6 +1154,8 @@ TEST(DecodeGpu, RouterSwitchesGiveDefaultBits) {
       {"cluster 16, shuffle arg-max, 16 slots",
        {{"MXMOE_ROUTER_CLUSTER", "16"}, {"MXMOE_ROUTER_ARGMAX", "shuffle"}, {"MXMOE_ROUTER_SLOTS", "16"}}},
       {"X from global memory", {{"MXMOE_ROUTER_XSMEM", "0"}}},
+      {"unroll 8", {{"MXMOE_ROUTER_UNROLL", "8"}}},
+      {"unroll 16, cluster 8", {{"MXMOE_ROUTER_UNROLL", "16"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
       {"X from global memory, cluster 8", {{"MXMOE_ROUTER_XSMEM", "0"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
   };
   // Gaussian Wr and X, not the integer grids of the other tests: with those every logit is exact in

@@ -23,6 +23,8 @@ struct RouterLaunch {
                                  // 4, 8 or 16 with 32·slots >= E (MXMOE_ROUTER_SLOTS; same ids and weights)
   int cluster = 0;               // decode router's CTAs a cluster: 0 by rule (router_cluster_size), 8 or 16
                                  // (MXMOE_ROUTER_CLUSTER; 16 is non-portable; same ids and weights)
+  int unroll = 0;                // decode router: chunks of Wr in flight a lane, 0 by rule (router_unroll), 8
+                                 // or 16 (MXMOE_ROUTER_UNROLL; same ids and weights)
   int x_global = 0;              // decode router: 1 reads X from global memory, not from a shared copy
                                  // (MXMOE_ROUTER_XSMEM=0; same ids and weights)
 };

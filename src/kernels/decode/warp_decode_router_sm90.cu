@@ -6,7 +6,7 @@
 // for B < 4 the batch rounded up to 1, 2 or 4 (kTokens is a template parameter: at B = 1 a cluster
 // of 4 computed every logit four times, the copies' products and X loads included; run 74's ncu put
 // the DeepSeek-V3 router at ~40 us for 3.7 MB). Its 128 warps split the experts (warp g of the
-// cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 independent 16-byte loads
+// cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 (16: router_unroll) independent 16-byte loads
 // a lane in flight (4 KB a warp, 64 KB an SM) and uses each loaded chunk for the cluster's tokens
 // (X from L1), FP32 accumulation per token,
 // xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
@@ -46,7 +46,6 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 8;     // 16-byte chunks of Wr in flight per lane (16: no faster, run 107)
 constexpr int kMaxDevices = 64;
 constexpr int kMaxTokens = 4;  // tokens per cluster (fewer when B is smaller: tokens_per_cluster)
 static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
@@ -58,8 +57,9 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // the fewest scan the fastest). A kernel per (kTokens, kSlots): inlining the three selections into one
 // kernel made ptxas spill around the division's call.
 // kXShared: the kTokens X rows are first copied into shared memory (dynamic, kTokens·H·2 bytes) and
-// every warp reads them there (router_x_shared).
-template <int kTokens, int kSlots, bool kXShared>
+// every warp reads them there (router_x_smem). kUnroll: 16-byte chunks of Wr in flight per lane
+// (router_unroll).
+template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
@@ -147,9 +147,9 @@ size_t router_x_smem(const RouterLaunch& p) {
   return p.x_global || bytes > kRouterMaxXSmem ? 0 : bytes;
 }
 
-template <int kTokens, int kSlots, bool kXShared>
+template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  auto* kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared>;
+  auto* kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll>;
   const dim3 block(kThreads);
   if (kXShared) {  // once per kernel: the largest copy allowed
     static const bool sized = [&] {
@@ -170,11 +170,25 @@ void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cuda
   launch_with_pdl_cluster("decode_router", kernel, dim3(unsigned(clusters * cs)), block, smem, stream, unsigned(cs), p);
 }
 
+// Chunks of Wr in flight per lane: 8, or 16 for 1 or 2 tokens a cluster with X in shared memory (with
+// X read from global memory, each warp's X loads ran one after another behind the products and 16
+// gained nothing, run 107; decode.md "Run 110"). p.unroll (MXMOE_ROUTER_UNROLL) forces 8 or 16 there.
+template <int kTokens>
+int router_unroll(const RouterLaunch& p) {
+  return p.unroll != 0 ? p.unroll : kTokens <= 2 ? 16 : 8;
+}
+
 template <int kTokens, int kSlots>
 void launch_router_x(const RouterLaunch& p, int clusters, cudaStream_t stream) {
   const size_t smem = router_x_smem<kTokens>(p);
-  if (smem > 0) launch_router_kernel<kTokens, kSlots, true>(p, clusters, smem, stream);
-  else launch_router_kernel<kTokens, kSlots, false>(p, clusters, 0, stream);
+  if (smem == 0) {
+    launch_router_kernel<kTokens, kSlots, false, 8>(p, clusters, 0, stream);
+  } else if constexpr (kTokens <= 2) {
+    if (router_unroll<kTokens>(p) == 16) launch_router_kernel<kTokens, kSlots, true, 16>(p, clusters, smem, stream);
+    else launch_router_kernel<kTokens, kSlots, true, 8>(p, clusters, smem, stream);
+  } else {
+    launch_router_kernel<kTokens, kSlots, true, 8>(p, clusters, smem, stream);
+  }
 }
 
 template <int kTokens>
