@@ -71,8 +71,6 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
     throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
   p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
   p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 80, 64});
-  // MXFP8: the bulk-copy kernel (warp_decode_down_tma_sm90.cu; where eligible, else the above).
-  p.down_tma = env_choice(fn, "MXMOE_DECODE_DOWN_TMA", 0, {0, 1});
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {

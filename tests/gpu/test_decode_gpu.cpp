@@ -1043,7 +1043,6 @@ const std::vector<DownSetting>& down_settings() {
       {"rows16 persist2 prefetch regs64", {{"ROWS", "16"}, {"PERSIST", "2"}, {"PREFETCH", "1"}, {"REGS", "64"}}},
       {"base kernel",
        {{"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "0"}, {"PREFETCH", "0"}, {"SCALES", "chunk"}, {"REGS", "128"}}},
-      {"tma (MXFP8 bulk copies; BF16 and I % 64 != 0 run the default)", {{"TMA", "1"}}},
   };
   return s;
 }
@@ -1118,8 +1117,6 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
 const Config kOddMx{"odd (H 544, I 800, shared)", 544, 800, 16, 4, true, false, 1, 1, 1.0f};
 const Config kOddBf16{"odd (H 520, I 776)", 520, 776, 16, 4, false, false, 1, 1, 1.0f};
 const Config kManySlots{"17 slots (k 16 + shared)", 512, 256, 32, 16, true, false, 1, 1, 1.0f};
-// DeepSeek-V3's I (2048: 11 stages of 16.5 KB in the bulk-copy kernel, its ring wraps many times at B = 8).
-const Config kLongRows{"I 2048, H 1024, shared", 1024, 2048, 16, 8, true, false, 1, 1, 1.0f};
 
 }  // namespace
 
@@ -1132,7 +1129,6 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
   down_switches_bitwise(kOddMx, both, rng);
   down_switches_bitwise(kOddBf16, {DecodeWeightDtype::kBF16}, rng);
   down_switches_bitwise(kManySlots, both, rng);
-  down_switches_bitwise(kLongRows, {DecodeWeightDtype::kMXFP8}, rng);
 }
 
 // The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two

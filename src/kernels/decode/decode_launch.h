@@ -75,7 +75,6 @@ struct DownLaunch {
   int down_prefetch = 0;        // persistent: L2 prefetch of the next tile's rows
   int down_row_scales = 0;      // MXFP8: scale bytes warp-wide per round instead of a byte per chunk
   int down_regs = 128;          // register cap: 128 (the default's bound), 80, 64
-  int down_tma = 0;             // MXFP8: W2 blocks streamed by bulk copies (warp_decode_down_tma_sm90.cu)
   bool down_default() const {
     return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
            down_row_scales == 0 && down_regs == 128;
@@ -104,8 +103,6 @@ void launch_decode_fused(const FusedLaunch& p, cudaStream_t stream);
 void launch_decode_fused_init(void* barrier, cudaStream_t stream);
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream);
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream);
-// The bulk-copy MXFP8 down kernel (p.down_tma); false (nothing launched) where it is not eligible.
-bool launch_decode_down_tma(const DownLaunch& p, cudaStream_t stream);
 // The design-space variants (warp_decode_down_sweep_sm90.cuh; instantiated per weight and h dtype).
 template <bool kMx, bool kHBf16>
 void launch_decode_down_sweep(const DownLaunch& p, cudaStream_t stream);

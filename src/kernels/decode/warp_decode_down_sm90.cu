@@ -81,7 +81,6 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream) {
-  if (p.down_tma && launch_decode_down_tma(p, stream)) return;  // MXFP8, where eligible
   if (!p.down_default()) {  // design-space switches (warp_decode_down_sweep_sm90.cuh)
     if (p.w2.mxfp8) {
       if (p.h_bf16) launch_decode_down_sweep<true, true>(p, stream); else launch_decode_down_sweep<true, false>(p, stream);
