@@ -1117,6 +1117,8 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
 const Config kOddMx{"odd (H 544, I 800, shared)", 544, 800, 16, 4, true, false, 1, 1, 1.0f};
 const Config kOddBf16{"odd (H 520, I 776)", 520, 776, 16, 4, false, false, 1, 1, 1.0f};
 const Config kManySlots{"17 slots (k 16 + shared)", 512, 256, 32, 16, true, false, 1, 1, 1.0f};
+// DeepSeek-V3's I (2048: four chunks a lane per row), B = 8 gives the persistent walk several tiles a CTA.
+const Config kLongRows{"I 2048, H 1024, shared", 1024, 2048, 16, 8, true, false, 1, 1, 1.0f};
 
 }  // namespace
 
@@ -1129,6 +1131,7 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
   down_switches_bitwise(kOddMx, both, rng);
   down_switches_bitwise(kOddBf16, {DecodeWeightDtype::kBF16}, rng);
   down_switches_bitwise(kManySlots, both, rng);
+  down_switches_bitwise(kLongRows, {DecodeWeightDtype::kMXFP8}, rng);
 }
 
 // The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two
