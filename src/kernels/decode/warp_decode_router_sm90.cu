@@ -2,14 +2,14 @@
 //   X BF16 [B, H], Wr BF16 [E, H] (16-byte aligned, H % 8 == 0), bias FP32 [E] (optional),
 //   topk_ids int32 [B, k], topk_weights FP32 [B, k]. Scoring rules: decode.h.
 // A cluster of 8 or 16 CTAs (512 threads each; the size is given at launch: router_cluster_size) owns
-// kTokens consecutive tokens: 4, or
-// for B < 4 the batch rounded up to 1, 2 or 4 (kTokens is a template parameter: at B = 1 a cluster
-// of 4 computed every logit four times, the copies' products and X loads included; run 74's ncu put
-// the DeepSeek-V3 router at ~40 us for 3.7 MB). Its 128 warps split the experts (warp g of the
-// cluster takes e = g, g+128, ...); a warp streams Wr[e] with kUnroll = 8 (16: router_unroll) independent 16-byte loads
-// a lane in flight (4 KB a warp, 64 KB an SM) and uses each loaded chunk for the cluster's tokens
-// (X from L1), FP32 accumulation per token,
-// xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it too). Lane 0 writes the 4 logits into CTA rank 0's shared memory (DSMEM);
+// kTokens consecutive tokens: 4, or for B < 4 the batch rounded up to 1, 2 or 4 (kTokens is a template
+// parameter: at B = 1 a cluster of 4 computed every logit four times, run 74). Each CTA first copies
+// the kTokens X rows into shared memory (router_x_smem; run 109: read from global, each warp's X loads
+// ran one after another behind the products). The cluster's warps split the experts (warp g takes
+// e = g, g + warps, ...); a warp streams Wr[e] with kUnroll = 8 or 16 (router_unroll) independent
+// 16-byte loads a lane in flight and uses each chunk for the cluster's tokens, FP32 accumulation per
+// token, xor-butterfly warp sum (router::logits_warp, warp_decode_router.cuh; the fused step uses it
+// with X from global memory). Lane 0 writes the logits into CTA rank 0's shared memory (DSMEM);
 // after the cluster barrier (release/acquire), warp t of rank 0 selects token t's top-k:
 // 4, 8 or 16 scores a lane (the fewest with 32·slots >= E: a router kernel per count), k rounds of a
 // warp arg-max (redux.sync, router_select.cuh) with the total order
@@ -21,8 +21,11 @@
 // anything is written (X may come from the kernel ahead of this one, which may still read the ids
 // and weights), then launch_dependents, so that decode_gate_up's CTAs launch and wait while the
 // router runs.
-// The cluster size changes no bit (logits_warp's fixed order; every expert's logit is one warp's).
-// Registers: checked with -Xptxas -v, no spills. Shared: 2·4·512·4 B = 16 KB (used in rank 0).
+// Neither the cluster size, nor where X is read, nor the loads in flight changes a bit
+// (logits_warp's fixed order; every expert's logit is one warp's): DecodeGpu.RouterSwitchesGiveDefaultBits.
+// Registers (cuobjdump -res-usage): 60-104; four kernels keep 16-32 bytes of stack around the
+// division's slow-path call in the selection (not in the streaming loop). Shared: 2·kTokens·512·4 B
+// static (rank 0 uses it) + kTokens·H·2 B dynamic for the X copy.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <climits>
 #include <cmath>
