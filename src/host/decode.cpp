@@ -130,7 +130,6 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   p.min_ctas_per_sm = env_int("MXMOE_DECODE_MX_GATE_UP_CTAS", 3) == 2 ? 2 : 3;
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
-  p.x_early = env_choice(fn, "MXMOE_DECODE_GATE_UP_XEARLY", 0, {0, 1});
   detail::launch_decode_gate_up(p, stream);
 }
 

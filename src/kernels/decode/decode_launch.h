@@ -56,8 +56,6 @@ struct GateUpLaunch {
   int batch = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, slots = 0;
   int min_ctas_per_sm = 3;      // MXFP8: 3 (launch bound, 80 registers) or 2 (102 registers)
   int persist = 0;              // 0: one task a warp; N: N·SMs CTAs whose warps walk the tasks
-  int x_early = 0;              // MXFP8, 3 CTAs a SM: X loads at clamped addresses, issued before the
-                                // round's products (MXMOE_DECODE_GATE_UP_XEARLY; same bits)
 };
 
 struct DownLaunch {

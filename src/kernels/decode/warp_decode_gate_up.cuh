@@ -77,10 +77,7 @@ __device__ __forceinline__ void dot_rows_bf16(const RowPair& r, const uint8_t* x
 }
 
 // MXFP8 weights: chunks of 16 E4M3 (half a 32-block, scale byte c/2).
-// kXEarly: X's next chunk is loaded (at an in-range, clamped address) before this chunk's products,
-// so its latency is not added to each chunk in turn; the products stay under `c < nchunks`, so the
-// sums (and bits) are the same (MXMOE_DECODE_GATE_UP_XEARLY, decode.md "Session 15").
-template <int kUnroll, bool kXEarly = false>
+template <int kUnroll>
 __device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, int hidden, int lane, float& ag,
                                             float& au) {
   const int nchunks = hidden / 16;
@@ -101,34 +98,14 @@ __device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, 
         us[t] = dev::ldg_u8(r.up_scales + c / 2);
       }
     }
-    if constexpr (kXEarly) {  // one chunk of X ahead: chunk t+1's loads before chunk t's products
-      uint4 xa0 = dev::ldg_v4(x + int64_t(c0) * 32), xa1 = dev::ldg_v4(x + int64_t(c0) * 32 + 16);  // c0 < nchunks
 #pragma unroll
-      for (int t = 0; t < kUnroll; ++t) {
-        const int c = c0 + 32 * t;
-        uint4 xb0 = xa0, xb1 = xa1;
-        if (t + 1 < kUnroll) {
-          const int cn = c + 32 < nchunks ? c + 32 : nchunks - 1;
-          xb0 = dev::ldg_v4(x + int64_t(cn) * 32);
-          xb1 = dev::ldg_v4(x + int64_t(cn) * 32 + 16);
-        }
-        if (c < nchunks) {
-          ag = fmaf(dev::dot16_e4m3_bf16(gw[t], xa0, xa1), dev::e8m0_to_f32(gs[t]), ag);
-          au = fmaf(dev::dot16_e4m3_bf16(uw[t], xa0, xa1), dev::e8m0_to_f32(us[t]), au);
-        }
-        xa0 = xb0;
-        xa1 = xb1;
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < kUnroll; ++t) {
-        const int c = c0 + 32 * t;
-        if (c < nchunks) {
-          const uint4 x0 = dev::ldg_v4(x + int64_t(c) * 32);
-          const uint4 x1 = dev::ldg_v4(x + int64_t(c) * 32 + 16);
-          ag = fmaf(dev::dot16_e4m3_bf16(gw[t], x0, x1), dev::e8m0_to_f32(gs[t]), ag);
-          au = fmaf(dev::dot16_e4m3_bf16(uw[t], x0, x1), dev::e8m0_to_f32(us[t]), au);
-        }
+    for (int t = 0; t < kUnroll; ++t) {
+      const int c = c0 + 32 * t;
+      if (c < nchunks) {
+        const uint4 x0 = dev::ldg_v4(x + int64_t(c) * 32);
+        const uint4 x1 = dev::ldg_v4(x + int64_t(c) * 32 + 16);
+        ag = fmaf(dev::dot16_e4m3_bf16(gw[t], x0, x1), dev::e8m0_to_f32(gs[t]), ag);
+        au = fmaf(dev::dot16_e4m3_bf16(uw[t], x0, x1), dev::e8m0_to_f32(us[t]), au);
       }
     }
   }
@@ -136,7 +113,7 @@ __device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, 
 
 // The whole output of task = (b·S + j)·I + i (i fastest): both dot products, SwiGLU
 // silu(g)·u = (g / (1 + e^-g))·u in FP32, one store by lane 0. task < B·S·I (caller's check).
-template <bool kMx, bool kHBf16, int kUnroll, bool kXEarly = false>
+template <bool kMx, bool kHBf16, int kUnroll>
 __device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int lane) {
   const int i = int(task % p.inter);
   const int64_t bj = task / p.inter;
@@ -147,7 +124,7 @@ __device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int 
   const uint8_t* x = reinterpret_cast<const uint8_t*>(p.x + int64_t(b) * p.hidden);
   float ag = 0.0f, au = 0.0f;
   if constexpr (kMx) {
-    dot_rows_mx<kUnroll, kXEarly>(rows, x, p.hidden, lane, ag, au);
+    dot_rows_mx<kUnroll>(rows, x, p.hidden, lane, ag, au);
   } else {
     dot_rows_bf16<kUnroll>(rows, x, p.hidden, lane, ag, au);
   }

@@ -37,7 +37,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;  // chunks of each row in flight per lane
 static_assert(kThreads % 32 == 0, "whole warps");
 
-template <bool kMx, bool kHBf16, int kMinCtas, bool kXEarly = false>
+template <bool kMx, bool kHBf16, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
   const int lane = threadIdx.x & 31;
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
@@ -46,10 +46,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
   // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
   for (int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); task < total;
        task += int64_t(gridDim.x) * kWarps)
-    gate_up::output<kMx, kHBf16, kUnroll, kXEarly>(p, task, lane);
+    gate_up::output<kMx, kHBf16, kUnroll>(p, task, lane);
 }
 
-template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kXEarly = false>
+template <bool kMx, bool kHBf16, int kMinCtas = 1>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
@@ -59,16 +59,14 @@ void launch(const GateUpLaunch& p, cudaStream_t stream) {
     MXMOE_CUDA_CHECK("decode_gate_up", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = int64_t(p.persist) * sms < blocks ? int64_t(p.persist) * sms : blocks;
   }
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kXEarly>,
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
                   dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3 && p.x_early) {  // A/B: X loads issued early (same bits)
-    if (p.h_bf16) launch<true, true, 3, true>(p, stream); else launch<true, false, 3, true>(p, stream);
-  } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
+  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
   } else if (p.w1.mxfp8) {                        // 102 registers, 2 CTAs a SM
     if (p.h_bf16) launch<true, true>(p, stream); else launch<true, false>(p, stream);
