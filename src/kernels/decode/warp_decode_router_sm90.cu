@@ -35,6 +35,7 @@
 
 #include "device/griddepcontrol.cuh"
 #include "host/check.h"
+#include "host/kernel_attr.h"
 #include "host/pdl_launch.h"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/common/router_select.cuh"
@@ -49,7 +50,7 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxDevices = 64;
+constexpr size_t kRouterMaxXSmem = 160 * 1024;  // the largest X copy in shared memory (router_x_smem)
 constexpr int kMaxTokens = 4;  // tokens per cluster (fewer when B is smaller: tokens_per_cluster)
 static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its top-k");
 
@@ -111,19 +112,18 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 // measurable with 0.5-1 MB (the Qwen3 shapes). So 16 where Wr >= 2 MiB and B <= 8 (the batches measured;
 // at most 2 clusters), if the device can place a 16-CTA cluster of this kernel (a non-portable size:
 // GPCs with fewer free SMs cannot); else 8. p.cluster (MXMOE_ROUTER_CLUSTER) forces either.
-template <class Kernel>
-int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 block, size_t smem) {
-  if (p.cluster != 0) return p.cluster;
-  if (int64_t(p.num_experts) * p.hidden * 2 < (int64_t(2) << 20) || p.batch > 8) return 8;
-  static int placeable[kMaxDevices];  // per device: 0 not asked yet, 1 yes, -1 no
-  int dev = 0;
-  MXMOE_CUDA_CHECK("decode_router", cudaGetDevice(&dev));
-  if (dev >= kMaxDevices) return 8;
-  if (placeable[dev] == 0) {
+struct ClusterPlaceTag {};
+struct NonPortableTag {};
+
+// Whether a 16-CTA cluster of `kernel` (512 threads, kRouterMaxXSmem of dynamic shared memory: the
+// most any launch asks for) can be placed on this device; asked once per (kernel, device).
+template <auto kernel>
+bool cluster16_placeable() {
+  return once_per_device<kernel, ClusterPlaceTag>("decode_router", [](int) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(16 * ((grid.x + 15) / 16));
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
+    cfg.gridDim = dim3(16);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kRouterMaxXSmem;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 16;
@@ -132,18 +132,25 @@ int router_cluster_size(const RouterLaunch& p, Kernel* kernel, dim3 grid, dim3 b
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRouterMaxXSmem)) ==
+                        cudaSuccess &&
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
                     cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
     (void)cudaGetLastError();  // a refusal only means "8"
-    placeable[dev] = ok ? 1 : -1;
-  }
-  return placeable[dev] > 0 ? 16 : 8;
+    return ok ? 1 : 2;
+  }) == 1;
+}
+
+template <auto kernel>
+int router_cluster_size(const RouterLaunch& p) {
+  if (p.cluster != 0) return p.cluster;
+  if (int64_t(p.num_experts) * p.hidden * 2 < (int64_t(2) << 20) || p.batch > 8) return 8;
+  return cluster16_placeable<kernel>() ? 16 : 8;
 }
 
 // X in shared memory (run 108's ncu: each warp's loop stalled on its X loads, one after another
 // behind the products; decode.md "Run 109"): when the copies fit next to the static 16 KB
 // (kTokens·H·2 bytes <= kRouterMaxXSmem), unless MXMOE_ROUTER_XSMEM=0 (p.x_global).
-constexpr size_t kRouterMaxXSmem = 160 * 1024;
 template <int kTokens>
 size_t router_x_smem(const RouterLaunch& p) {
   const size_t bytes = size_t(kTokens) * size_t(p.hidden) * 2;
@@ -152,25 +159,19 @@ size_t router_x_smem(const RouterLaunch& p) {
 
 template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  auto* kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll>;
-  const dim3 block(kThreads);
-  if (kXShared) {  // once per kernel: the largest copy allowed
-    static const bool sized = [&] {
-      MXMOE_CUDA_CHECK("decode_router",
-                       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRouterMaxXSmem)));
-      return true;
-    }();
-    (void)sized;
+  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll>;
+  const char* fn = "decode_router";
+  if (kXShared) set_smem_limit_once<kernel>(fn, int(kRouterMaxXSmem));  // the largest copy allowed
+  // (router_cluster_size before the non-portable attribute: forcing 16 on a device that cannot place
+  // it fails at the launch, with the launch's error)
+  const int cs = router_cluster_size<kernel>(p);
+  if (cs > 8) {
+    once_per_device<kernel, NonPortableTag>(fn, [&](int) {
+      MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      return 1;
+    });
   }
-  const int cs = router_cluster_size(p, kernel, dim3(unsigned(clusters * 16)), block, smem);
-  if (cs > 8) {  // a non-portable cluster size must be allowed per kernel (once is enough)
-    static const bool allowed = [&] {
-      MXMOE_CUDA_CHECK("decode_router", cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      return true;
-    }();
-    (void)allowed;
-  }
-  launch_with_pdl_cluster("decode_router", kernel, dim3(unsigned(clusters * cs)), block, smem, stream, unsigned(cs), p);
+  launch_with_pdl_cluster(fn, kernel, dim3(unsigned(clusters * cs)), dim3(kThreads), smem, stream, unsigned(cs), p);
 }
 
 // Chunks of Wr in flight per lane: 8, or 16 for 1 or 2 tokens a cluster with X in shared memory (with
