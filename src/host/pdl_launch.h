@@ -27,6 +27,16 @@ inline bool pdl_enabled() {
 // (compile-time cluster dimensions of the kernel apply as usual), and with
 // cudaLaunchAttributeCooperative when `cooperative` (the driver then guarantees that every CTA is
 // co-resident, or fails the launch). The return code is checked.
+// A launch attribute for clusters of `cluster` CTAs along x.
+inline cudaLaunchAttribute cluster_dim_attr(unsigned cluster) {
+  cudaLaunchAttribute a;
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = cluster;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
 // cluster > 0: clusters of `cluster` CTAs along x (cudaLaunchAttributeClusterDimension), for kernels
 // without compile-time cluster dimensions.
 template <class... KernelArgs, class... Args>
@@ -47,12 +57,7 @@ void launch_with_pdl_attrs(const char* fn, bool cooperative, unsigned cluster, v
     attr[n].id = cudaLaunchAttributeCooperative;
     attr[n++].val.cooperative = 1;
   }
-  if (cluster > 0) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
+  if (cluster > 0) attr[n++] = cluster_dim_attr(cluster);
   cfg.attrs = attr;
   cfg.numAttrs = n;
   MXMOE_CUDA_CHECK(fn, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

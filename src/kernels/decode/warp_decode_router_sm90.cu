@@ -112,11 +112,26 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 // measurable with 0.5-1 MB (the Qwen3 shapes). So 16 where Wr >= 2 MiB and B <= 8 (the batches measured;
 // at most 2 clusters), if the device can place a 16-CTA cluster of this kernel (a non-portable size:
 // GPCs with fewer free SMs cannot); else 8. p.cluster (MXMOE_ROUTER_CLUSTER) forces either.
+struct RouterSetupTag {};
 struct ClusterPlaceTag {};
-struct NonPortableTag {};
+
+// Once per (kernel, device): the largest X copy allowed (kRouterMaxXSmem) and non-portable cluster
+// sizes (harmless for the kernels that use neither). A device that refuses the second places no
+// 16-CTA cluster: cluster16_placeable says so, and a forced 16 fails at the launch.
+template <auto kernel>
+void router_setup_once() {
+  once_per_device<kernel, RouterSetupTag>("decode_router", [](int) {
+    MXMOE_CUDA_CHECK("decode_router",
+                     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRouterMaxXSmem)));
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+      (void)cudaGetLastError();
+    return 1;
+  });
+}
 
 // Whether a 16-CTA cluster of `kernel` (512 threads, kRouterMaxXSmem of dynamic shared memory: the
-// most any launch asks for) can be placed on this device; asked once per (kernel, device).
+// most any launch asks for) can be placed on this device; asked once per (kernel, device), after
+// router_setup_once.
 template <auto kernel>
 bool cluster16_placeable() {
   return once_per_device<kernel, ClusterPlaceTag>("decode_router", [](int) {
@@ -124,18 +139,11 @@ bool cluster16_placeable() {
     cfg.gridDim = dim3(16);
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = kRouterMaxXSmem;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 16;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
+    cudaLaunchAttribute attr = cluster_dim_attr(16);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRouterMaxXSmem)) ==
-                        cudaSuccess &&
-                    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
+    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
     (void)cudaGetLastError();  // a refusal only means "8"
     return ok ? 1 : 2;
   }) == 1;
@@ -161,16 +169,8 @@ template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
   constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll>;
   const char* fn = "decode_router";
-  if (kXShared) set_smem_limit_once<kernel>(fn, int(kRouterMaxXSmem));  // the largest copy allowed
-  // (router_cluster_size before the non-portable attribute: forcing 16 on a device that cannot place
-  // it fails at the launch, with the launch's error)
+  router_setup_once<kernel>();
   const int cs = router_cluster_size<kernel>(p);
-  if (cs > 8) {
-    once_per_device<kernel, NonPortableTag>(fn, [&](int) {
-      MXMOE_CUDA_CHECK(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      return 1;
-    });
-  }
   launch_with_pdl_cluster(fn, kernel, dim3(unsigned(clusters * cs)), dim3(kThreads), smem, stream, unsigned(cs), p);
 }
 
