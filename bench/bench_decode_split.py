@@ -21,7 +21,8 @@ at 2 CTAs a SM, as before session 8).
 Timing: per (shape, weights, B) every setting's graphs are captured first (each under its switches),
 then all are timed in alternation (common.Timer.many), so clock drift does not favour one setting.
 Usage: python3 bench/bench_decode_split.py [--shapes ...] [--batches 1,2,8] [--split-batches 1]
-       [--split-kinds R,R+G,G,D] [--settings ...] [--reps 15] [--ncu] [--fused]
+       [--split-kinds R,R+G,G,D] [--settings ...] [--reps 15] [--ncu] [--fused] [--dtypes bf16,mxfp8]
+       [--probe I=64]
 """
 import argparse
 import ctypes
@@ -160,12 +161,24 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--fused", action="store_true", help="also time the fused step (B <= 8), bitwise vs step")
+    ap.add_argument("--dtypes", default="bf16,mxfp8", help="weight dtypes (bf16, mxfp8)")
+    ap.add_argument("--probe", default="",
+                    help="fixed-cost probe: H=..,I=.. replaces each shape's hidden and/or intermediate size "
+                         "(e.g. I=64: gate/up and down stream almost nothing, so their times are fixed costs; "
+                         "H=256: the router's Wr stream shrinks likewise); the name gets the suffix")
     args = ap.parse_args()
     require_gpu()
     lib = load_lib()
     setup_lib(lib)
     setup_fused(lib)
     shapes = [Shape(*s) for s in SHAPES if s[0] in args.shapes.split(",")]
+    for sh in shapes if args.probe else []:
+        for kv in args.probe.split(","):
+            key, val = kv.split("=")
+            if key not in ("H", "I") or int(val) % 32 or int(val) <= 0:
+                sys.exit("--probe: H=N and/or I=N, N a positive multiple of 32")
+            setattr(sh, key, int(val))
+        sh.name += f"[{args.probe}]"
     batches = [int(b) for b in args.batches.split(",")]
     split_b = {int(b) for b in args.split_batches.split(",") if b}
     settings = parse_settings(PRESETS.get(args.settings, args.settings))
@@ -196,7 +209,7 @@ def main():
     for sh in shapes:
         wr = torch.randn(sh.E, sh.H, device="cuda", dtype=torch.bfloat16) / math.sqrt(sh.H)
         bias = (torch.randn(sh.E, device="cuda") * 0.1) if sh.sigmoid else None
-        for dtype in (BF16_W, MXFP8_W):
+        for dtype in [d for n, d in (("bf16", BF16_W), ("mxfp8", MXFP8_W)) if n in args.dtypes.split(",")]:
             per = sh.E * 3 * sh.I * sh.H * (2 if dtype == BF16_W else 1.04)
             copies = int(max(2, min(4, 40e9 // per)))
             Ws = [W(lib, sh, dtype, 1234 + c) for c in range(copies)]
