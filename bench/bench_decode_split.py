@@ -165,7 +165,8 @@ def main():
     ap.add_argument("--probe", default="",
                     help="fixed-cost probe: H=..,I=.. replaces each shape's hidden and/or intermediate size "
                          "(e.g. I=64: gate/up and down stream almost nothing, so their times are fixed costs; "
-                         "H=256: the router's Wr stream shrinks likewise); the name gets the suffix")
+                         "H=256: the router's Wr stream shrinks likewise); also E=, sigmoid=0|1, groups=, "
+                         "tgroups=, shared=0|1 (routing); the name gets the suffix")
     args = ap.parse_args()
     require_gpu()
     lib = load_lib()
@@ -175,9 +176,12 @@ def main():
     for sh in shapes if args.probe else []:
         for kv in args.probe.split(","):
             key, val = kv.split("=")
-            if key not in ("H", "I") or int(val) % 32 or int(val) <= 0:
-                sys.exit("--probe: H=N and/or I=N, N a positive multiple of 32")
-            setattr(sh, key, int(val))
+            attr = {"H": "H", "I": "I", "E": "E", "sigmoid": "sigmoid", "groups": "n_groups",
+                    "tgroups": "topk_groups", "shared": "shared"}.get(key)
+            if attr is None or int(val) < 0 or (key in ("H", "I", "E") and (int(val) % 32 or int(val) == 0)):
+                sys.exit("--probe: H=N, I=N, E=N (positive multiples of 32), sigmoid=0|1, groups=N, tgroups=N, shared=0|1")
+            setattr(sh, attr, bool(int(val)) if key in ("sigmoid", "shared") else int(val))
+        sh.S = sh.k + (1 if sh.shared else 0)
         sh.name += f"[{args.probe}]"
     batches = [int(b) for b in args.batches.split(",")]
     split_b = {int(b) for b in args.split_batches.split(",") if b}

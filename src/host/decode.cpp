@@ -53,38 +53,24 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
 // on 11 of the 12 cases — both dtypes, B = 1 and 8, the three models — and 0.999x on the twelfth,
 // Qwen3-30B MXFP8 B = 1; D alone 1.01-1.22x); MXMOE_DECODE_DOWN_PERSIST=0 is one CTA a tile.
 void read_down_switches(const char* fn, detail::DownLaunch& p) {
-  // MXMOE_DECODE_DOWN_LANES=16 (MXFP8): half-warp rows, 8 rows a warp, UNROLL = chunks of each row in
-  // flight (2, 3 or 4; default 3: 12 loads a lane). Its sums are not the 32-lane layout's (decode.md,
-  // "Session 16"), so it is an A/B switch with its own bits, not one of the same-bits variants below.
-  p.down_lanes = env_choice(fn, "MXMOE_DECODE_DOWN_LANES", 32, {32, 16});
-  const bool half = p.down_lanes == 16;
-  if (half && !p.w2.mxfp8) throw_arg(fn, "MXMOE_DECODE_DOWN_LANES", "16", "is for MXFP8 weights only");
-  if (half) {
-    p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", 8, {8});
-    p.down_unroll = env_choice(fn, "MXMOE_DECODE_DOWN_UNROLL", 3, {2, 3, 4});
-  } else {
-    p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
-    // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
-    // lane; BF16 with 8 rows keeps 2).
-    const bool one = p.down_rows == 16 || (p.down_rows == 8 && p.w2.mxfp8);
-    p.down_unroll = env_choice(fn, "MXMOE_DECODE_DOWN_UNROLL", one ? 1 : 2, {1, 2, 4});
-    if (p.down_rows * p.down_unroll > 16)
-      throw_arg(fn, "MXMOE_DECODE_DOWN_UNROLL", to_str(p.down_unroll),
-                "MXMOE_DECODE_DOWN_ROWS x MXMOE_DECODE_DOWN_UNROLL must be <= 16 (16-byte loads in flight a lane; "
-                "ROWS " + to_str(p.down_rows) + " allows UNROLL <= " + to_str(16 / p.down_rows) + ")");
-  }
+  p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
+  // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
+  // lane; BF16 with 8 rows keeps 2).
+  const bool one = p.down_rows == 16 || (p.down_rows == 8 && p.w2.mxfp8);
+  p.down_unroll = env_choice(fn, "MXMOE_DECODE_DOWN_UNROLL", one ? 1 : 2, {1, 2, 4});
+  if (p.down_rows * p.down_unroll > 16)
+    throw_arg(fn, "MXMOE_DECODE_DOWN_UNROLL", to_str(p.down_unroll),
+              "MXMOE_DECODE_DOWN_ROWS x MXMOE_DECODE_DOWN_UNROLL must be <= 16 (16-byte loads in flight a lane; "
+              "ROWS " + to_str(p.down_rows) + " allows UNROLL <= " + to_str(16 / p.down_rows) + ")");
   p.down_persist = env_choice(fn, "MXMOE_DECODE_DOWN_PERSIST", 2, {0, 1, 2, 3, 4, 6, 8});
   p.down_prefetch = env_choice(fn, "MXMOE_DECODE_DOWN_PREFETCH", 0, {0, 1});
   if (p.down_prefetch && p.down_persist == 0)
     throw_arg(fn, "MXMOE_DECODE_DOWN_PREFETCH", "1", "needs MXMOE_DECODE_DOWN_PERSIST > 0 (it prefetches the next tile)");
   const char* sc = std::getenv("MXMOE_DECODE_DOWN_SCALES");
-  if (sc != nullptr && *sc != '\0' && std::strcmp(sc, "chunk") != 0 && (half || std::strcmp(sc, "row") != 0))
-    throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, half ? "must be chunk with MXMOE_DECODE_DOWN_LANES=16" : "must be chunk | row");
+  if (sc != nullptr && *sc != '\0' && std::strcmp(sc, "chunk") != 0 && std::strcmp(sc, "row") != 0)
+    throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
   p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
-  p.down_regs = half ? env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 104})
-                     : env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 80, 64});
-  if (half && p.down_regs == 104 && p.down_unroll == 4)
-    throw_arg(fn, "MXMOE_DECODE_DOWN_REGS", "104", "with MXMOE_DECODE_DOWN_LANES=16 needs MXMOE_DECODE_DOWN_UNROLL 2 or 3");
+  p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 80, 64});
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {

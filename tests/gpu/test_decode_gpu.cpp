@@ -1134,67 +1134,6 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
   down_switches_bitwise(kLongRows, {DecodeWeightDtype::kMXFP8}, rng);
 }
 
-// MXMOE_DECODE_DOWN_LANES=16 (MXFP8: half-warp rows, its own summation order): against the FP64
-// reference and deterministic (check_step) on shapes whose I/16 chunks are a multiple of 16 (256, 768,
-// 2048) and not (I 800: 50 chunks), with 5 to 17 slots, for 2, 3 and 4 chunks of each row in flight;
-// all of that family's settings (unroll, persistence, prefetch) give one set of bits; and a token's out
-// does not depend on its batch.
-TEST(DecodeGpu, DownHalfWarpLanes) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed() + 23);
-  for (const Config& cfg : {kQwenSmall, kDsSmall, kOddMx, kLongRows, kManySlots, kQwen30B}) {
-    Layer L(cfg, DecodeWeightDtype::kMXFP8, rng);
-    for (const char* u : {"2", "3", "4"}) {
-      SCOPED_TRACE(std::string(cfg.name) + " LANES=16 UNROLL=" + u);
-      ScopedEnv lanes("MXMOE_DECODE_DOWN_LANES", "16");
-      ScopedEnv unroll("MXMOE_DECODE_DOWN_UNROLL", u);
-      for (int B : {1, 3, 8}) check_step(L, B, DecodeHDtype::kFP32, rng);
-      if (std::string(u) == "3") check_step(L, 3, DecodeHDtype::kBF16, rng);
-    }
-    // One set of bits across the family; batch invariance (tokens 0 and 4 of a batch of 9, alone).
-    const int B = 9;
-    const std::vector<uint16_t> xs = int_grid_bf16(int64_t(B) * cfg.H, 8, rng);
-    Step s(L, xs, B, DecodeHDtype::kFP32);
-    s.router();
-    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-    L.w1->ensure(s.ids.download(), rng);
-    L.w2->ensure(s.ids.download(), rng);
-    s.gate_up();
-    ScopedEnv lanes("MXMOE_DECODE_DOWN_LANES", "16");
-    s.down();
-    MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-    const std::vector<uint16_t> o0 = s.out.download();
-    const DownSetting family[] = {
-        {"unroll2", {{"UNROLL", "2"}}},
-        {"unroll4", {{"UNROLL", "4"}}},
-        {"persist0", {{"PERSIST", "0"}}},
-        {"persist8 prefetch", {{"PERSIST", "8"}, {"PREFETCH", "1"}}},
-        {"regs104", {{"REGS", "104"}}},
-        {"regs104 unroll2", {{"REGS", "104"}, {"UNROLL", "2"}}},
-    };
-    for (const DownSetting& g : family) {
-      SCOPED_TRACE(std::string(cfg.name) + " LANES=16 " + g.name);
-      ScopedDownEnv env(g);
-      MXMOE_ASSERT_CUDA(cudaMemset(s.out.p, 0xFF, s.out.n * 2));
-      s.down();
-      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-      EXPECT_TRUE(s.out.download() == o0) << "out differs from LANES=16's default";
-    }
-    const size_t H = size_t(cfg.H);
-    for (int b : {0, 4}) {
-      SCOPED_TRACE(std::string(cfg.name) + " LANES=16 token " + std::to_string(b) + " alone");
-      const std::vector<uint16_t> xb(xs.begin() + size_t(b) * H, xs.begin() + size_t(b + 1) * H);
-      Step one(L, xb, 1, DecodeHDtype::kFP32);
-      one.router();
-      one.gate_up();
-      one.down();
-      MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
-      const std::vector<uint16_t> o1 = one.out.download();
-      EXPECT_EQ(std::memcmp(o1.data(), o0.data() + size_t(b) * H, H * 2), 0) << "out";
-    }
-  }
-}
-
 // The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two
 // shapes at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
 // by default, global memory with 0) and its loads in flight (MXMOE_ROUTER_UNROLL) give the same ids
@@ -1276,12 +1215,6 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"PREFETCH 2", {{"PERSIST", "1"}, {"PREFETCH", "2"}}},
       {"SCALES block", {{"SCALES", "block"}}},
       {"REGS 96", {{"REGS", "96"}}},
-      {"LANES 8", {{"LANES", "8"}}},
-      {"LANES 16 ROWS 4", {{"LANES", "16"}, {"ROWS", "4"}}},
-      {"LANES 16 UNROLL 1", {{"LANES", "16"}, {"UNROLL", "1"}}},
-      {"LANES 16 SCALES row", {{"LANES", "16"}, {"SCALES", "row"}}},
-      {"LANES 16 REGS 80", {{"LANES", "16"}, {"REGS", "80"}}},
-      {"LANES 16 UNROLL 4 REGS 104", {{"LANES", "16"}, {"UNROLL", "4"}, {"REGS", "104"}}},
   };
   {
     ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", "5");
@@ -1290,17 +1223,6 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       ADD_FAILURE() << "MXMOE_DECODE_GATE_UP_PERSIST=5: accepted";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("MXMOE_DECODE_GATE_UP_PERSIST"), std::string::npos) << e.what();
-    }
-  }
-  {  // half-warp rows are an MXFP8 layout
-    Layer Lb(kQwenSmall, DecodeWeightDtype::kBF16, rng);
-    Step sb(Lb, int_grid_bf16(Lb.c.H, 8, rng), 1, DecodeHDtype::kFP32);
-    ScopedEnv env("MXMOE_DECODE_DOWN_LANES", "16");
-    try {
-      sb.down();
-      ADD_FAILURE() << "MXMOE_DECODE_DOWN_LANES=16 with BF16 weights: accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("MXMOE_DECODE_DOWN_LANES"), std::string::npos) << e.what();
     }
   }
   for (const DownSetting& g : bad) {

@@ -75,10 +75,9 @@ struct DownLaunch {
   int down_prefetch = 0;        // persistent: L2 prefetch of the next tile's rows
   int down_row_scales = 0;      // MXFP8: scale bytes warp-wide per round instead of a byte per chunk
   int down_regs = 128;          // register cap: 128 (the default's bound), 80, 64
-  int down_lanes = 32;          // MXFP8: 16 = half-warp rows (its own bits; 8 rows, unroll 2-4)
   bool down_default() const {
     return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
-           down_row_scales == 0 && down_regs == 128 && down_lanes == 32;
+           down_row_scales == 0 && down_regs == 128;
   }
 };
 

@@ -169,70 +169,10 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
   }
 }
 
-// MXFP8 weights, half-warp rows (kLanes = 16, MXMOE_DECODE_DOWN_LANES=16): half h = lane / 16 streams
-// rows 2p + h (p < kR/2), lane i = lane % 16 takes the chunks i, i+16, ... of each (kPerLane of them in
-// flight per row: kR/2 · kPerLane loads a lane). Where I/16 is not a multiple of 32 (I = 768: 48 chunks)
-// the 32-lane layout leaves half the lanes idle in its last round; here 48 chunks are 3 a lane. Order: per
-// lane its chunks in increasing K (chunk sum from 0, then fma with the scale), then a fixed xor butterfly
-// over the 16 lanes of the half (8, 4, 2, 1); row 2p's sum is lane 0's, row 2p+1's lane 16's, and every
-// lane gets both (acc[q] on every lane, as after warp_sum). Not the 32-lane layout's bits (the lane sums
-// differ), so every switch of this layout has its own bits: deterministic and batch-invariant as the other.
-template <bool kHBf16, bool kHCoherent, int kPerLane, int kR>
-__device__ __forceinline__ void dot_rows_mx_half(const SlotRows& r, const void* h_row, int inter, int lane,
-                                                 float (&acc)[kR], int rows = kR) {
-  static_assert(kR % 2 == 0, "two rows at a time");
-  constexpr int kP = kR / 2;
-  const int nchunks = inter / 16, half = lane >> 4, li = lane & 15;
-  float part[kP];
-#pragma unroll
-  for (int q = 0; q < kP; ++q) part[q] = 0.0f;
-  for (int base = li; base < nchunks; base += 16 * kPerLane) {
-    uint4 w[kPerLane][kP];
-    uint32_t s[kPerLane][kP];
-#pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int c = base + 16 * t;
-#pragma unroll
-      for (int q = 0; q < kP; ++q) {
-        const int row = 2 * q + half;
-        w[t][q] = make_uint4(0u, 0u, 0u, 0u);
-        s[t][q] = 0u;
-        if (c < nchunks && row_ok<kR>(row, rows)) {
-          w[t][q] = dev::ldg_stream_v4(r.row + row * r.row_bytes + int64_t(c) * 16);
-          s[t][q] = dev::ldg_u8(r.scales + row * r.scale_row + c / 2);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int c = base + 16 * t;
-      if (c < nchunks) {
-        float4 h[4];
-        load_h8<kHBf16, kHCoherent>(h_row, 2 * c, h[0], h[1]);
-        load_h8<kHBf16, kHCoherent>(h_row, 2 * c + 1, h[2], h[3]);
-#pragma unroll
-        for (int q = 0; q < kP; ++q)
-          part[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), dev::e8m0_to_f32(s[t][q]), part[q]);
-      }
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < kP; ++q) {
-    float v = part[q];
-#pragma unroll
-    for (int o = 8; o >= 1; o >>= 1) v += __shfl_xor_sync(dev::kFullMask, v, o);
-    acc[2 * q] = __shfl_sync(dev::kFullMask, v, 0);
-    acc[2 * q + 1] = __shfl_sync(dev::kFullMask, v, 16);
-  }
-}
-
 // Slot j's dot products for the outputs n0 .. n0+kR-1 of token b, on every lane (rows n0 + q >= H,
 // possible only for kR > 8, are not loaded; their acc is meaningless and never written).
-// kLanes = 16 (MXFP8 only): dot_rows_mx_half with kUnroll chunks of each row in flight a lane.
-template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
-          int kLanes = 32>
+template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false>
 __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR]) {
-  static_assert(kLanes == 32 || (kLanes == 16 && kMx && !kRowScales), "half-warp rows: MXFP8, chunk scales");
   const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
   const size_t h_elem = kHBf16 ? 2 : 4;
   const void* h_row =
@@ -240,17 +180,13 @@ __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int
   const int valid = kR <= 8 ? kR : p.hidden - n0;
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = 0.0f;
-  if constexpr (kLanes == 16) {
-    dot_rows_mx_half<kHBf16, kHCoherent, kUnroll, kR>(rows, h_row, p.inter, lane, acc, valid);  // reduced
-  } else if constexpr (kMx) {
+  if constexpr (kMx) {
     dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales>(rows, h_row, p.inter, lane, acc, valid);
   } else {
     dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR>(rows, h_row, p.inter, lane, acc, valid);
   }
-  if constexpr (kLanes == 32) {
 #pragma unroll
-    for (int q = 0; q < kR; ++q) acc[q] = dev::warp_sum(acc[q]);
-  }
+  for (int q = 0; q < kR; ++q) acc[q] = dev::warp_sum(acc[q]);
 }
 
 // out[b, n0 + q] from the per-slot dot products dots[j][q] (j = 0..S-1), summed in slot order with

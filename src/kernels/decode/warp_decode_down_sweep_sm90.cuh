@@ -21,8 +21,6 @@
 //             (down::dot_rows_mx);
 //   kMaxRegs  register cap (__maxnreg__): 128 (= the default's __launch_bounds__(512, 1)), 80, 64 —
 //             more resident warps a SM against fewer registers (spills: see the notes);
-//   kLanes    32, or 16 (MXFP8, 8 rows, 2-4 chunks of each row in flight: MXMOE_DECODE_DOWN_LANES=16):
-//             half-warp rows (down::dot_rows_mx_half) — NOT the 32-lane layout's bits (its own sums);
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
 // Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
@@ -53,11 +51,11 @@ __device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int
   }
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, int kLanes = 32>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs>
 __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     warp_decode_down_sweep_kernel(const DownLaunch p) {
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
-  static_assert(kR * kUnroll * kLanes / 32 <= 16, "at most 16 16-byte loads in flight a lane");
+  static_assert(kR * kUnroll <= 16, "at most 16 16-byte loads in flight a lane");
   static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
   __shared__ float s_dot[2][kMaxSlots][kR];  // per-slot dot products, two rounds
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
@@ -74,7 +72,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
     for (int j = warp; j < p.slots; j += num_warps) {
       float acc[kR];
-      down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, kLanes>(p, b, j, n0, lane, acc);
+      down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales>(p, b, j, n0, lane, acc);
       if (lane == 0) {
 #pragma unroll
         for (int q = 0; q < kR; ++q) s_dot[buf][j][q] = acc[q];
@@ -85,7 +83,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   }
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, int kLanes = 32>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs>
 void launch(const DownLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
   int64_t grid = total;
@@ -96,7 +94,7 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kLanes>,
+  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs>,
                   dim3(unsigned(grid)), dim3(warps * 32), 0, stream, p);
 }
 
@@ -120,19 +118,6 @@ void by_scales(const DownLaunch& p, cudaStream_t s) {
 // (rows, unroll) with rows·unroll <= 16 (src/host/decode.cpp refuses the others).
 template <bool kMx, bool kHBf16>
 void launch_any(const DownLaunch& p, cudaStream_t s) {
-  if constexpr (kMx) {
-    if (p.down_lanes == 16) {  // 8 rows (src/host/decode.cpp), 2-4 chunks of each in flight
-      if (p.down_regs == 104) {  // 2 CTAs of 9 warps a SM fit (DeepSeek-V3's S = 9)
-        if (p.down_unroll == 2) return launch<kMx, kHBf16, 8, 2, false, 104, 16>(p, s);
-        return launch<kMx, kHBf16, 8, 3, false, 104, 16>(p, s);
-      }
-      switch (p.down_unroll) {
-        case 2: return launch<kMx, kHBf16, 8, 2, false, 128, 16>(p, s);
-        case 4: return launch<kMx, kHBf16, 8, 4, false, 128, 16>(p, s);
-        default: return launch<kMx, kHBf16, 8, 3, false, 128, 16>(p, s);
-      }
-    }
-  }
   if (p.down_rows == 16) {
     by_scales<kMx, kHBf16, 16, 1>(p, s);
   } else if (p.down_rows == 8) {
