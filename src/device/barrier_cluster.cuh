@@ -20,6 +20,17 @@ __device__ __forceinline__ void barrier_cluster_arrive_release() {
 #endif
 }
 
+// barrier.cluster.arrive.relaxed — this thread's arrival, ordering no memory access (an execution
+// barrier only: e.g. "every CTA of the cluster is running" before DSMEM is touched). Cheaper than the
+// release form, which compiles to a GPU-scope MEMBAR.
+__device__ __forceinline__ void barrier_cluster_arrive_relaxed() {
+#ifdef MXMOE_SM90A_ENABLED
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+#else
+  MXMOE_DEVICE_UNSUPPORTED();
+#endif
+}
+
 // barrier.cluster.wait.acquire — returns once every non-exited thread of the cluster has arrived.
 __device__ __forceinline__ void barrier_cluster_wait_acquire() {
 #ifdef MXMOE_SM90A_ENABLED

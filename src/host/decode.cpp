@@ -293,6 +293,12 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   p.unroll = env_choice("routing", "MXMOE_ROUTER_UNROLL", 0, {0, 8, 16});
   // The decode router's X: a copy in shared memory (default, 1) or read from global memory (0).
   p.x_global = env_choice("routing", "MXMOE_ROUTER_XSMEM", 1, {0, 1}) == 0 ? 1 : 0;
+  // The selection's forms (router_select.cuh; decode.md "Session 16"): parallel (default) or the serial
+  // forms before session 16 (MXMOE_ROUTER_SELECT=serial, read per call, for A/B timing; the same selection).
+  const char* sel = std::getenv("MXMOE_ROUTER_SELECT");
+  if (sel != nullptr && *sel != '\0' && std::strcmp(sel, "parallel") != 0 && std::strcmp(sel, "serial") != 0)
+    throw_arg("routing", "MXMOE_ROUTER_SELECT", sel, "must be parallel | serial");
+  p.select_serial = sel != nullptr && std::strcmp(sel, "serial") == 0 ? 1 : 0;
   return p;
 }
 

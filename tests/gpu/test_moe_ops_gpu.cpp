@@ -161,8 +161,9 @@ TEST(MoeOpsGpu, TopkMatchesReferenceRouting) {
 // 2% NaN (counted as -Inf), E = 128 / 256 / 384 (4, 8 and 16 scores a lane). Softmax: the ids equal
 // the reference's exactly (selection on the exact logits, ties to the lower id; -0.0 and +0.0 tie).
 // Both arg-max paths (redux.sync, default; the xor-shuffle butterfly, MXMOE_ROUTER_ARGMAX=shuffle) and
-// 16 scores a lane (MXMOE_ROUTER_SLOTS=16) give the same ids and weight bits, for softmax and for
-// sigmoid scoring with 8 groups (top-4).
+// 16 scores a lane (MXMOE_ROUTER_SLOTS=16) and the serial selection (MXMOE_ROUTER_SELECT=serial) give the
+// same ids and weight bits, for softmax and for sigmoid scoring with 4, 8 and 16 groups (top half; group
+// sizes 8 to 96: groups scored across slots, within a slot, and serially for 24 and 48).
 // A bad value of the variable throws before any launch, naming it.
 TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
   MXMOE_REQUIRE_GPU();
@@ -172,9 +173,11 @@ TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
   std::uniform_real_distribution<float> u01(0.0f, 1.0f);
   const int64_t T = 512;
   for (int E : {128, 256, 384}) {
-    for (bool sigmoid : {false, true}) {
-      if (sigmoid && E % 8 != 0) continue;
-      SCOPED_TRACE("E=" + std::to_string(E) + (sigmoid ? " sigmoid, 8 groups" : " softmax"));
+    for (int groups : {0, 8, 4, 16}) {  // 0: softmax; else sigmoid with this many groups (group sizes
+                                        // 8-96: every way router_select.cuh scores groups, and the serial one)
+      const bool sigmoid = groups > 0;
+      if (sigmoid && E % groups != 0) continue;
+      SCOPED_TRACE("E=" + std::to_string(E) + (sigmoid ? " sigmoid, " + std::to_string(groups) + " groups" : " softmax"));
       std::vector<float> logits(size_t(T * E));
       for (auto& v : logits) v = u01(rng) < 0.02f ? NAN : kValues[pick(rng)];
       for (int64_t t = 0; t < T; ++t)  // at least k finite logits a row, so that softmax weights exist
@@ -183,23 +186,25 @@ TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
       p.top_k = 8;
       if (sigmoid) {
         p.scoring = RouterScoring::kSigmoid;
-        p.n_groups = 8;
-        p.topk_groups = 4;
+        p.n_groups = groups;
+        p.topk_groups = groups / 2;
       }
       DevBuf<float> dl{logits.size()}, dw{size_t(T * p.top_k)};
       DevBuf<int32_t> di{size_t(T * p.top_k)};
       dl.upload(logits);
-      std::vector<int32_t> ids[3];
-      std::vector<float> w[3];
-      for (int path = 0; path < 3; ++path) {  // redux (fewest slots), shuffle, redux with 16 slots a lane
+      std::vector<int32_t> ids[4];
+      std::vector<float> w[4];
+      for (int path = 0; path < 4; ++path) {  // redux (fewest slots), shuffle, redux with 16 slots a lane,
+                                              // the serial selection (MXMOE_ROUTER_SELECT)
         const ScopedEnv env("MXMOE_ROUTER_ARGMAX", path == 1 ? "shuffle" : "redux");
         const ScopedEnv slots("MXMOE_ROUTER_SLOTS", path == 2 ? "16" : "");
+        const ScopedEnv sel("MXMOE_ROUTER_SELECT", path == 3 ? "serial" : "");
         moe_topk(dl.p, T, E, p, di.p, dw.p);
         MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
         ids[path] = di.download();
         w[path] = dw.download();
       }
-      for (int path = 1; path < 3; ++path) {
+      for (int path = 1; path < 4; ++path) {
         EXPECT_EQ(ids[0], ids[path]) << "path " << path << " chose differently";
         EXPECT_EQ(0, std::memcmp(w[0].data(), w[path].data(), w[0].size() * sizeof(float)))
             << "path " << path << ": weights differ";

@@ -65,21 +65,102 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e, float& s, bool shu
   s = __shfl_sync(dev::kFullMask, s, src);
 }
 
+// Warp-wide top two of v over the member lanes (key = order_key(v), 0 for a lane that is not a member:
+// below every real key, order_key(-Inf) = 0x007FFFFF): t1 the largest, t2 the largest of the others
+// (a repeated maximum counts twice; -Inf when there is one member). Every lane gets both. The sum
+// t1 + t2 equals the serial scan's (group_score_serial) bit for bit: equal keys are equal values but
+// for the sign of a zero, and a sum of two values does not depend on their order.
+__device__ __forceinline__ void warp_top2(float v, uint32_t key, int lane, float& t1, float& t2) {
+  const uint32_t m1 = __reduce_max_sync(dev::kFullMask, key);
+  const uint32_t e1 = __reduce_min_sync(dev::kFullMask, key == m1 ? uint32_t(lane) : 32u);
+  t1 = __shfl_sync(dev::kFullMask, v, int(e1 & 31u));
+  const uint32_t k2 = uint32_t(lane) == e1 ? 0u : key;
+  const uint32_t m2 = __reduce_max_sync(dev::kFullMask, k2);
+  const uint32_t e2 = __reduce_min_sync(dev::kFullMask, k2 == m2 ? uint32_t(lane) : 32u);
+  const float v2 = __shfl_sync(dev::kFullMask, v, int(e2 & 31u));
+  t2 = m2 == 0u ? -INFINITY : v2;
+}
+
+// Group scores in registers (no shared memory, no serial scan), when a group is a whole number of
+// score slots (G % 32 == 0: group g = slots g·G/32 ..) or a slot holds whole groups (32 % G == 0:
+// slot i holds groups i·32/G + lane/G). Lane g ends with group g's score (t1 + t2, NaN → -Inf), the
+// others with -Inf. Returns false (nothing done) for other group sizes.
+template <int kSlots>
+__device__ __forceinline__ bool group_scores_warp(const float (&sel)[kSlots], int E, int n_groups, int lane,
+                                                  float& gscore) {
+  const int G = E / n_groups;
+  gscore = -INFINITY;
+  if (G % 32 == 0) {
+    const int spg = G / 32;  // slots a group
+#pragma unroll
+    for (int i0 = 0; i0 < kSlots; ++i0) {
+      if (i0 % spg != 0 || 32 * i0 >= E) continue;
+      // this lane's top two of slots i0 .. i0+spg-1 (entries past E are never in a group: i0+spg <= E/32)
+      float l1 = -INFINITY, l2 = -INFINITY;
+#pragma unroll
+      for (int d = 0; d < kSlots; ++d) {
+        if (d < i0 || d >= i0 + spg) continue;
+        const float v = sel[d];
+        if (order_key(v) > order_key(l1)) {
+          l2 = l1;
+          l1 = v;
+        } else if (order_key(v) > order_key(l2)) {
+          l2 = v;
+        }
+      }
+      // the best of the lanes' firsts, then the best of the others' firsts and the winner's second
+      const uint32_t k1 = order_key(l1);
+      const uint32_t m1 = __reduce_max_sync(dev::kFullMask, k1);
+      const uint32_t e1 = __reduce_min_sync(dev::kFullMask, k1 == m1 ? uint32_t(lane) : 32u);
+      const float t1 = __shfl_sync(dev::kFullMask, l1, int(e1 & 31u));
+      const float c = uint32_t(lane) == e1 ? l2 : l1;
+      const uint32_t kc = order_key(c);
+      const uint32_t m2 = __reduce_max_sync(dev::kFullMask, kc);
+      const uint32_t e2 = __reduce_min_sync(dev::kFullMask, kc == m2 ? uint32_t(lane) : 32u);
+      const float t2 = __shfl_sync(dev::kFullMask, c, int(e2 & 31u));
+      float g = t1 + t2;
+      if (isnan(g)) g = -INFINITY;
+      if (lane == i0 / spg) gscore = g;
+    }
+    return true;
+  }
+  if (32 % G == 0) {
+    const int gps = 32 / G;  // groups a slot
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (32 * i >= E) continue;
+      const uint32_t key = order_key(sel[i]);
+      for (int sub = 0; sub < gps; ++sub) {
+        float t1, t2;
+        warp_top2(sel[i], lane / G == sub ? key : 0u, lane, t1, t2);
+        float g = t1 + t2;
+        if (isnan(g)) g = -INFINITY;
+        if (lane == i * gps + sub) gscore = g;
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
 // best selection scores; clear the availability bits of experts outside them.
 template <int kSlots>
 __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kSlots],
                                                  uint32_t avail, float* scratch, int lane) {
   const int E = p.num_experts, G = E / p.n_groups;
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    const int e = lane + 32 * i;
-    if (e < E) scratch[e] = sel[i];
-  }
-  __syncwarp();
   const bool has_group = lane < p.n_groups;
   float gscore = -INFINITY;
-  if (has_group) {
+  if (p.select_serial || !group_scores_warp(sel, E, p.n_groups, lane, gscore)) {
+    // Serial form (other group sizes, or MXMOE_ROUTER_SELECT=serial): lane g scans group g in shared memory.
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const int e = lane + 32 * i;
+      if (e < E) scratch[e] = sel[i];
+    }
+    __syncwarp();
+  }
+  if (has_group && (p.select_serial || !(G % 32 == 0 || 32 % G == 0))) {
     float t1 = -INFINITY, t2 = -INFINITY;
     for (int q = 0; q < G; ++q) {
       const float v = scratch[lane * G + q];
@@ -132,7 +213,7 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
       if (p.sigmoid) {
         const float s = 1.0f / (1.0f + expf(-l));
         src[i] = s;
-        sel[i] = p.bias ? s + __ldg(p.bias + e) : s;
+        sel[i] = p.bias ? s + p.bias[e] : s;  // generic load: global memory, or the decode router's shared copy
       } else {
         src[i] = l;
         sel[i] = l;
@@ -149,13 +230,40 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
   for (int r = 0; r < p.top_k; ++r) {
     float v = -INFINITY, s = 0.0f;
     int e = INT_MAX;
+    if (p.select_serial) {  // MXMOE_ROUTER_SELECT=serial: a chain of kSlots comparisons
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      if (((avail >> i) & 1u) && better(sel[i], lane + 32 * i, v, e)) {
-        v = sel[i];
-        e = lane + 32 * i;
-        s = src[i];
+      for (int i = 0; i < kSlots; ++i) {
+        if (((avail >> i) & 1u) && better(sel[i], lane + 32 * i, v, e)) {
+          v = sel[i];
+          e = lane + 32 * i;
+          s = src[i];
+        }
       }
+    } else {  // a tree of pairwise comparisons (log2 kSlots deep): `better` is a strict total order, so
+              // its maximum does not depend on the grouping — the same (v, e, s) as the chain
+      float tv[kSlots], ts[kSlots];
+      int te[kSlots];
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const bool a = (avail >> i) & 1u;
+        tv[i] = a ? sel[i] : -INFINITY;
+        te[i] = a ? lane + 32 * i : INT_MAX;
+        ts[i] = src[i];
+      }
+#pragma unroll
+      for (int w = 1; w < kSlots; w *= 2) {
+#pragma unroll
+        for (int i = 0; i + w < kSlots; i += 2 * w) {
+          if (better(tv[i + w], te[i + w], tv[i], te[i])) {
+            tv[i] = tv[i + w];
+            te[i] = te[i + w];
+            ts[i] = ts[i + w];
+          }
+        }
+      }
+      v = tv[0];
+      e = te[0];
+      s = te[0] == INT_MAX ? 0.0f : ts[0];
     }
     warp_argmax(v, e, s, p.argmax_shuffle != 0);  // e < E: top_k <= the number of available experts
     if (lane == (e & 31)) avail &= ~(1u << (e >> 5));

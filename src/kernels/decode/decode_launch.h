@@ -27,6 +27,10 @@ struct RouterLaunch {
                                  // or 16 (MXMOE_ROUTER_UNROLL; same ids and weights)
   int x_global = 0;              // decode router: 1 reads X from global memory, not from a shared copy
                                  // (MXMOE_ROUTER_XSMEM=0; same ids and weights)
+  int select_serial = 0;         // 1: the selection's serial forms (group scores by one lane a group from
+                                 // shared memory, a chain of comparisons a round) and, in the decode router,
+                                 // no bias prefetch and a release/acquire first cluster barrier
+                                 // (MXMOE_ROUTER_SELECT=serial; same ids and weights)
 };
 
 struct ExpertWeights {

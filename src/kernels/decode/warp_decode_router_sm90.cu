@@ -33,6 +33,7 @@
 
 #include <cooperative_groups.h>
 
+#include "device/barrier_cluster.cuh"
 #include "device/griddepcontrol.cuh"
 #include "host/check.h"
 #include "host/kernel_attr.h"
@@ -67,6 +68,7 @@ template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
+  __shared__ float s_bias[kDecodeMaxExperts];              // rank 0: the bias, read early (parallel select)
   extern __shared__ uint4 s_x[];                           // kXShared: [kTokens][H / 8]
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), csize = int(cluster.num_blocks());
@@ -90,7 +92,19 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) x[t] = reinterpret_cast<const uint8_t*>(s_x + t * nchunks);
   }
-  cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
+  // Rank 0 reads the bias now, off the selection's critical path (the serial form read it there).
+  const bool bias_smem = !p.select_serial && p.bias != nullptr && rank == 0;
+  if (bias_smem)
+    for (int e = threadIdx.x; e < E; e += kThreads) s_bias[e] = p.bias[e];
+  if (p.select_serial) {
+    cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
+  } else {
+    // The same, without the release's GPU-scope MEMBAR: the CTA barrier orders s_x and s_bias within the
+    // CTA; the cluster barrier only has to say that every CTA runs (nothing crosses CTAs before it).
+    __syncthreads();
+    device::barrier_cluster_arrive_relaxed();
+    device::barrier_cluster_wait_acquire();
+  }
 
   for (int e = rank * kWarps + warp; e < E; e += csize * kWarps) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
@@ -103,8 +117,11 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   }
   cluster.sync();  // release/acquire: rank 0 sees every logit
   if (rank != 0) return;
-  if (warp < kTokens && b0 + warp < p.batch)
-    select_top_k<kSlots>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+  if (warp < kTokens && b0 + warp < p.batch) {
+    RouterLaunch r = p;
+    if (bias_smem) r.bias = s_bias;
+    select_top_k<kSlots>(r, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+  }
 }
 
 // CTAs a cluster (run 107, decode.md): 16 halves each SM's share of Wr and took DeepSeek-V3's router
