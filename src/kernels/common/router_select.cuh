@@ -195,9 +195,10 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
 }
 
 // One warp: the top-k of token b from its FP32 logits (shared memory [E]); E <= 32·kSlots.
+// bias_shared: p.bias already copied to shared memory (the decode router), else p.bias is read here.
 template <int kSlots = kPerLane>
 __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
-                                             int lane) {
+                                             int lane, const float* bias_shared = nullptr) {
   static_assert(kSlots >= 1 && kSlots <= kPerLane, "availability is a 32-bit mask a lane");
   const int E = p.num_experts;
   float sel[kSlots];  // selection score
@@ -213,7 +214,7 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
       if (p.sigmoid) {
         const float s = 1.0f / (1.0f + expf(-l));
         src[i] = s;
-        sel[i] = p.bias ? s + p.bias[e] : s;  // generic load: global memory, or the decode router's shared copy
+        sel[i] = p.bias ? s + (bias_shared != nullptr ? bias_shared[e] : __ldg(p.bias + e)) : s;
       } else {
         src[i] = l;
         sel[i] = l;

@@ -92,10 +92,13 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) x[t] = reinterpret_cast<const uint8_t*>(s_x + t * nchunks);
   }
-  // Rank 0 reads the bias now, off the selection's critical path (the serial form read it there).
+  // Rank 0 loads the bias now (one value a thread, E <= kDecodeMaxExperts = kThreads) and stores it to
+  // shared memory after its logits: the load's latency hides behind the stream instead of sitting in the
+  // selection (the serial form's __ldg there).
+  static_assert(kDecodeMaxExperts <= kThreads, "one bias value a thread");
   const bool bias_smem = !p.select_serial && p.bias != nullptr && rank == 0;
-  if (bias_smem)
-    for (int e = threadIdx.x; e < E; e += kThreads) s_bias[e] = p.bias[e];
+  float bias_v = 0.0f;
+  if (bias_smem && int(threadIdx.x) < E) bias_v = __ldg(p.bias + threadIdx.x);
   if (p.select_serial) {
     cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
   } else {
@@ -115,13 +118,11 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
       for (int t = 0; t < kTokens; ++t) logits0[t * kDecodeMaxExperts + e] = acc[t];
     }
   }
-  cluster.sync();  // release/acquire: rank 0 sees every logit
+  if (bias_smem && int(threadIdx.x) < E) s_bias[threadIdx.x] = bias_v;
+  cluster.sync();  // release/acquire: rank 0 sees every logit (and its s_bias)
   if (rank != 0) return;
-  if (warp < kTokens && b0 + warp < p.batch) {
-    RouterLaunch r = p;
-    if (bias_smem) r.bias = s_bias;
-    select_top_k<kSlots>(r, s_logits[warp], s_scratch[warp], b0 + warp, lane);
-  }
+  if (warp < kTokens && b0 + warp < p.batch)
+    select_top_k<kSlots>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, bias_smem ? s_bias : nullptr);
 }
 
 // CTAs a cluster (run 107, decode.md): 16 halves each SM's share of Wr and took DeepSeek-V3's router
