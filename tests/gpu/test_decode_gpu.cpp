@@ -1137,8 +1137,8 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
 // The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two
 // shapes at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
 // by default, global memory with 0), its loads in flight (MXMOE_ROUTER_UNROLL) and the selection's
-// serial forms (MXMOE_ROUTER_SELECT=serial; group sizes 96, 32, 8 and 20 take each way of scoring
-// groups) give the same ids and weights bit for bit: logits_warp's order
+// serial forms (MXMOE_ROUTER_SELECT=serial; group sizes 32 and 8 are scored by warp reductions, 96 and
+// 20 serially) give the same ids and weights bit for bit: logits_warp's order
 // does not depend on them. Shapes with several
 // rounds of loads a warp (DeepSeek-V3's H and E, Kimi-K2's E = 384), an H that leaves the last round
 // ragged, B = 1..8 (1, 2 and 4 tokens a cluster, and a partial last cluster). A cluster size that
@@ -1151,7 +1151,7 @@ TEST(DecodeGpu, RouterSwitchesGiveDefaultBits) {
       {"E 384 (H 7168)", 7168, 32, 384, 8, false, false, 1, 1, 1.0f},
       {"ragged H 2056, E 128", 2056, 32, 128, 8, false, false, 1, 1, 1.0f},
       {"qwen-style small", 512, 256, 16, 4, false, false, 1, 1, 1.0f},
-      {"E 384, 4 groups of 96 (3 slots a group)", 1024, 32, 384, 8, false, true, 4, 2, 1.0f},
+      {"E 384, 4 groups of 96 (serial group scores)", 1024, 32, 384, 8, false, true, 4, 2, 1.0f},
       {"E 128, 16 groups of 8 (4 groups a slot)", 1024, 32, 128, 8, false, true, 16, 5, 1.0f},
       {"E 160, 8 groups of 20 (serial group scores)", 1024, 32, 160, 6, false, true, 8, 3, 1.0f},
   };

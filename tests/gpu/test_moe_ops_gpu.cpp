@@ -163,7 +163,7 @@ TEST(MoeOpsGpu, TopkMatchesReferenceRouting) {
 // Both arg-max paths (redux.sync, default; the xor-shuffle butterfly, MXMOE_ROUTER_ARGMAX=shuffle) and
 // 16 scores a lane (MXMOE_ROUTER_SLOTS=16) and the serial selection (MXMOE_ROUTER_SELECT=serial) give the
 // same ids and weight bits, for softmax and for sigmoid scoring with 4, 8 and 16 groups (top half; group
-// sizes 8 to 96: groups scored across slots, within a slot, and serially for 24 and 48).
+// sizes 8 to 96: scored by warp reductions for 8, 16 and 32, serially for 24, 48, 64 and 96).
 // A bad value of the variable throws before any launch, naming it.
 TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
   MXMOE_REQUIRE_GPU();
@@ -174,7 +174,7 @@ TEST(MoeOpsGpu, TopkTiesAndBothArgmaxPathsAgree) {
   const int64_t T = 512;
   for (int E : {128, 256, 384}) {
     for (int groups : {0, 8, 4, 16}) {  // 0: softmax; else sigmoid with this many groups (group sizes
-                                        // 8-96: every way router_select.cuh scores groups, and the serial one)
+                                        // 8-96: both ways router_select.cuh scores groups)
       const bool sigmoid = groups > 0;
       if (sigmoid && E % groups != 0) continue;
       SCOPED_TRACE("E=" + std::to_string(E) + (sigmoid ? " sigmoid, " + std::to_string(groups) + " groups" : " softmax"));

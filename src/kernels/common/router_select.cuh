@@ -25,6 +25,16 @@ static_assert(kDecodeMaxExperts % 32 == 0 && kPerLane <= 32, "availability is a 
 static_assert(kDecodeMaxTopK <= 32, "lane r keeps the r-th selected expert");
 static_assert(kDecodeMaxGroups <= 32, "lane g scores group g");
 
+// The selection's forms (RouterLaunch::select_serial, MXMOE_ROUTER_SELECT): chosen at run time, or fixed
+// at compile time so that a kernel holds only one form's code (the decode router: run 120 found its
+// selection slower with both forms compiled in, the same instructions executed — one warp runs this code
+// once a launch, from a cold instruction cache).
+enum SelectForm : int { kSelectRuntime = 0, kSelectParallel = 1, kSelectSerial = 2 };
+template <int kForm>
+__device__ __forceinline__ bool serial_form(const RouterLaunch& p) {
+  return kForm == kSelectSerial || (kForm == kSelectRuntime && p.select_serial != 0);
+}
+
 // Strict total order on (score, id): higher score first, then lower id.
 __device__ __forceinline__ bool better(float v, int e, float bv, int be) {
   return v > bv || (v == bv && e < be);
@@ -81,77 +91,45 @@ __device__ __forceinline__ void warp_top2(float v, uint32_t key, int lane, float
   t2 = m2 == 0u ? -INFINITY : v2;
 }
 
-// Group scores in registers (no shared memory, no serial scan), when a group is a whole number of
-// score slots (G % 32 == 0: group g = slots g·G/32 ..) or a slot holds whole groups (32 % G == 0:
-// slot i holds groups i·32/G + lane/G). Lane g ends with group g's score (t1 + t2, NaN → -Inf), the
-// others with -Inf. Returns false (nothing done) for other group sizes.
+// Group scores in registers (no shared memory, no serial scan) when a slot holds whole groups
+// (G <= 32, 32 % G == 0: slot i holds groups i·32/G + lane/G; G = 32 is DeepSeek-V3's): lane g ends with
+// group g's score (t1 + t2, NaN → -Inf), the others with -Inf. Returns false (nothing done) for other
+// group sizes, which take the serial form. The loop over a slot's groups stays rolled: this code runs
+// once a token, and its size costs more than its instructions (run 120).
 template <int kSlots>
 __device__ __forceinline__ bool group_scores_warp(const float (&sel)[kSlots], int E, int n_groups, int lane,
                                                   float& gscore) {
   const int G = E / n_groups;
   gscore = -INFINITY;
-  if (G % 32 == 0) {
-    const int spg = G / 32;  // slots a group
+  if (G > 32 || 32 % G != 0) return false;
+  const int gps = 32 / G;  // groups a slot
 #pragma unroll
-    for (int i0 = 0; i0 < kSlots; ++i0) {
-      if (i0 % spg != 0 || 32 * i0 >= E) continue;
-      // this lane's top two of slots i0 .. i0+spg-1 (entries past E are never in a group: i0+spg <= E/32)
-      float l1 = -INFINITY, l2 = -INFINITY;
-#pragma unroll
-      for (int d = 0; d < kSlots; ++d) {
-        if (d < i0 || d >= i0 + spg) continue;
-        const float v = sel[d];
-        if (order_key(v) > order_key(l1)) {
-          l2 = l1;
-          l1 = v;
-        } else if (order_key(v) > order_key(l2)) {
-          l2 = v;
-        }
-      }
-      // the best of the lanes' firsts, then the best of the others' firsts and the winner's second
-      const uint32_t k1 = order_key(l1);
-      const uint32_t m1 = __reduce_max_sync(dev::kFullMask, k1);
-      const uint32_t e1 = __reduce_min_sync(dev::kFullMask, k1 == m1 ? uint32_t(lane) : 32u);
-      const float t1 = __shfl_sync(dev::kFullMask, l1, int(e1 & 31u));
-      const float c = uint32_t(lane) == e1 ? l2 : l1;
-      const uint32_t kc = order_key(c);
-      const uint32_t m2 = __reduce_max_sync(dev::kFullMask, kc);
-      const uint32_t e2 = __reduce_min_sync(dev::kFullMask, kc == m2 ? uint32_t(lane) : 32u);
-      const float t2 = __shfl_sync(dev::kFullMask, c, int(e2 & 31u));
+  for (int i = 0; i < kSlots; ++i) {
+    if (32 * i >= E) break;
+    const float v = sel[i];
+    const uint32_t key = order_key(v);
+#pragma unroll 1
+    for (int sub = 0; sub < gps; ++sub) {
+      float t1, t2;
+      warp_top2(v, lane / G == sub ? key : 0u, lane, t1, t2);
       float g = t1 + t2;
       if (isnan(g)) g = -INFINITY;
-      if (lane == i0 / spg) gscore = g;
+      if (lane == i * gps + sub) gscore = g;
     }
-    return true;
   }
-  if (32 % G == 0) {
-    const int gps = 32 / G;  // groups a slot
-#pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      if (32 * i >= E) continue;
-      const uint32_t key = order_key(sel[i]);
-      for (int sub = 0; sub < gps; ++sub) {
-        float t1, t2;
-        warp_top2(sel[i], lane / G == sub ? key : 0u, lane, t1, t2);
-        float g = t1 + t2;
-        if (isnan(g)) g = -INFINITY;
-        if (lane == i * gps + sub) gscore = g;
-      }
-    }
-    return true;
-  }
-  return false;
+  return true;
 }
 
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
 // best selection scores; clear the availability bits of experts outside them.
-template <int kSlots>
+template <int kSlots, int kForm = kSelectRuntime>
 __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kSlots],
                                                  uint32_t avail, float* scratch, int lane) {
   const int E = p.num_experts, G = E / p.n_groups;
   const bool has_group = lane < p.n_groups;
+  const bool serial = serial_form<kForm>(p);
   float gscore = -INFINITY;
-  if (p.select_serial || !group_scores_warp(sel, E, p.n_groups, lane, gscore)) {
+  if (serial || !group_scores_warp(sel, E, p.n_groups, lane, gscore)) {
     // Serial form (other group sizes, or MXMOE_ROUTER_SELECT=serial): lane g scans group g in shared memory.
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
@@ -160,7 +138,7 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
     }
     __syncwarp();
   }
-  if (has_group && (p.select_serial || !(G % 32 == 0 || 32 % G == 0))) {
+  if (has_group && (serial || G > 32 || 32 % G != 0)) {
     float t1 = -INFINITY, t2 = -INFINITY;
     for (int q = 0; q < G; ++q) {
       const float v = scratch[lane * G + q];
@@ -196,7 +174,7 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
 
 // One warp: the top-k of token b from its FP32 logits (shared memory [E]); E <= 32·kSlots.
 // bias_shared: p.bias already copied to shared memory (the decode router), else p.bias is read here.
-template <int kSlots = kPerLane>
+template <int kSlots = kPerLane, int kForm = kSelectRuntime>
 __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
                                              int lane, const float* bias_shared = nullptr) {
   static_assert(kSlots >= 1 && kSlots <= kPerLane, "availability is a 32-bit mask a lane");
@@ -224,14 +202,14 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
     }
   }
   uint32_t avail = valid;
-  if (p.sigmoid && p.n_groups > 1) avail = limit_groups(p, sel, avail, scratch, lane);
+  if (p.sigmoid && p.n_groups > 1) avail = limit_groups<kSlots, kForm>(p, sel, avail, scratch, lane);
 
   int my_id = 0;        // lane r: the r-th selected expert
   float my_src = 0.0f;  // and its weight source
   for (int r = 0; r < p.top_k; ++r) {
     float v = -INFINITY, s = 0.0f;
     int e = INT_MAX;
-    if (p.select_serial) {  // MXMOE_ROUTER_SELECT=serial: a chain of kSlots comparisons
+    if (serial_form<kForm>(p)) {  // MXMOE_ROUTER_SELECT=serial: a chain of kSlots comparisons
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
         if (((avail >> i) & 1u) && better(sel[i], lane + 32 * i, v, e)) {

@@ -64,7 +64,7 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // kXShared: the kTokens X rows are first copied into shared memory (dynamic, kTokens·H·2 bytes) and
 // every warp reads them there (router_x_smem). kUnroll: 16-byte chunks of Wr in flight per lane
 // (router_unroll).
-template <int kTokens, int kSlots, bool kXShared, int kUnroll>
+template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
@@ -96,10 +96,10 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   // shared memory after its logits: the load's latency hides behind the stream instead of sitting in the
   // selection (the serial form's __ldg there).
   static_assert(kDecodeMaxExperts <= kThreads, "one bias value a thread");
-  const bool bias_smem = !p.select_serial && p.bias != nullptr && rank == 0;
+  const bool bias_smem = !kSerial && p.bias != nullptr && rank == 0;
   float bias_v = 0.0f;
   if (bias_smem && int(threadIdx.x) < E) bias_v = __ldg(p.bias + threadIdx.x);
-  if (p.select_serial) {
+  if constexpr (kSerial) {
     cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
   } else {
     // The same, without the release's GPU-scope MEMBAR: the CTA barrier orders s_x and s_bias within the
@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   cluster.sync();  // release/acquire: rank 0 sees every logit (and its s_bias)
   if (rank != 0) return;
   if (warp < kTokens && b0 + warp < p.batch)
-    select_top_k<kSlots>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, bias_smem ? s_bias : nullptr);
+    select_top_k<kSlots, kSerial ? kSelectSerial : kSelectParallel>(p, s_logits[warp], s_scratch[warp], b0 + warp,
+                                                                    lane, bias_smem ? s_bias : nullptr);
 }
 
 // CTAs a cluster (run 107, decode.md): 16 halves each SM's share of Wr and took DeepSeek-V3's router
@@ -183,13 +184,20 @@ size_t router_x_smem(const RouterLaunch& p) {
   return p.x_global || bytes > kRouterMaxXSmem ? 0 : bytes;
 }
 
-template <int kTokens, int kSlots, bool kXShared, int kUnroll>
-void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll>;
+template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial>
+void launch_router_form(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
+  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll, kSerial>;
   const char* fn = "decode_router";
   router_setup_once<kernel>();
   const int cs = router_cluster_size<kernel>(p);
   launch_with_pdl_cluster(fn, kernel, dim3(unsigned(clusters * cs)), dim3(kThreads), smem, stream, unsigned(cs), p);
+}
+
+// The selection's form is a template parameter (a kernel holds one form's code: router_select.cuh).
+template <int kTokens, int kSlots, bool kXShared, int kUnroll>
+void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
+  if (p.select_serial) launch_router_form<kTokens, kSlots, kXShared, kUnroll, true>(p, clusters, smem, stream);
+  else launch_router_form<kTokens, kSlots, kXShared, kUnroll, false>(p, clusters, smem, stream);
 }
 
 // Chunks of Wr in flight per lane: 8, or 16 for 1 or 2 tokens a cluster with X in shared memory (with
