@@ -35,6 +35,20 @@ __device__ __forceinline__ bool serial_form(const RouterLaunch& p) {
   return kForm == kSelectSerial || (kForm == kSelectRuntime && p.select_serial != 0);
 }
 
+// One expert's selection score and weight source from its logit (select_top_k's scoring, and the
+// decode router's warps that score their own experts): sigmoid + bias or the logit; NaN → -Inf.
+__device__ __forceinline__ void score_expert(const RouterLaunch& p, float l, float bias, float& sel, float& src) {
+  if (p.sigmoid) {
+    const float s = 1.0f / (1.0f + expf(-l));
+    src = s;
+    sel = p.bias ? s + bias : s;
+  } else {
+    src = l;
+    sel = l;
+  }
+  if (isnan(sel)) sel = -INFINITY;  // NaN counts as -Inf
+}
+
 // Strict total order on (score, id): higher score first, then lower id.
 __device__ __forceinline__ bool better(float v, int e, float bv, int be) {
   return v > bv || (v == bv && e < be);
@@ -173,10 +187,13 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
 }
 
 // One warp: the top-k of token b from its FP32 logits (shared memory [E]); E <= 32·kSlots.
-// bias_shared: p.bias already copied to shared memory (the decode router), else p.bias is read here.
-template <int kSlots = kPerLane, int kForm = kSelectRuntime>
+// kPrescored (the decode router): `logits` already holds each expert's selection score (sigmoid + bias, or
+// the logit; NaN → -Inf) and src_shared its weight source (the sigmoid, or the logit), computed by the
+// warp that made the logit with the very operations below — the same bits, and this warp, which runs
+// once a token from a cold instruction cache, skips kSlots unrolled sigmoids (run 121's reading).
+template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false>
 __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
-                                             int lane, const float* bias_shared = nullptr) {
+                                             int lane, const float* src_shared = nullptr) {
   static_assert(kSlots >= 1 && kSlots <= kPerLane, "availability is a 32-bit mask a lane");
   const int E = p.num_experts;
   float sel[kSlots];  // selection score
@@ -187,17 +204,12 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
     const int e = lane + 32 * i;
     sel[i] = -INFINITY;
     src[i] = 0.0f;
-    if (e < E) {
-      const float l = logits[e];
-      if (p.sigmoid) {
-        const float s = 1.0f / (1.0f + expf(-l));
-        src[i] = s;
-        sel[i] = p.bias ? s + (bias_shared != nullptr ? bias_shared[e] : __ldg(p.bias + e)) : s;
-      } else {
-        src[i] = l;
-        sel[i] = l;
-      }
-      if (isnan(sel[i])) sel[i] = -INFINITY;  // NaN counts as -Inf
+    if (kPrescored && e < E) {
+      sel[i] = logits[e];
+      src[i] = src_shared[e];
+      valid |= 1u << i;
+    } else if (e < E) {
+      score_expert(p, logits[e], p.bias ? __ldg(p.bias + e) : 0.0f, sel[i], src[i]);
       valid |= 1u << i;
     }
   }

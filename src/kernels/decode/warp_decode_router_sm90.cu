@@ -68,7 +68,7 @@ template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
-  __shared__ float s_bias[kDecodeMaxExperts];              // rank 0: the bias, read early (parallel select)
+  __shared__ float s_src[kSerial ? 1 : kTokens][kDecodeMaxExperts];  // parallel form: weight sources (rank 0)
   extern __shared__ uint4 s_x[];                           // kXShared: [kTokens][H / 8]
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), csize = int(cluster.num_blocks());
@@ -92,38 +92,48 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) x[t] = reinterpret_cast<const uint8_t*>(s_x + t * nchunks);
   }
-  // Rank 0 loads the bias now (one value a thread, E <= kDecodeMaxExperts = kThreads) and stores it to
-  // shared memory after its logits: the load's latency hides behind the stream instead of sitting in the
-  // selection (the serial form's __ldg there).
-  static_assert(kDecodeMaxExperts <= kThreads, "one bias value a thread");
-  const bool bias_smem = !kSerial && p.bias != nullptr && rank == 0;
-  float bias_v = 0.0f;
-  if (bias_smem && int(threadIdx.x) < E) bias_v = __ldg(p.bias + threadIdx.x);
   if constexpr (kSerial) {
     cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
   } else {
-    // The same, without the release's GPU-scope MEMBAR: the CTA barrier orders s_x and s_bias within the
-    // CTA; the cluster barrier only has to say that every CTA runs (nothing crosses CTAs before it).
+    // The same, without the release's GPU-scope MEMBAR: the CTA barrier orders s_x within the CTA; the
+    // cluster barrier only has to say that every CTA runs (nothing crosses CTAs before it).
     __syncthreads();
     device::barrier_cluster_arrive_relaxed();
     device::barrier_cluster_wait_acquire();
   }
 
+  // Parallel form: the warp that makes expert e's logit also scores it (score_expert: sigmoid + bias, or
+  // the logit) and sends rank 0 the selection score and the weight source; its bias load is issued before
+  // the stream. The serial form sends the logit and rank 0's selecting warp scores all E.
+  float* src0 = kSerial ? nullptr : cluster.map_shared_rank(&s_src[0][0], 0);
   for (int e = rank * kWarps + warp; e < E; e += csize * kWarps) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w + int64_t(e) * H);
+    const float bias = !kSerial && lane == 0 && p.bias != nullptr ? __ldg(p.bias + e) : 0.0f;
     float acc[kTokens];
     router::logits_warp<kTokens, kUnroll, kXShared>(w, x, nchunks, lane, acc);
     if (lane == 0) {
 #pragma unroll
-      for (int t = 0; t < kTokens; ++t) logits0[t * kDecodeMaxExperts + e] = acc[t];
+      for (int t = 0; t < kTokens; ++t) {
+        if constexpr (kSerial) {
+          logits0[t * kDecodeMaxExperts + e] = acc[t];
+        } else {
+          float sel, src;
+          score_expert(p, acc[t], bias, sel, src);
+          logits0[t * kDecodeMaxExperts + e] = sel;
+          src0[t * kDecodeMaxExperts + e] = src;
+        }
+      }
     }
   }
-  if (bias_smem && int(threadIdx.x) < E) s_bias[threadIdx.x] = bias_v;
-  cluster.sync();  // release/acquire: rank 0 sees every logit (and its s_bias)
+  cluster.sync();  // release/acquire: rank 0 sees every logit (score)
   if (rank != 0) return;
-  if (warp < kTokens && b0 + warp < p.batch)
-    select_top_k<kSlots, kSerial ? kSelectSerial : kSelectParallel>(p, s_logits[warp], s_scratch[warp], b0 + warp,
-                                                                    lane, bias_smem ? s_bias : nullptr);
+  if (warp < kTokens && b0 + warp < p.batch) {
+    if constexpr (kSerial) {
+      select_top_k<kSlots, kSelectSerial>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+    } else {
+      select_top_k<kSlots, kSelectParallel, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, s_src[warp]);
+    }
+  }
 }
 
 // CTAs a cluster (run 107, decode.md): 16 halves each SM's share of Wr and took DeepSeek-V3's router
