@@ -1134,8 +1134,8 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
   down_switches_bitwise(kLongRows, {DecodeWeightDtype::kMXFP8}, rng);
 }
 
-// The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 for the first two
-// shapes at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
+// The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 where Wr >= 2 MiB or
+// E > 128 at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
 // by default, global memory with 0), its loads in flight (MXMOE_ROUTER_UNROLL) and the selection's
 // serial forms (MXMOE_ROUTER_SELECT=serial; group sizes 32 and 8 are scored by warp reductions, 96 and
 // 20 serially) give the same ids and weights bit for bit: logits_warp's order

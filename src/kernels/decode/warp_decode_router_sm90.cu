@@ -138,9 +138,10 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
 
 // CTAs a cluster (run 107, decode.md): 16 halves each SM's share of Wr and took DeepSeek-V3's router
 // (3.7 MB of Wr) from 19.9 to 16.2 us at B = 1 (its step 1.02x BF16, 1.03x MXFP8), and changed nothing
-// measurable with 0.5-1 MB (the Qwen3 shapes). So 16 where Wr >= 2 MiB and B <= 8 (the batches measured;
-// at most 2 clusters), if the device can place a 16-CTA cluster of this kernel (a non-portable size:
-// GPCs with fewer free SMs cannot); else 8. p.cluster (MXMOE_ROUTER_CLUSTER) forces either.
+// measurable with 0.5-1 MB (the Qwen3 shapes). So 16 where Wr >= 2 MiB or E > 128 (run 124, below) and
+// B <= 8 (the batches measured; at most 2 clusters), if the device can place a 16-CTA cluster of this
+// kernel (a non-portable size: GPCs with fewer free SMs cannot); else 8. p.cluster (MXMOE_ROUTER_CLUSTER)
+// forces either.
 struct RouterSetupTag {};
 struct ClusterPlaceTag {};
 
@@ -178,10 +179,15 @@ bool cluster16_placeable() {
   }) == 1;
 }
 
+// Run 124 (router alone at H = 256, B = 1, where Wr is small): with more than 128 experts an 8-CTA
+// cluster gives a warp two or more experts in a row, each behind its own memory round trip; 16 CTAs
+// took E = 256 from 6.3 to 5.3 us, E = 512 from 9.4 to 7.2, E = 256 with sigmoid groups from 9.3 to 8.3
+// (E = 128: 4.7 either way). So 16 also where E > 128.
 template <auto kernel>
 int router_cluster_size(const RouterLaunch& p) {
   if (p.cluster != 0) return p.cluster;
-  if (int64_t(p.num_experts) * p.hidden * 2 < (int64_t(2) << 20) || p.batch > 8) return 8;
+  const bool big_wr = int64_t(p.num_experts) * p.hidden * 2 >= (int64_t(2) << 20);
+  if ((!big_wr && p.num_experts <= 128) || p.batch > 8) return 8;
   return cluster16_placeable<kernel>() ? 16 : 8;
 }
 
