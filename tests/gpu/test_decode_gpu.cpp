@@ -1138,7 +1138,7 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
 // E > 128 at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
 // by default, global memory with 0), its loads in flight (MXMOE_ROUTER_UNROLL) and the selection's
 // serial forms (MXMOE_ROUTER_SELECT=serial; group sizes 32 and 8 are scored by warp reductions, 96 and
-// 20 serially) give the same ids and weights bit for bit: logits_warp's order
+// 20 serially) and its group warps (=groupwarps: every group size by a warp of its own) give the same ids and weights bit for bit: logits_warp's order
 // does not depend on them. Shapes with several
 // rounds of loads a warp (DeepSeek-V3's H and E, Kimi-K2's E = 384), an H that leaves the last round
 // ragged, B = 1..8 (1, 2 and 4 tokens a cluster, and a partial last cluster). A cluster size that
@@ -1157,6 +1157,8 @@ TEST(DecodeGpu, RouterSwitchesGiveDefaultBits) {
   };
   const std::vector<std::pair<const char*, std::vector<std::pair<const char*, const char*>>>> settings = {
       {"serial select", {{"MXMOE_ROUTER_SELECT", "serial"}}},
+      {"group warps", {{"MXMOE_ROUTER_SELECT", "groupwarps"}}},
+      {"group warps, cluster 8", {{"MXMOE_ROUTER_SELECT", "groupwarps"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
       {"serial select, shuffle arg-max, cluster 8",
        {{"MXMOE_ROUTER_SELECT", "serial"}, {"MXMOE_ROUTER_ARGMAX", "shuffle"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
       {"cluster 8", {{"MXMOE_ROUTER_CLUSTER", "8"}}},

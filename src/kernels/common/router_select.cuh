@@ -25,14 +25,14 @@ static_assert(kDecodeMaxExperts % 32 == 0 && kPerLane <= 32, "availability is a 
 static_assert(kDecodeMaxTopK <= 32, "lane r keeps the r-th selected expert");
 static_assert(kDecodeMaxGroups <= 32, "lane g scores group g");
 
-// The selection's forms (RouterLaunch::select_serial, MXMOE_ROUTER_SELECT): chosen at run time, or fixed
+// The selection's forms (RouterLaunch::select_form, MXMOE_ROUTER_SELECT): chosen at run time, or fixed
 // at compile time so that a kernel holds only one form's code (the decode router: run 120 found its
 // selection slower with both forms compiled in, the same instructions executed — one warp runs this code
 // once a launch, from a cold instruction cache).
 enum SelectForm : int { kSelectRuntime = 0, kSelectParallel = 1, kSelectSerial = 2 };
 template <int kForm>
 __device__ __forceinline__ bool serial_form(const RouterLaunch& p) {
-  return kForm == kSelectSerial || (kForm == kSelectRuntime && p.select_serial != 0);
+  return kForm == kSelectSerial || (kForm == kSelectRuntime && p.select_form == 1);
 }
 
 // One expert's selection score and weight source from its logit (select_top_k's scoring, and the
@@ -134,16 +134,49 @@ __device__ __forceinline__ bool group_scores_warp(const float (&sel)[kSlots], in
   return true;
 }
 
+// One group's score by one warp (the decode router's group-warps form): the sum of the two best of
+// scores[0..G) (selection scores, NaN already -Inf), any G: a lane's top two of its entries q = lane,
+// lane + 32, ..., then the best of the lanes' firsts and the best of the others' firsts and the
+// winner's second. Every lane gets the score (NaN → -Inf); t1 + t2 is the serial scan's bit for bit
+// (warp_top2's argument).
+__device__ __forceinline__ float group_score_warp(const float* scores, int G, int lane) {
+  float l1 = -INFINITY, l2 = -INFINITY;
+  for (int q = lane; q < G; q += 32) {
+    const float v = scores[q];
+    if (order_key(v) > order_key(l1)) {
+      l2 = l1;
+      l1 = v;
+    } else if (order_key(v) > order_key(l2)) {
+      l2 = v;
+    }
+  }
+  const uint32_t k1 = order_key(l1);
+  const uint32_t m1 = __reduce_max_sync(dev::kFullMask, k1);
+  const uint32_t e1 = __reduce_min_sync(dev::kFullMask, k1 == m1 ? uint32_t(lane) : 32u);
+  const float t1 = __shfl_sync(dev::kFullMask, l1, int(e1 & 31u));
+  const float c = uint32_t(lane) == e1 ? l2 : l1;
+  const uint32_t kc = order_key(c);
+  const uint32_t m2 = __reduce_max_sync(dev::kFullMask, kc);
+  const uint32_t e2 = __reduce_min_sync(dev::kFullMask, kc == m2 ? uint32_t(lane) : 32u);
+  const float t2 = __shfl_sync(dev::kFullMask, c, int(e2 & 31u));
+  const float g = t1 + t2;
+  return isnan(g) ? -INFINITY : g;
+}
+
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
-// best selection scores; clear the availability bits of experts outside them.
-template <int kSlots, int kForm = kSelectRuntime>
+// best selection scores; clear the availability bits of experts outside them. gscore_given: the
+// groups' scores already computed ([n_groups], group_score_warp), else computed here.
+template <int kSlots, int kForm = kSelectRuntime, bool kGiven = false>
 __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kSlots],
-                                                 uint32_t avail, float* scratch, int lane) {
+                                                 uint32_t avail, float* scratch, int lane,
+                                                 const float* gscore_given = nullptr) {
   const int E = p.num_experts, G = E / p.n_groups;
   const bool has_group = lane < p.n_groups;
-  const bool serial = serial_form<kForm>(p);
+  const bool serial = !kGiven && serial_form<kForm>(p);
   float gscore = -INFINITY;
-  if (serial || !group_scores_warp(sel, E, p.n_groups, lane, gscore)) {
+  if constexpr (kGiven) {
+    if (has_group) gscore = gscore_given[lane];
+  } else if (serial || !group_scores_warp(sel, E, p.n_groups, lane, gscore)) {
     // Serial form (other group sizes, or MXMOE_ROUTER_SELECT=serial): lane g scans group g in shared memory.
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
@@ -152,7 +185,7 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
     }
     __syncwarp();
   }
-  if (has_group && (serial || G > 32 || 32 % G != 0)) {
+  if (!kGiven && has_group && (serial || G > 32 || 32 % G != 0)) {
     float t1 = -INFINITY, t2 = -INFINITY;
     for (int q = 0; q < G; ++q) {
       const float v = scratch[lane * G + q];
@@ -191,9 +224,11 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
 // the logit; NaN → -Inf) and src_shared its weight source (the sigmoid, or the logit), computed by the
 // warp that made the logit with the very operations below — the same bits, and this warp, which runs
 // once a token from a cold instruction cache, skips kSlots unrolled sigmoids (run 121's reading).
-template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false>
+// kGroupsGiven (the decode router's group-warps form): gscore_given holds the token's group scores.
+template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false, bool kGroupsGiven = false>
 __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
-                                             int lane, const float* src_shared = nullptr) {
+                                             int lane, const float* src_shared = nullptr,
+                                             const float* gscore_given = nullptr) {
   static_assert(kSlots >= 1 && kSlots <= kPerLane, "availability is a 32-bit mask a lane");
   const int E = p.num_experts;
   float sel[kSlots];  // selection score
@@ -214,7 +249,8 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
     }
   }
   uint32_t avail = valid;
-  if (p.sigmoid && p.n_groups > 1) avail = limit_groups<kSlots, kForm>(p, sel, avail, scratch, lane);
+  if (p.sigmoid && p.n_groups > 1)
+    avail = limit_groups<kSlots, kForm, kGroupsGiven>(p, sel, avail, scratch, lane, gscore_given);
 
   int my_id = 0;        // lane r: the r-th selected expert
   float my_src = 0.0f;  // and its weight source

@@ -27,10 +27,12 @@ struct RouterLaunch {
                                  // or 16 (MXMOE_ROUTER_UNROLL; same ids and weights)
   int x_global = 0;              // decode router: 1 reads X from global memory, not from a shared copy
                                  // (MXMOE_ROUTER_XSMEM=0; same ids and weights)
-  int select_serial = 0;         // 1: the selection's serial forms (group scores by one lane a group from
-                                 // shared memory, a chain of comparisons a round) and, in the decode router,
-                                 // no bias prefetch and a release/acquire first cluster barrier
-                                 // (MXMOE_ROUTER_SELECT=serial; same ids and weights)
+  int select_form = 0;           // MXMOE_ROUTER_SELECT (router_select.cuh; same ids and weights): 0 parallel;
+                                 // 1 serial (group scores by one lane a group from shared memory, a chain of
+                                 // comparisons a round; in the decode router rank 0 scores every expert and
+                                 // the first cluster barrier is release/acquire); 2 group warps (the decode
+                                 // router: parallel, with each group's score by its own warp of rank 0;
+                                 // elsewhere the same as 0)
 };
 
 struct ExpertWeights {

@@ -64,11 +64,15 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // kXShared: the kTokens X rows are first copied into shared memory (dynamic, kTokens·H·2 bytes) and
 // every warp reads them there (router_x_smem). kUnroll: 16-byte chunks of Wr in flight per lane
 // (router_unroll).
-template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial>
+// kSerial: the selection's serial form; kGroupWarps (parallel form only): the groups' scores by rank 0's
+// warps, one (token, group) a warp, before the selecting warps (MXMOE_ROUTER_SELECT=groupwarps).
+template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial, bool kGroupWarps = false>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
+  static_assert(!(kSerial && kGroupWarps), "group warps belong to the parallel form");
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
   __shared__ float s_src[kSerial ? 1 : kTokens][kDecodeMaxExperts];  // parallel form: weight sources (rank 0)
+  __shared__ float s_gscore[kGroupWarps ? kTokens : 1][kDecodeMaxGroups];  // group warps: groups' scores
   extern __shared__ uint4 s_x[];                           // kXShared: [kTokens][H / 8]
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), csize = int(cluster.num_blocks());
@@ -127,9 +131,23 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   }
   cluster.sync();  // release/acquire: rank 0 sees every logit (score)
   if (rank != 0) return;
+  if constexpr (kGroupWarps) {
+    if (p.sigmoid && p.n_groups > 1) {
+      const int G = E / p.n_groups;
+      for (int item = warp; item < kTokens * p.n_groups; item += kWarps) {
+        const int t = item / p.n_groups, g = item - t * p.n_groups;
+        const float gs = group_score_warp(&s_logits[t][g * G], G, lane);
+        if (lane == 0) s_gscore[t][g] = gs;
+      }
+    }
+    __syncthreads();  // every thread of rank 0 is here (the other ranks have returned)
+  }
   if (warp < kTokens && b0 + warp < p.batch) {
     if constexpr (kSerial) {
       select_top_k<kSlots, kSelectSerial>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
+    } else if constexpr (kGroupWarps) {
+      select_top_k<kSlots, kSelectParallel, true, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane,
+                                                       s_src[warp], s_gscore[warp]);
     } else {
       select_top_k<kSlots, kSelectParallel, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, s_src[warp]);
     }
@@ -200,9 +218,9 @@ size_t router_x_smem(const RouterLaunch& p) {
   return p.x_global || bytes > kRouterMaxXSmem ? 0 : bytes;
 }
 
-template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial>
+template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial, bool kGroupWarps = false>
 void launch_router_form(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll, kSerial>;
+  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll, kSerial, kGroupWarps>;
   const char* fn = "decode_router";
   router_setup_once<kernel>();
   const int cs = router_cluster_size<kernel>(p);
@@ -212,7 +230,8 @@ void launch_router_form(const RouterLaunch& p, int clusters, size_t smem, cudaSt
 // The selection's form is a template parameter (a kernel holds one form's code: router_select.cuh).
 template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  if (p.select_serial) launch_router_form<kTokens, kSlots, kXShared, kUnroll, true>(p, clusters, smem, stream);
+  if (p.select_form == 1) launch_router_form<kTokens, kSlots, kXShared, kUnroll, true>(p, clusters, smem, stream);
+  else if (p.select_form == 2) launch_router_form<kTokens, kSlots, kXShared, kUnroll, false, true>(p, clusters, smem, stream);
   else launch_router_form<kTokens, kSlots, kXShared, kUnroll, false>(p, clusters, smem, stream);
 }
 
