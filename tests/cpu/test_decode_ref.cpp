@@ -252,7 +252,7 @@ TEST(DecodeArgs, RouterSwitchesRejectBadValues) {
   const auto route = [&](int E) { decode_router(a.x, 1, 64, a.wr, E, a.p, a.ids, a.w); };
   for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
            {"MXMOE_ROUTER_ARGMAX", "fast"}, {"MXMOE_ROUTER_SLOTS", "2"}, {"MXMOE_ROUTER_CLUSTER", "32"},
-           {"MXMOE_ROUTER_XSMEM", "2"}, {"MXMOE_ROUTER_UNROLL", "4"}}) {
+           {"MXMOE_ROUTER_XSMEM", "2"}, {"MXMOE_ROUTER_UNROLL", "4"}, {"MXMOE_ROUTER_SELECT", "tree"}}) {
     const mxmoe::test::ScopedEnv env(var, val);
     expect_error_naming([&] { route(16); }, var);
   }
