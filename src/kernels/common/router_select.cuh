@@ -163,10 +163,19 @@ __device__ __forceinline__ float group_score_warp(const float* scores, int G, in
   return isnan(g) ? -INFINITY : g;
 }
 
+// The winner's id only (the lean rounds of the group-warps form): warp_argmax's redux path without its
+// two shuffles of the winner's value and payload, which the rounds do not need on their critical path
+// (the value is never used after a round, the payload is fetched once at the end by id).
+__device__ __forceinline__ int warp_argmax_id(float v, int e) {
+  const uint32_t key = order_key(v);
+  const uint32_t top = __reduce_max_sync(dev::kFullMask, key);
+  return int(__reduce_min_sync(dev::kFullMask, key == top ? uint32_t(e) : 0xFFFFFFFFu));
+}
+
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
 // best selection scores; clear the availability bits of experts outside them. gscore_given: the
 // groups' scores already computed ([n_groups], group_score_warp), else computed here.
-template <int kSlots, int kForm = kSelectRuntime, bool kGiven = false>
+template <int kSlots, int kForm = kSelectRuntime, bool kGiven = false, bool kLean = false>
 __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kSlots],
                                                  uint32_t avail, float* scratch, int lane,
                                                  const float* gscore_given = nullptr) {
@@ -207,7 +216,11 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
       v = gscore;
       g = lane;
     }
-    warp_argmax(v, g, unused, p.argmax_shuffle != 0);
+    if constexpr (kLean) {
+      g = warp_argmax_id(v, g);
+    } else {
+      warp_argmax(v, g, unused, p.argmax_shuffle != 0);
+    }
     chosen |= 1u << g;  // g < n_groups: topk_groups <= n_groups
   }
   __syncwarp();
@@ -225,7 +238,10 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
 // warp that made the logit with the very operations below — the same bits, and this warp, which runs
 // once a token from a cold instruction cache, skips kSlots unrolled sigmoids (run 121's reading).
 // kGroupsGiven (the decode router's group-warps form): gscore_given holds the token's group scores.
-template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false, bool kGroupsGiven = false>
+// kLean (the same form): rounds that find only the winner's id (warp_argmax_id); lane r then takes its
+// expert's weight source by id (the same value the shuffle gave).
+template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false, bool kGroupsGiven = false,
+          bool kLean = false>
 __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
                                              int lane, const float* src_shared = nullptr,
                                              const float* gscore_given = nullptr) {
@@ -250,7 +266,7 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
   }
   uint32_t avail = valid;
   if (p.sigmoid && p.n_groups > 1)
-    avail = limit_groups<kSlots, kForm, kGroupsGiven>(p, sel, avail, scratch, lane, gscore_given);
+    avail = limit_groups<kSlots, kForm, kGroupsGiven, kLean>(p, sel, avail, scratch, lane, gscore_given);
 
   int my_id = 0;        // lane r: the r-th selected expert
   float my_src = 0.0f;  // and its weight source
@@ -292,11 +308,22 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
       e = te[0];
       s = te[0] == INT_MAX ? 0.0f : ts[0];
     }
-    warp_argmax(v, e, s, p.argmax_shuffle != 0);  // e < E: top_k <= the number of available experts
+    if constexpr (kLean) {
+      e = warp_argmax_id(v, e);  // e < E: top_k <= the number of available experts
+    } else {
+      warp_argmax(v, e, s, p.argmax_shuffle != 0);  // e < E: top_k <= the number of available experts
+    }
     if (lane == (e & 31)) avail &= ~(1u << (e >> 5));
     if (lane == r) {
       my_id = e;
       my_src = s;
+    }
+  }
+  if constexpr (kLean) {  // lane r's weight source: slot my_id / 32 of lane my_id % 32
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const float c = __shfl_sync(dev::kFullMask, src[i], my_id & 31);
+      if ((my_id >> 5) == i) my_src = c;
     }
   }
 

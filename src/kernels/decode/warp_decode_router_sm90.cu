@@ -65,7 +65,8 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // every warp reads them there (router_x_smem). kUnroll: 16-byte chunks of Wr in flight per lane
 // (router_unroll).
 // kSerial: the selection's serial form; kGroupWarps (parallel form only): the groups' scores by rank 0's
-// warps, one (token, group) a warp, before the selecting warps (MXMOE_ROUTER_SELECT=groupwarps).
+// warps, one (token, group) a warp, before the selecting warps, and rounds that find only the winner's
+// id (select_top_k<…, kLean>) (MXMOE_ROUTER_SELECT=groupwarps).
 template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial, bool kGroupWarps = false>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
   static_assert(!(kSerial && kGroupWarps), "group warps belong to the parallel form");
@@ -146,8 +147,8 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
     if constexpr (kSerial) {
       select_top_k<kSlots, kSelectSerial>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
     } else if constexpr (kGroupWarps) {
-      select_top_k<kSlots, kSelectParallel, true, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane,
-                                                       s_src[warp], s_gscore[warp]);
+      select_top_k<kSlots, kSelectParallel, true, true, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane,
+                                                             s_src[warp], s_gscore[warp]);
     } else {
       select_top_k<kSlots, kSelectParallel, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, s_src[warp]);
     }
