@@ -92,7 +92,7 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e, float& s, bool shu
 // Warp-wide top two of v over the member lanes (key = order_key(v), 0 for a lane that is not a member:
 // below every real key, order_key(-Inf) = 0x007FFFFF): t1 the largest, t2 the largest of the others
 // (a repeated maximum counts twice; -Inf when there is one member). Every lane gets both. The sum
-// t1 + t2 equals the serial scan's (group_score_serial) bit for bit: equal keys are equal values but
+// t1 + t2 equals limit_groups' serial scan's bit for bit: equal keys are equal values but
 // for the sign of a zero, and a sum of two values does not depend on their order.
 __device__ __forceinline__ void warp_top2(float v, uint32_t key, int lane, float& t1, float& t2) {
   const uint32_t m1 = __reduce_max_sync(dev::kFullMask, key);
@@ -108,8 +108,9 @@ __device__ __forceinline__ void warp_top2(float v, uint32_t key, int lane, float
 // Group scores in registers (no shared memory, no serial scan) when a slot holds whole groups
 // (G <= 32, 32 % G == 0: slot i holds groups i·32/G + lane/G; G = 32 is DeepSeek-V3's): lane g ends with
 // group g's score (t1 + t2, NaN → -Inf), the others with -Inf. Returns false (nothing done) for other
-// group sizes, which take the serial form. The loop over a slot's groups stays rolled: this code runs
-// once a token, and its size costs more than its instructions (run 120).
+// group sizes, which take the serial form. Measured (run 124, E = 256, 8 groups): the group step costs
+// ~3 us here against ~1.7 us serially — the groups' chains (4 redux.sync + 2 shuffles each) run one
+// after another; the group-warps form (group_score_warp) spreads them over warps.
 template <int kSlots>
 __device__ __forceinline__ bool group_scores_warp(const float (&sel)[kSlots], int E, int n_groups, int lane,
                                                   float& gscore) {
