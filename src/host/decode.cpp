@@ -295,12 +295,13 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   p.x_global = env_choice("routing", "MXMOE_ROUTER_XSMEM", 1, {0, 1}) == 0 ? 1 : 0;
   // The selection's forms (router_select.cuh; decode.md "Session 16"): parallel (default) or the serial
   // forms before session 16 (MXMOE_ROUTER_SELECT=serial, read per call, for A/B timing; the same selection).
-  const char* sel = std::getenv("MXMOE_ROUTER_SELECT");
-  const bool sel_set = sel != nullptr && *sel != '\0';
-  if (sel_set && std::strcmp(sel, "parallel") != 0 && std::strcmp(sel, "serial") != 0 &&
-      std::strcmp(sel, "groupwarps") != 0)
-    throw_arg("routing", "MXMOE_ROUTER_SELECT", sel, "must be parallel | serial | groupwarps");
-  p.select_form = !sel_set ? 0 : std::strcmp(sel, "serial") == 0 ? 1 : std::strcmp(sel, "groupwarps") == 0 ? 2 : 0;
+  p.select_form = kSelectParallel;
+  if (const char* sel = std::getenv("MXMOE_ROUTER_SELECT"); sel != nullptr && *sel != '\0') {
+    if (std::strcmp(sel, "serial") == 0) p.select_form = kSelectSerial;
+    else if (std::strcmp(sel, "groupwarps") == 0) p.select_form = kSelectGroupWarps;
+    else if (std::strcmp(sel, "parallel") != 0)
+      throw_arg("routing", "MXMOE_ROUTER_SELECT", sel, "must be parallel | serial | groupwarps");
+  }
   return p;
 }
 

@@ -23,10 +23,6 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with cudaLaunchAttributeProgrammaticStreamSerialization
-// (compile-time cluster dimensions of the kernel apply as usual), and with
-// cudaLaunchAttributeCooperative when `cooperative` (the driver then guarantees that every CTA is
-// co-resident, or fails the launch). The return code is checked.
 // A launch attribute for clusters of `cluster` CTAs along x.
 inline cudaLaunchAttribute cluster_dim_attr(unsigned cluster) {
   cudaLaunchAttribute a;
@@ -37,6 +33,10 @@ inline cudaLaunchAttribute cluster_dim_attr(unsigned cluster) {
   return a;
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...) with cudaLaunchAttributeProgrammaticStreamSerialization
+// (compile-time cluster dimensions of the kernel apply as usual), and with
+// cudaLaunchAttributeCooperative when `cooperative` (the driver then guarantees that every CTA is
+// co-resident, or fails the launch). The return code is checked.
 // cluster > 0: clusters of `cluster` CTAs along x (cudaLaunchAttributeClusterDimension), for kernels
 // without compile-time cluster dimensions.
 template <class... KernelArgs, class... Args>

@@ -25,14 +25,13 @@ static_assert(kDecodeMaxExperts % 32 == 0 && kPerLane <= 32, "availability is a 
 static_assert(kDecodeMaxTopK <= 32, "lane r keeps the r-th selected expert");
 static_assert(kDecodeMaxGroups <= 32, "lane g scores group g");
 
-// The selection's forms (RouterLaunch::select_form, MXMOE_ROUTER_SELECT): chosen at run time, or fixed
+// The selection's form (RouterSelectForm, decode_launch.h): read at run time (kSelectRuntime), or fixed
 // at compile time so that a kernel holds only one form's code (the decode router: run 120 found its
 // selection slower with both forms compiled in, the same instructions executed — one warp runs this code
 // once a launch, from a cold instruction cache).
-enum SelectForm : int { kSelectRuntime = 0, kSelectParallel = 1, kSelectSerial = 2 };
 template <int kForm>
 __device__ __forceinline__ bool serial_form(const RouterLaunch& p) {
-  return kForm == kSelectSerial || (kForm == kSelectRuntime && p.select_form == 1);
+  return kForm == kSelectSerial || (kForm == kSelectRuntime && p.select_form == kSelectSerial);
 }
 
 // One expert's selection score and weight source from its logit (select_top_k's scoring, and the
@@ -174,12 +173,14 @@ __device__ __forceinline__ int warp_argmax_id(float v, int e) {
 }
 
 // Group limit (sigmoid scoring): keep the topk_groups groups with the largest sum of their two
-// best selection scores; clear the availability bits of experts outside them. gscore_given: the
-// groups' scores already computed ([n_groups], group_score_warp), else computed here.
-template <int kSlots, int kForm = kSelectRuntime, bool kGiven = false, bool kLean = false>
+// best selection scores; clear the availability bits of experts outside them. kSelectGroupWarps:
+// gscore_given holds the groups' scores ([n_groups], group_score_warp) and the rounds find only the
+// winner (warp_argmax_id); else the scores are computed here.
+template <int kSlots, int kForm = kSelectRuntime>
 __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const float (&sel)[kSlots],
                                                  uint32_t avail, float* scratch, int lane,
                                                  const float* gscore_given = nullptr) {
+  constexpr bool kGiven = kForm == kSelectGroupWarps, kLean = kForm == kSelectGroupWarps;
   const int E = p.num_experts, G = E / p.n_groups;
   const bool has_group = lane < p.n_groups;
   const bool serial = !kGiven && serial_form<kForm>(p);
@@ -238,15 +239,15 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
 // the logit; NaN → -Inf) and src_shared its weight source (the sigmoid, or the logit), computed by the
 // warp that made the logit with the very operations below — the same bits, and this warp, which runs
 // once a token from a cold instruction cache, skips kSlots unrolled sigmoids (run 121's reading).
-// kGroupsGiven (the decode router's group-warps form): gscore_given holds the token's group scores.
-// kLean (the same form): rounds that find only the winner's id (warp_argmax_id); lane r then takes its
-// expert's weight source by id (the same value the shuffle gave).
-template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false, bool kGroupsGiven = false,
-          bool kLean = false>
+// kSelectGroupWarps (the decode router): gscore_given holds the token's group scores, and the rounds find
+// only the winner's id (warp_argmax_id); lane r then takes its expert's weight source by id (the same
+// value the shuffle gave).
+template <int kSlots = kPerLane, int kForm = kSelectRuntime, bool kPrescored = false>
 __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float* logits, float* scratch, int b,
                                              int lane, const float* src_shared = nullptr,
                                              const float* gscore_given = nullptr) {
   static_assert(kSlots >= 1 && kSlots <= kPerLane, "availability is a 32-bit mask a lane");
+  constexpr bool kLean = kForm == kSelectGroupWarps;
   const int E = p.num_experts;
   float sel[kSlots];  // selection score
   float src[kSlots];  // softmax: the logit; sigmoid: s = sigmoid(logit)
@@ -267,7 +268,7 @@ __device__ __forceinline__ void select_top_k(const RouterLaunch& p, const float*
   }
   uint32_t avail = valid;
   if (p.sigmoid && p.n_groups > 1)
-    avail = limit_groups<kSlots, kForm, kGroupsGiven, kLean>(p, sel, avail, scratch, lane, gscore_given);
+    avail = limit_groups<kSlots, kForm>(p, sel, avail, scratch, lane, gscore_given);
 
   int my_id = 0;        // lane r: the r-th selected expert
   float my_src = 0.0f;  // and its weight source

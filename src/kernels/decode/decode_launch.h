@@ -8,6 +8,17 @@
 
 namespace mxmoe::detail {
 
+// The top-k selection's forms (router_select.cuh; MXMOE_ROUTER_SELECT; every form the same ids and
+// weights). RouterLaunch::select_form holds one of the first three; kSelectRuntime is for code compiled
+// with every form that reads it at run time (the fused step, the training layer's top-k).
+enum RouterSelectForm : int {
+  kSelectParallel = 0,    // group scores by warp reductions, a comparison tree a round
+  kSelectSerial = 1,      // the forms before session 16: one lane a group over shared memory, a chain a round
+  kSelectGroupWarps = 2,  // the decode router: each (token, group) score by a warp of its own, rounds that
+                          // find only the winner's id; elsewhere the same as kSelectParallel
+  kSelectRuntime = -1,
+};
+
 struct RouterLaunch {
   const uint16_t* x = nullptr;   // BF16 bits [B, H]
   const uint16_t* w = nullptr;   // BF16 bits [E, H]
@@ -27,12 +38,9 @@ struct RouterLaunch {
                                  // or 16 (MXMOE_ROUTER_UNROLL; same ids and weights)
   int x_global = 0;              // decode router: 1 reads X from global memory, not from a shared copy
                                  // (MXMOE_ROUTER_XSMEM=0; same ids and weights)
-  int select_form = 0;           // MXMOE_ROUTER_SELECT (router_select.cuh; same ids and weights): 0 parallel;
-                                 // 1 serial (group scores by one lane a group from shared memory, a chain of
-                                 // comparisons a round; in the decode router rank 0 scores every expert and
-                                 // the first cluster barrier is release/acquire); 2 group warps (the decode
-                                 // router: parallel, with each group's score by its own warp of rank 0;
-                                 // elsewhere the same as 0)
+  int select_form = kSelectParallel;  // RouterSelectForm (MXMOE_ROUTER_SELECT); in the decode router the
+                                      // serial form also has rank 0 score every expert and a release/acquire
+                                      // first cluster barrier
 };
 
 struct ExpertWeights {

@@ -64,12 +64,11 @@ int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 // kXShared: the kTokens X rows are first copied into shared memory (dynamic, kTokens·H·2 bytes) and
 // every warp reads them there (router_x_smem). kUnroll: 16-byte chunks of Wr in flight per lane
 // (router_unroll).
-// kSerial: the selection's serial form; kGroupWarps (parallel form only): the groups' scores by rank 0's
-// warps, one (token, group) a warp, before the selecting warps, and rounds that find only the winner's
-// id (select_top_k<…, kLean>) (MXMOE_ROUTER_SELECT=groupwarps).
-template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial, bool kGroupWarps = false>
+// kForm: the selection's form (RouterSelectForm, a kernel per form). kSelectGroupWarps: the groups' scores
+// by rank 0's warps, one (token, group) a warp, before the selecting warps.
+template <int kTokens, int kSlots, bool kXShared, int kUnroll, int kForm>
 __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const RouterLaunch p) {
-  static_assert(!(kSerial && kGroupWarps), "group warps belong to the parallel form");
+  constexpr bool kSerial = kForm == kSelectSerial, kGroupWarps = kForm == kSelectGroupWarps;
   __shared__ float s_logits[kTokens][kDecodeMaxExperts];   // filled in rank 0 through DSMEM
   __shared__ float s_scratch[kTokens][kDecodeMaxExperts];  // group scoring (rank 0)
   __shared__ float s_src[kSerial ? 1 : kTokens][kDecodeMaxExperts];  // parallel form: weight sources (rank 0)
@@ -145,12 +144,10 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
   }
   if (warp < kTokens && b0 + warp < p.batch) {
     if constexpr (kSerial) {
-      select_top_k<kSlots, kSelectSerial>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
-    } else if constexpr (kGroupWarps) {
-      select_top_k<kSlots, kSelectParallel, true, true, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane,
-                                                             s_src[warp], s_gscore[warp]);
+      select_top_k<kSlots, kForm>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane);
     } else {
-      select_top_k<kSlots, kSelectParallel, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, s_src[warp]);
+      select_top_k<kSlots, kForm, true>(p, s_logits[warp], s_scratch[warp], b0 + warp, lane, s_src[warp],
+                                        kGroupWarps ? s_gscore[warp] : nullptr);
     }
   }
 }
@@ -219,9 +216,9 @@ size_t router_x_smem(const RouterLaunch& p) {
   return p.x_global || bytes > kRouterMaxXSmem ? 0 : bytes;
 }
 
-template <int kTokens, int kSlots, bool kXShared, int kUnroll, bool kSerial, bool kGroupWarps = false>
+template <int kTokens, int kSlots, bool kXShared, int kUnroll, int kForm>
 void launch_router_form(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll, kSerial, kGroupWarps>;
+  constexpr auto kernel = warp_decode_router_kernel<kTokens, kSlots, kXShared, kUnroll, kForm>;
   const char* fn = "decode_router";
   router_setup_once<kernel>();
   const int cs = router_cluster_size<kernel>(p);
@@ -231,9 +228,11 @@ void launch_router_form(const RouterLaunch& p, int clusters, size_t smem, cudaSt
 // The selection's form is a template parameter (a kernel holds one form's code: router_select.cuh).
 template <int kTokens, int kSlots, bool kXShared, int kUnroll>
 void launch_router_kernel(const RouterLaunch& p, int clusters, size_t smem, cudaStream_t stream) {
-  if (p.select_form == 1) launch_router_form<kTokens, kSlots, kXShared, kUnroll, true>(p, clusters, smem, stream);
-  else if (p.select_form == 2) launch_router_form<kTokens, kSlots, kXShared, kUnroll, false, true>(p, clusters, smem, stream);
-  else launch_router_form<kTokens, kSlots, kXShared, kUnroll, false>(p, clusters, smem, stream);
+  switch (p.select_form) {
+    case kSelectSerial: return launch_router_form<kTokens, kSlots, kXShared, kUnroll, kSelectSerial>(p, clusters, smem, stream);
+    case kSelectGroupWarps: return launch_router_form<kTokens, kSlots, kXShared, kUnroll, kSelectGroupWarps>(p, clusters, smem, stream);
+    default: return launch_router_form<kTokens, kSlots, kXShared, kUnroll, kSelectParallel>(p, clusters, smem, stream);
+  }
 }
 
 // Chunks of Wr in flight per lane: 8, or 16 for 1 or 2 tokens a cluster with X in shared memory (with
