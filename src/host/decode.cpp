@@ -71,6 +71,11 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
     throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
   p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
   p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 80, 64});
+  // The balanced walk (decode.md "Run 127"): each persistent CTA takes an equal share of the B·H outputs.
+  p.down_balance = env_choice(fn, "MXMOE_DECODE_DOWN_BALANCE", 0, {0, 1});
+  if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs != 128))
+    throw_arg(fn, "MXMOE_DECODE_DOWN_BALANCE", "1",
+              "needs MXMOE_DECODE_DOWN_PERSIST > 0, MXMOE_DECODE_DOWN_PREFETCH 0 and MXMOE_DECODE_DOWN_REGS 128");
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {
@@ -293,13 +298,14 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   p.unroll = env_choice("routing", "MXMOE_ROUTER_UNROLL", 0, {0, 8, 16});
   // The decode router's X: a copy in shared memory (default, 1) or read from global memory (0).
   p.x_global = env_choice("routing", "MXMOE_ROUTER_XSMEM", 1, {0, 1}) == 0 ? 1 : 0;
-  // The selection's forms (router_select.cuh; decode.md "Session 16"): parallel (default) or the serial
-  // forms before session 16 (MXMOE_ROUTER_SELECT=serial, read per call, for A/B timing; the same selection).
-  p.select_form = kSelectParallel;
+  // The selection's forms (router_select.cuh; decode.md "Session 16", "Run 126"): group warps (default;
+  // in the fused step and the training layer's top-k the same as parallel), parallel, or the serial forms
+  // before session 16 (read per call, for A/B timing; every form the same selection).
+  p.select_form = kSelectGroupWarps;
   if (const char* sel = std::getenv("MXMOE_ROUTER_SELECT"); sel != nullptr && *sel != '\0') {
     if (std::strcmp(sel, "serial") == 0) p.select_form = kSelectSerial;
-    else if (std::strcmp(sel, "groupwarps") == 0) p.select_form = kSelectGroupWarps;
-    else if (std::strcmp(sel, "parallel") != 0)
+    else if (std::strcmp(sel, "parallel") == 0) p.select_form = kSelectParallel;
+    else if (std::strcmp(sel, "groupwarps") != 0)
       throw_arg("routing", "MXMOE_ROUTER_SELECT", sel, "must be parallel | serial | groupwarps");
   }
   return p;

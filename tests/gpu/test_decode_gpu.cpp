@@ -1043,6 +1043,11 @@ const std::vector<DownSetting>& down_settings() {
       {"rows16 persist2 prefetch regs64", {{"ROWS", "16"}, {"PERSIST", "2"}, {"PREFETCH", "1"}, {"REGS", "64"}}},
       {"base kernel",
        {{"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "0"}, {"PREFETCH", "0"}, {"SCALES", "chunk"}, {"REGS", "128"}}},
+      {"balance", {{"BALANCE", "1"}}},
+      {"balance rows4 unroll2", {{"BALANCE", "1"}, {"ROWS", "4"}, {"UNROLL", "2"}}},
+      {"balance rows16 scales row", {{"BALANCE", "1"}, {"ROWS", "16"}, {"SCALES", "row"}}},
+      {"balance persist1", {{"BALANCE", "1"}, {"PERSIST", "1"}}},
+      {"balance persist8", {{"BALANCE", "1"}, {"PERSIST", "8"}}},
   };
   return s;
 }
@@ -1137,9 +1142,9 @@ TEST(DecodeGpu, DownSwitchesGiveDefaultBits) {
 // The decode router's cluster size (MXMOE_ROUTER_CLUSTER; the default picks 16 where Wr >= 2 MiB or
 // E > 128 at B <= 8, 8 for the others) where it reads X (MXMOE_ROUTER_XSMEM: a shared-memory copy
 // by default, global memory with 0), its loads in flight (MXMOE_ROUTER_UNROLL) and the selection's
-// serial forms (MXMOE_ROUTER_SELECT=serial; group sizes 32 and 8 are scored by warp reductions, 96 and
-// 20 serially) and its group warps (=groupwarps: every group size by a warp of its own) give the same ids and weights bit for bit: logits_warp's order
-// does not depend on them. Shapes with several
+// forms (default groupwarps: every group size scored by a warp of its own; =parallel: group sizes 32 and 8
+// by warp reductions, 96 and 20 serially; =serial) give the same ids and weights bit for bit:
+// logits_warp's order does not depend on them. Shapes with several
 // rounds of loads a warp (DeepSeek-V3's H and E, Kimi-K2's E = 384), an H that leaves the last round
 // ragged, B = 1..8 (1, 2 and 4 tokens a cluster, and a partial last cluster). A cluster size that
 // cannot be placed fails the launch here.
@@ -1157,8 +1162,9 @@ TEST(DecodeGpu, RouterSwitchesGiveDefaultBits) {
   };
   const std::vector<std::pair<const char*, std::vector<std::pair<const char*, const char*>>>> settings = {
       {"serial select", {{"MXMOE_ROUTER_SELECT", "serial"}}},
-      {"group warps", {{"MXMOE_ROUTER_SELECT", "groupwarps"}}},
-      {"group warps, cluster 8", {{"MXMOE_ROUTER_SELECT", "groupwarps"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
+      {"parallel select", {{"MXMOE_ROUTER_SELECT", "parallel"}}},
+      {"parallel select, cluster 8", {{"MXMOE_ROUTER_SELECT", "parallel"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
+      {"parallel select, shuffle arg-max", {{"MXMOE_ROUTER_SELECT", "parallel"}, {"MXMOE_ROUTER_ARGMAX", "shuffle"}}},
       {"serial select, shuffle arg-max, cluster 8",
        {{"MXMOE_ROUTER_SELECT", "serial"}, {"MXMOE_ROUTER_ARGMAX", "shuffle"}, {"MXMOE_ROUTER_CLUSTER", "8"}}},
       {"cluster 8", {{"MXMOE_ROUTER_CLUSTER", "8"}}},
@@ -1224,6 +1230,9 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"PREFETCH 2", {{"PERSIST", "1"}, {"PREFETCH", "2"}}},
       {"SCALES block", {{"SCALES", "block"}}},
       {"REGS 96", {{"REGS", "96"}}},
+      {"BALANCE 2", {{"BALANCE", "2"}}},
+      {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
+      {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
   };
   {
     ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", "5");

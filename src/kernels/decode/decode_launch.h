@@ -14,8 +14,8 @@ namespace mxmoe::detail {
 enum RouterSelectForm : int {
   kSelectParallel = 0,    // group scores by warp reductions, a comparison tree a round
   kSelectSerial = 1,      // the forms before session 16: one lane a group over shared memory, a chain a round
-  kSelectGroupWarps = 2,  // the decode router: each (token, group) score by a warp of its own, rounds that
-                          // find only the winner's id; elsewhere the same as kSelectParallel
+  kSelectGroupWarps = 2,  // the default (run 126): in the decode router each (token, group) score by a warp
+                          // of its own, rounds that find only the winner's id; elsewhere = kSelectParallel
   kSelectRuntime = -1,
 };
 
@@ -38,9 +38,9 @@ struct RouterLaunch {
                                  // or 16 (MXMOE_ROUTER_UNROLL; same ids and weights)
   int x_global = 0;              // decode router: 1 reads X from global memory, not from a shared copy
                                  // (MXMOE_ROUTER_XSMEM=0; same ids and weights)
-  int select_form = kSelectParallel;  // RouterSelectForm (MXMOE_ROUTER_SELECT); in the decode router the
-                                      // serial form also has rank 0 score every expert and a release/acquire
-                                      // first cluster barrier
+  int select_form = kSelectGroupWarps;  // RouterSelectForm (MXMOE_ROUTER_SELECT; default group warps since
+                                        // run 126); in the decode router the serial form also has rank 0 score
+                                        // every expert and a release/acquire first cluster barrier
 };
 
 struct ExpertWeights {
@@ -89,9 +89,10 @@ struct DownLaunch {
   int down_prefetch = 0;        // persistent: L2 prefetch of the next tile's rows
   int down_row_scales = 0;      // MXFP8: scale bytes warp-wide per round instead of a byte per chunk
   int down_regs = 128;          // register cap: 128 (the default's bound), 80, 64
+  int down_balance = 0;         // persistent: equal shares of the B·H outputs a CTA, not whole tiles
   bool down_default() const {
     return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
-           down_row_scales == 0 && down_regs == 128;
+           down_row_scales == 0 && down_regs == 128 && down_balance == 0;
   }
 };
 

@@ -22,10 +22,11 @@ constexpr int kRows = 4;  // outputs per tile (rows of W2 per warp and slot)
 constexpr int kMaxSlots = kDecodeMaxTopK + 1;
 static_assert(8 % kRows == 0, "H % 8 == 0 (host check), so a tile's kRows rows all lie below H");
 // Tiles of more than 8 rows can reach past H (H % 8 == 0 only): rows n0 + q >= H are neither loaded
-// nor written (`rows` = the tile's rows below H).
-template <int kR>
+// nor written (`rows` = the tile's rows below H). kChecked (the balanced walk, warp_decode_down_sweep_sm90.cuh):
+// any tile may hold fewer than kR rows, so `rows` is checked whatever kR.
+template <int kR, bool kChecked = false>
 __device__ __forceinline__ bool row_ok(int q, int rows) {
-  return kR <= 8 || q < rows;
+  return (kR <= 8 && !kChecked) || q < rows;
 }
 
 // The kRows rows n0 .. n0+kRows-1 of slot j's W2 block: row q at row + q·row_bytes.
@@ -77,7 +78,7 @@ __device__ __forceinline__ void load_h8(const void* h_row, int c, float4& a, flo
 }
 
 // BF16 weights: chunks of 8.
-template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows>
+template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kChecked = false>
 __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_row, int inter, int lane,
                                               float (&acc)[kR], int rows = kR) {
   const int nchunks = inter / 8;
@@ -89,7 +90,7 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
 #pragma unroll
       for (int q = 0; q < kR; ++q) {
         w[t][q] = make_uint4(0u, 0u, 0u, 0u);
-        if (c < nchunks && row_ok<kR>(q, rows))
+        if (c < nchunks && row_ok<kR, kChecked>(q, rows))
           w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
       }
     }
@@ -112,7 +113,8 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
 // chunk c = base + lane + 32t takes its byte from lane lane/2 + 16·(t mod 2) of load t/2 by a shuffle.
 // The shuffles need every lane, so then all lanes run the same rounds (base from 0): a lane past the
 // end loads and adds nothing, so its sum is the one the lane-strided loop gives.
-template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false>
+template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
+          bool kChecked = false>
 __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row, int inter, int lane,
                                             float (&acc)[kR], int rows = kR) {
   const int nchunks = inter / 16;
@@ -128,7 +130,7 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
       for (int q = 0; q < kR; ++q) {
         w[t][q] = make_uint4(0u, 0u, 0u, 0u);
         if constexpr (!kRowScales) s[t][q] = 0u;
-        if (c < nchunks && row_ok<kR>(q, rows)) {
+        if (c < nchunks && row_ok<kR, kChecked>(q, rows)) {
           w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
           if constexpr (!kRowScales) s[t][q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
         }
@@ -141,7 +143,7 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
 #pragma unroll
         for (int q = 0; q < kR; ++q) {
           s[m][q] = 0u;
-          if (sb < r.scale_row && row_ok<kR>(q, rows)) s[m][q] = dev::ldg_u8(r.scales + q * r.scale_row + sb);
+          if (sb < r.scale_row && row_ok<kR, kChecked>(q, rows)) s[m][q] = dev::ldg_u8(r.scales + q * r.scale_row + sb);
         }
       }
     }
@@ -170,20 +172,23 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
 }
 
 // Slot j's dot products for the outputs n0 .. n0+kR-1 of token b, on every lane (rows n0 + q >= H,
-// possible only for kR > 8, are not loaded; their acc is meaningless and never written).
-template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false>
-__device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR]) {
-  const SlotRows rows = slot_rows<kMx>(p, b, j, n0);
+// possible only for kR > 8, are not loaded; their acc is meaningless and never written). kChecked: only
+// the first `rows` rows are loaded (the balanced walk's tiles; rows <= H - n0).
+template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
+          bool kChecked = false>
+__device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR],
+                                          int rows = kR) {
+  const SlotRows w_rows = slot_rows<kMx>(p, b, j, n0);
   const size_t h_elem = kHBf16 ? 2 : 4;
   const void* h_row =
       static_cast<const uint8_t*>(p.h) + ((int64_t(b) * p.slots + j) * p.inter) * int64_t(h_elem);
-  const int valid = kR <= 8 ? kR : p.hidden - n0;
+  const int valid = kChecked ? rows : kR <= 8 ? kR : p.hidden - n0;
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = 0.0f;
   if constexpr (kMx) {
-    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales>(rows, h_row, p.inter, lane, acc, valid);
+    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales, kChecked>(w_rows, h_row, p.inter, lane, acc, valid);
   } else {
-    dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR>(rows, h_row, p.inter, lane, acc, valid);
+    dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR, kChecked>(w_rows, h_row, p.inter, lane, acc, valid);
   }
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = dev::warp_sum(acc[q]);

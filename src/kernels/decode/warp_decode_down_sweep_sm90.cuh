@@ -21,6 +21,8 @@
 //             (down::dot_rows_mx);
 //   kMaxRegs  register cap (__maxnreg__): 128 (= the default's __launch_bounds__(512, 1)), 80, 64 —
 //             more resident warps a SM against fewer registers (spills: see the notes);
+//   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 128): the balanced walk (balanced_tile) —
+//             equal shares of the B·H outputs a CTA instead of whole tiles a CTA;
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
 // Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
@@ -40,18 +42,33 @@ namespace mxmoe::detail::down_sweep {
 using down::kMaxSlots;
 constexpr int kMaxWarps = 16;  // warps per CTA: min(S, kMaxWarps), as the default
 
-// L2 prefetch of tile `tile`'s rows for this warp's slots (lane 0 only; a hint, no registers).
-template <bool kMx, int kR>
-__device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int tiles, int warp, int num_warps) {
-  const int b = tile / tiles, n0 = (tile % tiles) * kR;
-  const int rows = p.hidden - n0 < kR ? p.hidden - n0 : kR;
+// L2 prefetch of rows n0 .. n0+rows-1 of token b for this warp's slots (lane 0 only; a hint, no registers).
+template <bool kMx>
+__device__ __forceinline__ void prefetch_rows(const DownLaunch& p, int b, int n0, int rows, int warp, int num_warps) {
   for (int j = warp; j < p.slots; j += num_warps) {
     const down::SlotRows r = down::slot_rows<kMx>(p, b, j, n0);
     device::cp_async_bulk_prefetch_L2_global(r.row, uint32_t(rows * r.row_bytes));
   }
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs>
+// The same for tile `tile` (b-major tiles of kR rows).
+template <bool kMx, int kR>
+__device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int tiles, int warp, int num_warps) {
+  const int b = tile / tiles, n0 = (tile % tiles) * kR;
+  prefetch_rows<kMx>(p, b, n0, p.hidden - n0 < kR ? p.hidden - n0 : kR, warp, num_warps);
+}
+
+// The balanced walk (kBalance, MXMOE_DECODE_DOWN_BALANCE=1): CTA c owns the rows [c·R/G, (c+1)·R/G) of
+// the R = B·H outputs (b-major), so every CTA has R/G rounded up or down, where the tile walk gives some
+// CTAs one tile more than others (DeepSeek-V3 MXFP8 at B = 1: 896 tiles of 8 over 264 CTAs, 3 or 4 each);
+// it walks them in tiles of at most kR rows that end at its range's end or at a token's last output.
+// Rows of a tile from output n0 of a token, `left` rows left in the range.
+__device__ __forceinline__ int balanced_rows(int hidden, int n0, int left, int kR) {
+  const int lim = left < hidden - n0 ? left : hidden - n0;
+  return lim < kR ? lim : kR;
+}
+
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
 __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     warp_decode_down_sweep_kernel(const DownLaunch p) {
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
@@ -59,6 +76,35 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
   __shared__ float s_dot[2][kMaxSlots][kR];  // per-slot dot products, two rounds
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+  if constexpr (kBalance) {
+    const int total_rows = p.batch * p.hidden;  // <= 2^12 · 2^16 (decode_checks.h): an int
+    const int begin = int(int64_t(total_rows) * blockIdx.x / gridDim.x);
+    int left = int(int64_t(total_rows) * (blockIdx.x + 1) / gridDim.x) - begin;
+    int b = begin / p.hidden, n0 = begin - b * p.hidden;
+    if (lane == 0 && left > 0) prefetch_rows<kMx>(p, b, n0, balanced_rows(p.hidden, n0, left, kR), warp, num_warps);
+    device::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
+    device::griddepcontrol_launch_dependents();
+    for (int buf = 0; left > 0; buf ^= 1) {
+      const int rows = balanced_rows(p.hidden, n0, left, kR);
+      for (int j = warp; j < p.slots; j += num_warps) {
+        float acc[kR];
+        down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, true>(p, b, j, n0, lane, acc, rows);
+        if (lane == 0) {
+#pragma unroll
+          for (int q = 0; q < kR; ++q) s_dot[buf][j][q] = acc[q];
+        }
+      }
+      __syncthreads();
+      if (int(threadIdx.x) < rows) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot[buf]);
+      left -= rows;
+      n0 += rows;
+      if (n0 == p.hidden) {
+        n0 = 0;
+        ++b;
+      }
+    }
+    return;
+  }
   const int tiles = (p.hidden + kR - 1) / kR;
   const int total = p.batch * tiles;
   if (lane == 0 && int(blockIdx.x) < total) prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
@@ -83,9 +129,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   }
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false>
 void launch(const DownLaunch& p, cudaStream_t stream) {
-  const int64_t total = int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
+  // The balanced walk splits the B·H outputs (a CTA may hold a single row), the tile walk its tiles.
+  const int64_t total = kBalance ? int64_t(p.batch) * p.hidden : int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
   int64_t grid = total;
   if (p.down_persist > 0) {
     int device = 0, sms = 0;
@@ -94,7 +141,7 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs>,
+  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,
                   dim3(unsigned(grid)), dim3(warps * 32), 0, stream, p);
 }
 
@@ -103,7 +150,12 @@ void by_regs(const DownLaunch& p, cudaStream_t s) {
   switch (p.down_regs) {
     case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
     case 80: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 80>(p, s); break;
-    default: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128>(p, s); break;
+    default:  // the balanced walk only at the default cap (src/host/decode.cpp refuses it with the others),
+              // compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers, where 2 CTAs of
+              // 9 warps (DeepSeek-V3's slots) fit a SM only up to 112
+      if (p.down_balance) launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
+      else launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128>(p, s);
+      break;
   }
 }
 
