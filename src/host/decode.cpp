@@ -44,6 +44,16 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
   throw_arg(fn, var, v, "must be " + list);
 }
 
+// The order of the gate/up tasks and the down tiles (decode.md "Run 128"): rows (default; every token's
+// rows of an expert at once, so tokens that share an expert read it from L2) or tokens (token by token,
+// the order before run 128). Same bits either way.
+int rows_order(const char* fn) {
+  const char* v = std::getenv("MXMOE_DECODE_ORDER");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "rows") == 0) return 1;
+  if (std::strcmp(v, "tokens") == 0) return 0;
+  throw_arg(fn, "MXMOE_DECODE_ORDER", v, "must be rows | tokens");
+}
+
 // The down kernel's design-space switches (docs/notes/decode.md, session 11): each selects a variant
 // of warp_decode_down_sweep_sm90.cuh that gives the default's bits; read at every call.
 // Defaults by weight dtype (runs 75, 77, docs/notes/decode.md "Run 77"): MXFP8 8 rows a warp with one
@@ -53,6 +63,7 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
 // on 11 of the 12 cases — both dtypes, B = 1 and 8, the three models — and 0.999x on the twelfth,
 // Qwen3-30B MXFP8 B = 1; D alone 1.01-1.22x); MXMOE_DECODE_DOWN_PERSIST=0 is one CTA a tile.
 void read_down_switches(const char* fn, detail::DownLaunch& p) {
+  p.rows_order = rows_order(fn);
   p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
   // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
   // lane; BF16 with 8 rows keeps 2).
@@ -135,6 +146,7 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   p.min_ctas_per_sm = env_int("MXMOE_DECODE_MX_GATE_UP_CTAS", 3) == 2 ? 2 : 3;
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
+  p.rows_order = rows_order(fn);
   detail::launch_decode_gate_up(p, stream);
 }
 

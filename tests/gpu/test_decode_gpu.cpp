@@ -1101,11 +1101,26 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
                           << "]: " << ref::bf16_to_float(o1[i]) << " (bits " << o1[i] << ") vs default "
                           << ref::bf16_to_float(o0[i]) << " (bits " << o0[i] << ")";
         }
-        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST): the same h bytes.
+        // The token-by-token order (MXMOE_DECODE_ORDER=tokens; the default is rows) with the down
+        // kernel's walks: the same out.
+        for (const char* persist : {"", "0", "1"}) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_ORDER=tokens, MXMOE_DECODE_DOWN_PERSIST=") + persist);
+          ScopedEnv order("MXMOE_DECODE_ORDER", "tokens");
+          ScopedEnv pe("MXMOE_DECODE_DOWN_PERSIST", persist);
+          MXMOE_ASSERT_CUDA(cudaMemset(s.out.p, 0xFF, s.out.n * 2));
+          s.down();
+          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+          EXPECT_TRUE(s.out.download() == o0) << "out differs";
+        }
+        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST) and the token-by-token
+        // order: the same h bytes.
         const std::vector<uint8_t> h0 = s.h.download();
-        for (const char* n : {"1", "2", "3", "8"}) {
-          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + n);
-          ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", n);
+        const std::pair<const char*, const char*> walks[] = {
+            {"1", "rows"}, {"2", "rows"}, {"3", "rows"}, {"8", "rows"}, {"0", "tokens"}, {"2", "tokens"}};
+        for (const auto& [persist, ord] : walks) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord);
+          ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", persist);
+          ScopedEnv order("MXMOE_DECODE_ORDER", ord);
           s.poison();
           s.gate_up();
           MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -1234,13 +1249,23 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
   };
-  {
-    ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", "5");
+  for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
+                                  {"MXMOE_DECODE_ORDER", "columns"}}) {
+    ScopedEnv env(var, val);
     try {
       s.gate_up();
-      ADD_FAILURE() << "MXMOE_DECODE_GATE_UP_PERSIST=5: accepted";
+      ADD_FAILURE() << var << "=" << val << ": accepted";
     } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("MXMOE_DECODE_GATE_UP_PERSIST"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+    }
+  }
+  {
+    ScopedEnv env("MXMOE_DECODE_ORDER", "tokens2");
+    try {
+      s.down();
+      ADD_FAILURE() << "decode_down with MXMOE_DECODE_ORDER=tokens2: accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("MXMOE_DECODE_ORDER"), std::string::npos) << e.what();
     }
   }
   for (const DownSetting& g : bad) {

@@ -70,6 +70,8 @@ struct GateUpLaunch {
   int batch = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, slots = 0;
   int min_ctas_per_sm = 3;      // MXFP8: 3 (launch bound, 80 registers) or 2 (102 registers)
   int persist = 0;              // 0: one task a warp; N: N·SMs CTAs whose warps walk the tasks
+  int rows_order = 1;           // 1: 8-row blocks of every (token, slot) side by side (all tokens' rows of
+                                // an expert at once); 0: token by token (MXMOE_DECODE_ORDER; same bits)
 };
 
 struct DownLaunch {
@@ -90,6 +92,8 @@ struct DownLaunch {
   int down_row_scales = 0;      // MXFP8: scale bytes warp-wide per round instead of a byte per chunk
   int down_regs = 128;          // register cap: 128 (the default's bound), 80, 64
   int down_balance = 0;         // persistent: equal shares of the B·H outputs a CTA, not whole tiles
+  int rows_order = 1;           // tiles numbered n-major (every token's tile n side by side) or b-major (0;
+                                // MXMOE_DECODE_ORDER; same bits)
   bool down_default() const {
     return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
            down_row_scales == 0 && down_regs == 128 && down_balance == 0;

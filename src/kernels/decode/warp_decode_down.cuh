@@ -29,6 +29,20 @@ __device__ __forceinline__ bool row_ok(int q, int rows) {
   return (kR <= 8 && !kChecked) || q < rows;
 }
 
+// Tile `tile` of the B·T tiles (T = tiles a token, kR outputs each): token b and first output n0.
+// Rows order (p.rows_order, default since run 128): n-major, every token's tile n side by side, so the
+// tokens that share an expert (and the shared expert) read its rows at the same time and all but the
+// first find them in L2; token order (0): b-major. The same per-tile arithmetic, so the same bits.
+__device__ __forceinline__ void tile_of(const DownLaunch& p, int tile, int tiles, int kR, int& b, int& n0) {
+  if (p.rows_order) {
+    b = tile % p.batch;
+    n0 = (tile / p.batch) * kR;
+  } else {
+    b = tile / tiles;
+    n0 = (tile % tiles) * kR;
+  }
+}
+
 // The kRows rows n0 .. n0+kRows-1 of slot j's W2 block: row q at row + q·row_bytes.
 struct SlotRows {
   const uint8_t* row;

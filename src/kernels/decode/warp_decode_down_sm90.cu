@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) warp_decode_down_kernel(con
   __shared__ float s_dot[kMaxSlots][kRows];  // per-slot dot products of this CTA's outputs
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
   const int tiles = (p.hidden + kRows - 1) / kRows;
-  const int b = int(blockIdx.x / unsigned(tiles));
-  const int n0 = int(blockIdx.x % unsigned(tiles)) * kRows;
+  int b, n0;
+  down::tile_of(p, int(blockIdx.x), tiles, kRows, b, n0);
 
   // Before the wait: an L2 prefetch of this warp's weight rows, a hint only (see the header).
   if (lane == 0) {

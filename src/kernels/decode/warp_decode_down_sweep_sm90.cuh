@@ -4,8 +4,8 @@
 // base kernel: one CTA a tile, 4 rows x 2, MXMOE_DECODE_DOWN_PERSIST=0 with BF16 weights):
 //   out[b, n] = Σ_{j=0..S-1} w[b, j] · (h[b, j] · W2[e_j][n]),  h FP32 or BF16 [B, S, I],
 //   W2 BF16 or MXFP8 [E, H, I] (+ E8M0 scales [E, H, I/32]), shared W2s [H, I], out BF16 [B, H].
-// A tile = kR adjacent outputs n0 .. n0+kR-1 of one token; tiles are numbered b-major
-// (tile = b·tiles + n0/kR). A CTA of W = min(S, 16) warps walks the tiles blockIdx.x, + gridDim.x, ...:
+// A tile = kR adjacent outputs n0 .. n0+kR-1 of one token; tiles are numbered n-major (every token's
+// tile n side by side) or b-major with MXMOE_DECODE_ORDER=tokens (down::tile_of). A CTA of W = min(S, 16) warps walks the tiles blockIdx.x, + gridDim.x, ...:
 // with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the base kernel; with PERSIST = N the grid
 // is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots
 // j = w, w+W, ... (down::slot_dots: per lane its chunks in increasing K, the xor butterfly), lane 0
@@ -54,7 +54,8 @@ __device__ __forceinline__ void prefetch_rows(const DownLaunch& p, int b, int n0
 // The same for tile `tile` (b-major tiles of kR rows).
 template <bool kMx, int kR>
 __device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int tiles, int warp, int num_warps) {
-  const int b = tile / tiles, n0 = (tile % tiles) * kR;
+  int b, n0;
+  down::tile_of(p, tile, tiles, kR, b, n0);
   prefetch_rows<kMx>(p, b, n0, p.hidden - n0 < kR ? p.hidden - n0 : kR, warp, num_warps);
 }
 
@@ -113,7 +114,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
 
   int buf = 0;
   for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x), buf ^= 1) {
-    const int b = tile / tiles, n0 = (tile % tiles) * kR;
+    int b, n0;
+    down::tile_of(p, tile, tiles, kR, b, n0);
     const int next = tile + int(gridDim.x);
     if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
     for (int j = warp; j < p.slots; j += num_warps) {

@@ -111,6 +111,20 @@ __device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, 
   }
 }
 
+// The task a warp's index t (0 <= t < B·S·I) stands for. Token order (p.rows_order = 0): t itself, i.e.
+// token by token. Rows order (default since run 128): t's block of kBlock (= a CTA's warps) adjacent rows
+// is g = t / kBlock, the blocks of all B·S (token, slot) pairs for rows ig·kBlock .. come side by side
+// (g = ig·B·S + b·S + j), so the tokens that share an expert (and the shared expert, which every token
+// has) read its rows at the same time and all but the first find them in L2. I % kBlock == 0 (I % 8 ==
+// 0 is a host check). Each task's arithmetic is the same either way, so are the bits.
+template <int kBlock>
+__device__ __forceinline__ int64_t task_of(const GateUpLaunch& p, int64_t t) {
+  if (!p.rows_order) return t;
+  const int64_t g = t / kBlock, pairs = int64_t(p.batch) * p.slots;
+  const int64_t ig = g / pairs, bj = g - ig * pairs;
+  return bj * p.inter + ig * kBlock + (t - g * kBlock);
+}
+
 // The whole output of task = (b·S + j)·I + i (i fastest): both dot products, SwiGLU
 // silu(g)·u = (g / (1 + e^-g))·u in FP32, one store by lane 0. task < B·S·I (caller's check).
 template <bool kMx, bool kHBf16, int kUnroll>

@@ -36,6 +36,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;  // chunks of each row in flight per lane
 static_assert(kThreads % 32 == 0, "whole warps");
+static_assert(8 % kWarps == 0, "gate_up::task_of's blocks of kWarps rows: I % 8 == 0 (host check)");
 
 template <bool kMx, bool kHBf16, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
   // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
   for (int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); task < total;
        task += int64_t(gridDim.x) * kWarps)
-    gate_up::output<kMx, kHBf16, kUnroll>(p, task, lane);
+    gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, task), lane);
 }
 
 template <bool kMx, bool kHBf16, int kMinCtas = 1>
