@@ -44,12 +44,15 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
   throw_arg(fn, var, v, "must be " + list);
 }
 
-// The order of the gate/up tasks and the down tiles (decode.md "Run 128"): rows (default; every token's
-// rows of an expert at once, so tokens that share an expert read it from L2) or tokens (token by token,
-// the order before run 128). Same bits either way.
-int rows_order(const char* fn) {
+// The order of the gate/up tasks and the down tiles (decode.md "Run 128"): rows (every token's rows of
+// an expert at once, so tokens that share an expert read it from L2) or tokens (token by token, the
+// order before run 128). Default: rows for B >= 2 (steps 1.05-1.26x at B = 4-16 with BF16 weights,
+// 1.0-1.1x MXFP8), tokens at B = 1, where nothing is shared and the gate/up's interleaved slots cost
+// 1-2%. MXMOE_DECODE_ORDER=rows|tokens forces one. Same bits either way.
+int rows_order(const char* fn, int batch) {
   const char* v = std::getenv("MXMOE_DECODE_ORDER");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "rows") == 0) return 1;
+  if (v == nullptr || *v == '\0') return batch >= 2 ? 1 : 0;
+  if (std::strcmp(v, "rows") == 0) return 1;
   if (std::strcmp(v, "tokens") == 0) return 0;
   throw_arg(fn, "MXMOE_DECODE_ORDER", v, "must be rows | tokens");
 }
@@ -63,7 +66,7 @@ int rows_order(const char* fn) {
 // on 11 of the 12 cases — both dtypes, B = 1 and 8, the three models — and 0.999x on the twelfth,
 // Qwen3-30B MXFP8 B = 1; D alone 1.01-1.22x); MXMOE_DECODE_DOWN_PERSIST=0 is one CTA a tile.
 void read_down_switches(const char* fn, detail::DownLaunch& p) {
-  p.rows_order = rows_order(fn);
+  p.rows_order = rows_order(fn, p.batch);
   p.down_rows = env_choice(fn, "MXMOE_DECODE_DOWN_ROWS", p.w2.mxfp8 ? 8 : 4, {4, 8, 16});
   // Unset, UNROLL follows ROWS: 2 for 4 rows, 1 for 8 (MXFP8) or 16 (at most 16 loads in flight a
   // lane; BF16 with 8 rows keeps 2).
@@ -81,12 +84,18 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   if (sc != nullptr && *sc != '\0' && std::strcmp(sc, "chunk") != 0 && std::strcmp(sc, "row") != 0)
     throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
   p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
-  p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 80, 64});
+  // Register cap: 112 where that lets 2 CTAs of this many warps (min(S, 16)) share a SM that 128 does
+  // not — S = 9 (DeepSeek-V3's 8 + shared): BF16 4 x 2 needs 119 unbounded, so one CTA a SM (run 128:
+  // D alone 1.11-1.23x at B = 2-8 with the 108-register balanced build); else 128 (no cap below 112
+  // without a measurement of its spills).
+  const int warps = p.slots < 16 ? p.slots : 16;
+  const bool cap112 = 2 * warps * 32 * 128 > 65536 && 2 * warps * 32 * 112 <= 65536;
+  p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", cap112 ? 112 : 128, {128, 112, 80, 64});
   // The balanced walk (decode.md "Run 127"): each persistent CTA takes an equal share of the B·H outputs.
   p.down_balance = env_choice(fn, "MXMOE_DECODE_DOWN_BALANCE", 0, {0, 1});
-  if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs != 128))
+  if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs < 112))
     throw_arg(fn, "MXMOE_DECODE_DOWN_BALANCE", "1",
-              "needs MXMOE_DECODE_DOWN_PERSIST > 0, MXMOE_DECODE_DOWN_PREFETCH 0 and MXMOE_DECODE_DOWN_REGS 128");
+              "needs MXMOE_DECODE_DOWN_PERSIST > 0, MXMOE_DECODE_DOWN_PREFETCH 0 and MXMOE_DECODE_DOWN_REGS 112 or 128");
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {
@@ -146,7 +155,7 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   p.min_ctas_per_sm = env_int("MXMOE_DECODE_MX_GATE_UP_CTAS", 3) == 2 ? 2 : 3;
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
-  p.rows_order = rows_order(fn);
+  p.rows_order = rows_order(fn, batch);
   detail::launch_decode_gate_up(p, stream);
 }
 

@@ -1036,6 +1036,9 @@ const std::vector<DownSetting>& down_settings() {
       {"scales row unroll4", {{"SCALES", "row"}, {"ROWS", "4"}, {"UNROLL", "4"}}},
       {"scales row rows16", {{"SCALES", "row"}, {"ROWS", "16"}}},
       {"regs80", {{"REGS", "80"}}},
+      {"regs112", {{"REGS", "112"}}},
+      {"regs128", {{"REGS", "128"}}},
+      {"balance regs112", {{"BALANCE", "1"}, {"REGS", "112"}}},
       {"rows8 unroll1 regs64", {{"ROWS", "8"}, {"UNROLL", "1"}, {"REGS", "64"}}},
       {"regs64 unroll4", {{"REGS", "64"}, {"ROWS", "4"}, {"UNROLL", "4"}}},  // spills: still the same bits
       {"rows8 unroll1 regs80 persist3 prefetch scales row",
@@ -1101,22 +1104,24 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
                           << "]: " << ref::bf16_to_float(o1[i]) << " (bits " << o1[i] << ") vs default "
                           << ref::bf16_to_float(o0[i]) << " (bits " << o0[i] << ")";
         }
-        // The token-by-token order (MXMOE_DECODE_ORDER=tokens; the default is rows) with the down
+        // Both orders (MXMOE_DECODE_ORDER; the default is tokens at B = 1, rows above) with the down
         // kernel's walks: the same out.
-        for (const char* persist : {"", "0", "1"}) {
-          SCOPED_TRACE(std::string("MXMOE_DECODE_ORDER=tokens, MXMOE_DECODE_DOWN_PERSIST=") + persist);
-          ScopedEnv order("MXMOE_DECODE_ORDER", "tokens");
+        const std::pair<const char*, const char*> down_walks[] = {
+            {"", "tokens"}, {"0", "tokens"}, {"1", "tokens"}, {"0", "rows"}, {"2", "rows"}};
+        for (const auto& [persist, ord] : down_walks) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_ORDER=") + ord + ", MXMOE_DECODE_DOWN_PERSIST=" + persist);
+          ScopedEnv order("MXMOE_DECODE_ORDER", ord);
           ScopedEnv pe("MXMOE_DECODE_DOWN_PERSIST", persist);
           MXMOE_ASSERT_CUDA(cudaMemset(s.out.p, 0xFF, s.out.n * 2));
           s.down();
           MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
           EXPECT_TRUE(s.out.download() == o0) << "out differs";
         }
-        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST) and the token-by-token
-        // order: the same h bytes.
+        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST) and both orders: the
+        // same h bytes.
         const std::vector<uint8_t> h0 = s.h.download();
         const std::pair<const char*, const char*> walks[] = {
-            {"1", "rows"}, {"2", "rows"}, {"3", "rows"}, {"8", "rows"}, {"0", "tokens"}, {"2", "tokens"}};
+            {"1", ""}, {"2", ""}, {"3", ""}, {"8", ""}, {"0", "tokens"}, {"2", "tokens"}, {"0", "rows"}};
         for (const auto& [persist, ord] : walks) {
           SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord);
           ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", persist);

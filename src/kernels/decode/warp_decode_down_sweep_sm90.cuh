@@ -19,9 +19,9 @@
 //   kUnroll   chunks of each row in flight per lane: 1 | 2 | 4 (kR·kUnroll <= 16 loads in flight);
 //   kRowScales  MXFP8: scale bytes loaded warp-wide once per round, handed out by shuffles
 //             (down::dot_rows_mx);
-//   kMaxRegs  register cap (__maxnreg__): 128 (= the default's __launch_bounds__(512, 1)), 80, 64 —
+//   kMaxRegs  register cap (__maxnreg__): 128 (= the default's __launch_bounds__(512, 1)), 112, 80, 64 —
 //             more resident warps a SM against fewer registers (spills: see the notes);
-//   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 128): the balanced walk (balanced_tile) —
+//   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 112 | 128): the balanced walk (balanced_rows) —
 //             equal shares of the B·H outputs a CTA instead of whole tiles a CTA;
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
@@ -152,9 +152,13 @@ void by_regs(const DownLaunch& p, cudaStream_t s) {
   switch (p.down_regs) {
     case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
     case 80: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 80>(p, s); break;
-    default:  // the balanced walk only at the default cap (src/host/decode.cpp refuses it with the others),
-              // compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers, where 2 CTAs of
-              // 9 warps (DeepSeek-V3's slots) fit a SM only up to 112
+    case 112:
+      if (p.down_balance) launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
+      else launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112>(p, s);
+      break;
+    default:  // the balanced walk only at the caps 112 and 128 (src/host/decode.cpp refuses it with the
+              // others), both compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers,
+              // where 2 CTAs of 9 warps (DeepSeek-V3's slots) fit a SM only up to 112
       if (p.down_balance) launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
       else launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128>(p, s);
       break;
