@@ -34,13 +34,10 @@ __device__ __forceinline__ bool row_ok(int q, int rows) {
 // tokens that share an expert (and the shared expert) read its rows at the same time and all but the
 // first find them in L2; token order (0): b-major. The same per-tile arithmetic, so the same bits.
 __device__ __forceinline__ void tile_of(const DownLaunch& p, int tile, int tiles, int kR, int& b, int& n0) {
-  if (p.rows_order) {
-    b = tile % p.batch;
-    n0 = (tile / p.batch) * kR;
-  } else {
-    b = tile / tiles;
-    n0 = (tile % tiles) * kR;
-  }
+  const int d = p.rows_order ? p.batch : tiles;  // one division for both orders
+  const int q = tile / d, r = tile - q * d;
+  b = p.rows_order ? r : q;
+  n0 = (p.rows_order ? q : r) * kR;
 }
 
 // The kRows rows n0 .. n0+kRows-1 of slot j's W2 block: row q at row + q·row_bytes.
