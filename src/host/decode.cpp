@@ -84,13 +84,10 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   if (sc != nullptr && *sc != '\0' && std::strcmp(sc, "chunk") != 0 && std::strcmp(sc, "row") != 0)
     throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
   p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
-  // Register cap: 112 where that lets 2 CTAs of this many warps (min(S, 16)) share a SM that 128 does
-  // not — S = 9 (DeepSeek-V3's 8 + shared): BF16 4 x 2 needs 119 unbounded, so one CTA a SM (run 128:
-  // D alone 1.11-1.23x at B = 2-8 with the 108-register balanced build); else 128 (no cap below 112
-  // without a measurement of its spills).
-  const int warps = p.slots < 16 ? p.slots : 16;
-  const bool cap112 = 2 * warps * 32 * 128 > 65536 && 2 * warps * 32 * 112 <= 65536;
-  p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", cap112 ? 112 : 128, {128, 112, 80, 64});
+  // Register cap (__maxnreg__): 128, or 112 / 80 / 64 for A/B timing. Run 129 tried 112 as the default
+  // where only it would fit 2 CTAs of 9 warps a SM: the same times (1.000x), as the default kernels hold
+  // 94-101 registers and fit 2 CTAs anyway (decode.md "Runs 129-130").
+  p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 112, 80, 64});
   // The balanced walk (decode.md "Run 127"): each persistent CTA takes an equal share of the B·H outputs.
   p.down_balance = env_choice(fn, "MXMOE_DECODE_DOWN_BALANCE", 0, {0, 1});
   if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs < 112))

@@ -90,8 +90,7 @@ struct DownLaunch {
   int down_persist = 0;         // 0: one CTA a tile; N: N·SMs CTAs walking the tiles
   int down_prefetch = 0;        // persistent: L2 prefetch of the next tile's rows
   int down_row_scales = 0;      // MXFP8: scale bytes warp-wide per round instead of a byte per chunk
-  int down_regs = 128;          // register cap: 128 (the base kernel's bound), 112 (the default where only
-                                // it fits 2 CTAs a SM: 9 warps), 80, 64
+  int down_regs = 128;          // register cap: 128 (the default's bound), 112, 80, 64
   int down_balance = 0;         // persistent: equal shares of the B·H outputs a CTA, not whole tiles
   int rows_order = 1;           // tiles numbered n-major (every token's tile n side by side) or b-major (0;
                                 // MXMOE_DECODE_ORDER; same bits)
