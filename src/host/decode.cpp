@@ -209,21 +209,23 @@ constexpr CrossoverEntry kCrossovers[] = {
     // Run 96 (bench_decode.py --reps 7, batches 1..128, every graph timed in alternation): warp decode
     // against the expert-centric step, us, at the largest batch where warp decode wins and the next.
     // Qwen3-30B-A3B: warp wins up to 16 for both dtypes (run 42: BF16 307 vs 347 at 16, 586 vs 486 at
-    // 32; MXFP8 230 vs 262 at 16, 439 vs 353 at 32).
-    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, {16, true}},
+    // 32; MXFP8 230 vs 262 at 16, 439 vs 353 at 32). Run 131 (rows order, decode.md "Run 128"): BF16 up
+    // to 32 (408 vs 442 at 32, 801 vs 483 at 64); MXFP8 still 16 (351 vs 346 at 32: a tie).
+    {{2048, 768, 128, 8, false}, DecodeWeightDtype::kBF16, {32, true}},
     {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, true}},
-    // Qwen3-235B-A22B: BF16 up to 8 (run 42: 566 vs 782 at 8, 1098 vs 1083 at 16); MXFP8 up to 16
-    // (run 96: 620 vs 663 at 16; run 42, before the persistent down kernel: 700 vs 687 at 16).
-    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, {8, true}},
+    // Qwen3-235B-A22B: BF16 up to 8 (run 42: 566 vs 782 at 8, 1098 vs 1083 at 16), up to 16 since the
+    // rows order (run 131: 888 vs 1007 at 16, 1560 vs 1383 at 32); MXFP8 up to 16 (run 96: 620 vs 663
+    // at 16; run 131: 566 vs 680 at 16, 1121 vs 928 at 32).
+    {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, {16, true}},
     {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, {16, true}},
     // DeepSeek-V3 (shared expert), first measured against the expert-centric step in run 96: BF16
     // 1445 vs 1418 at 8 (a tie then: 8 kept), 2842 vs 2060 at 16; MXFP8 up to 8, 1561 vs 1406 at 16.
-    // Runs 108-110: BF16 at 8 follows the routing's overlap (the expert-centric step reads only the
-    // distinct experts, warp decode every slot): warp vs expert-centric 1437 vs 1312 us (run 108),
-    // 1468 vs 1587 (run 109, more distinct experts), 1466 vs 1366 (run 110): the expert-centric step
-    // wins 2 of 3, and real routing overlaps more than the benchmark's random one, so 4 (753 vs 886 at
-    // 4, run 110). MXFP8 up to 8 (789 vs 881 at 8, run 108).
-    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {4, true}},
+    // Runs 108-110: BF16 at 8 followed the routing's overlap (the expert-centric step reads only the
+    // distinct experts, warp decode then read every slot from DRAM): 1437 vs 1312, 1468 vs 1587, 1466 vs
+    // 1366 us, so 4. Since the rows order (run 128) the tokens that share an expert read it from L2,
+    // and run 131 has BF16 at 8 1107 vs 1303 us (2012 vs 1933 at 16): 8 again; MXFP8 694 vs 863 at 8,
+    // 1414 vs 1283 at 16.
+    {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, {8, true}},
     {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, {8, true}},
 };
 constexpr DecodeCrossover kDefaultCrossover{8, false};  // unlisted shapes: a guess, not measured
