@@ -1134,6 +1134,15 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
           while (i < h0.size() && h1[i] == h0[i]) ++i;
           if (i < h0.size()) ADD_FAILURE() << "h differs first at byte " << i;
         }
+        // The MXFP8 gate/up kernel's launch bounds (MXMOE_DECODE_MX_GATE_UP_CTAS; BF16 ignores it).
+        for (const char* ctas : {"2", "4"}) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_MX_GATE_UP_CTAS=") + ctas);
+          ScopedEnv env("MXMOE_DECODE_MX_GATE_UP_CTAS", ctas);
+          s.poison();
+          s.gate_up();
+          MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+          EXPECT_TRUE(s.h.download() == h0) << "h differs";
+        }
       }
     }
   }

@@ -67,7 +67,9 @@ void launch(const GateUpLaunch& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
+  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
+    if (p.h_bf16) launch<true, true, 4>(p, stream); else launch<true, false, 4>(p, stream);
+  } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
   } else if (p.w1.mxfp8) {                        // 102 registers, 2 CTAs a SM
     if (p.h_bf16) launch<true, true>(p, stream); else launch<true, false>(p, stream);
