@@ -260,6 +260,35 @@ TEST(DecodeArgs, RouterSwitchesRejectBadValues) {
   expect_error_naming([&] { route(200); }, "MXMOE_ROUTER_SLOTS");
 }
 
+// The gate/up and down kernels' A/B switches (read per call, after the argument checks): a bad value
+// throws before any launch, naming the variable.
+TEST(DecodeArgs, ExpertKernelSwitchesRejectBadValues) {
+  const auto* x = fake<const __nv_bfloat16>(0x10000);
+  const int32_t* ids = fake<const int32_t>(0x30000);
+  const float* wt = fake<const float>(0x40000);
+  void* h = fake(0x60000);
+  auto* out = fake<__nv_bfloat16>(0x70000);
+  DecodeWeights mx;
+  mx.dtype = DecodeWeightDtype::kMXFP8;
+  mx.data = fake(0x80000);
+  mx.scales = fake<const uint8_t>(0x90000);
+  const DecodeHDtype f32 = DecodeHDtype::kFP32;
+  for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
+           {"MXMOE_DECODE_MX_GATE_UP_CTAS", "5"}, {"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
+           {"MXMOE_DECODE_ORDER", "columns"}}) {
+    const mxmoe::test::ScopedEnv env(var, val);
+    expect_error_naming([&] { decode_gate_up(x, 2, 64, 64, mx, 8, ids, 2, h, f32); }, var);
+  }
+  for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
+           {"MXMOE_DECODE_ORDER", "cols"}, {"MXMOE_DECODE_DOWN_REGS", "96"}, {"MXMOE_DECODE_DOWN_BALANCE", "2"}}) {
+    const mxmoe::test::ScopedEnv env(var, val);
+    expect_error_naming([&] { decode_down(h, f32, 2, 64, 64, mx, 8, ids, wt, 2, out); }, var);
+  }
+  const mxmoe::test::ScopedEnv persist("MXMOE_DECODE_DOWN_PERSIST", "0");  // the balanced walk is persistent
+  const mxmoe::test::ScopedEnv balance("MXMOE_DECODE_DOWN_BALANCE", "1");
+  expect_error_naming([&] { decode_down(h, f32, 2, 64, 64, mx, 8, ids, wt, 2, out); }, "MXMOE_DECODE_DOWN_BALANCE");
+}
+
 TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
   const auto* x = fake<const __nv_bfloat16>(0x10000);
   const int32_t* ids = fake<const int32_t>(0x30000);

@@ -76,8 +76,9 @@ void run_and_check(const std::vector<uint16_t>& x, int64_t batch, int64_t rows, 
     const MxBlockOut ro{rd.p, rs.p}, co{cd.p, cs.p};
     std::vector<std::vector<uint8_t>> first;
     for (int run = 0; run < (reruns ? 2 : 1); ++run) {
-      if (run > 0)
+      if (run > 0) {
         for (DevBuf<uint8_t>* b : {&rd, &rs, &cd, &cs}) ASSERT_EQ(cudaMemset(b->p, 0xEE, b->n), cudaSuccess);
+      }
       quantize_mxfp8_block128(reinterpret_cast<const __nv_bfloat16*>(dx.p), batch, rows, cols, row ? &ro : nullptr,
                               col ? &co : nullptr, mode);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << on << ": " << cudaGetErrorString(cudaGetLastError());
