@@ -260,19 +260,31 @@ TEST(DecodeArgs, RouterSwitchesRejectBadValues) {
   expect_error_naming([&] { route(200); }, "MXMOE_ROUTER_SLOTS");
 }
 
-// The gate/up and down kernels' A/B switches (read per call, after the argument checks): a bad value
-// throws before any launch, naming the variable.
-TEST(DecodeArgs, ExpertKernelSwitchesRejectBadValues) {
-  const auto* x = fake<const __nv_bfloat16>(0x10000);
+// Arguments of decode_gate_up / decode_down that pass their checks (fake, aligned, never dereferenced:
+// every call below throws before any launch).
+struct ExpertArgs {
+  const __nv_bfloat16* x = fake<const __nv_bfloat16>(0x10000);
   const int32_t* ids = fake<const int32_t>(0x30000);
   const float* wt = fake<const float>(0x40000);
   void* h = fake(0x60000);
-  auto* out = fake<__nv_bfloat16>(0x70000);
-  DecodeWeights mx;
-  mx.dtype = DecodeWeightDtype::kMXFP8;
-  mx.data = fake(0x80000);
-  mx.scales = fake<const uint8_t>(0x90000);
-  const DecodeHDtype f32 = DecodeHDtype::kFP32;
+  __nv_bfloat16* out = fake<__nv_bfloat16>(0x70000);
+  DecodeWeights bf = weights(DecodeWeightDtype::kBF16);
+  DecodeWeights mx = weights(DecodeWeightDtype::kMXFP8);
+  DecodeHDtype f32 = DecodeHDtype::kFP32;
+
+  static DecodeWeights weights(DecodeWeightDtype d) {
+    DecodeWeights w;
+    w.dtype = d;
+    w.data = fake(0x80000);
+    if (d == DecodeWeightDtype::kMXFP8) w.scales = fake<const uint8_t>(0x90000);
+    return w;
+  }
+};
+
+// The gate/up and down kernels' A/B switches (read per call, after the argument checks): a bad value
+// throws before any launch, naming the variable.
+TEST(DecodeArgs, ExpertKernelSwitchesRejectBadValues) {
+  const auto& [x, ids, wt, h, out, bf, mx, f32] = ExpertArgs();
   for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
            {"MXMOE_DECODE_MX_GATE_UP_CTAS", "5"}, {"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
            {"MXMOE_DECODE_ORDER", "columns"}}) {
@@ -290,18 +302,7 @@ TEST(DecodeArgs, ExpertKernelSwitchesRejectBadValues) {
 }
 
 TEST(DecodeArgs, ExpertKernelsRejectBadArguments) {
-  const auto* x = fake<const __nv_bfloat16>(0x10000);
-  const int32_t* ids = fake<const int32_t>(0x30000);
-  const float* wt = fake<const float>(0x40000);
-  void* h = fake(0x60000);
-  auto* out = fake<__nv_bfloat16>(0x70000);
-  DecodeWeights bf;
-  bf.data = fake(0x80000);
-  DecodeWeights mx;
-  mx.dtype = DecodeWeightDtype::kMXFP8;
-  mx.data = fake(0x80000);
-  mx.scales = fake<const uint8_t>(0x90000);
-  const DecodeHDtype f32 = DecodeHDtype::kFP32;
+  const auto& [x, ids, wt, h, out, bf, mx, f32] = ExpertArgs();
 
   expect_error_naming([&] { decode_gate_up(nullptr, 1, 64, 64, bf, 8, ids, 2, h, f32); }, "x");
   expect_error_naming([&] { decode_gate_up(x, 0, 64, 64, bf, 8, ids, 2, h, f32); }, "batch");

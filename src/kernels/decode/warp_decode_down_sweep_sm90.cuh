@@ -5,7 +5,8 @@
 //   out[b, n] = Σ_{j=0..S-1} w[b, j] · (h[b, j] · W2[e_j][n]),  h FP32 or BF16 [B, S, I],
 //   W2 BF16 or MXFP8 [E, H, I] (+ E8M0 scales [E, H, I/32]), shared W2s [H, I], out BF16 [B, H].
 // A tile = kR adjacent outputs n0 .. n0+kR-1 of one token; tiles are numbered n-major (every token's
-// tile n side by side) or b-major with MXMOE_DECODE_ORDER=tokens (down::tile_of). A CTA of W = min(S, 16) warps walks the tiles blockIdx.x, + gridDim.x, ...:
+// tile n side by side) or b-major with MXMOE_DECODE_ORDER=tokens (down::tile_of). A CTA of W = min(S, 16)
+// warps walks the tiles blockIdx.x, + gridDim.x, ...:
 // with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the base kernel; with PERSIST = N the grid
 // is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots
 // j = w, w+W, ... (down::slot_dots: per lane its chunks in increasing K, the xor butterfly), lane 0
@@ -51,7 +52,7 @@ __device__ __forceinline__ void prefetch_rows(const DownLaunch& p, int b, int n0
   }
 }
 
-// The same for tile `tile` (b-major tiles of kR rows).
+// The same for tile `tile` (kR rows; down::tile_of's order).
 template <bool kMx, int kR>
 __device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int tiles, int warp, int num_warps) {
   int b, n0;
@@ -67,6 +68,23 @@ __device__ __forceinline__ void prefetch_tile(const DownLaunch& p, int tile, int
 __device__ __forceinline__ int balanced_rows(int hidden, int n0, int left, int kR) {
   const int lim = left < hidden - n0 ? left : hidden - n0;
   return lim < kR ? lim : kR;
+}
+
+// One tile of either walk: each warp's slots' dot products into s_dot (lane 0), the CTA barrier, then
+// threads 0..rows-1 sum the slots (down::combine). kChecked: the tile may hold fewer than kR rows.
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, bool kChecked>
+__device__ __forceinline__ void run_tile(const DownLaunch& p, int b, int n0, int rows, float (*s_dot)[kR],
+                                         int lane, int warp, int num_warps) {
+  for (int j = warp; j < p.slots; j += num_warps) {
+    float acc[kR];
+    down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, kChecked>(p, b, j, n0, lane, acc, rows);
+    if (lane == 0) {
+#pragma unroll
+      for (int q = 0; q < kR; ++q) s_dot[j][q] = acc[q];
+    }
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < rows) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot);
 }
 
 template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
@@ -87,16 +105,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     device::griddepcontrol_launch_dependents();
     for (int buf = 0; left > 0; buf ^= 1) {
       const int rows = balanced_rows(p.hidden, n0, left, kR);
-      for (int j = warp; j < p.slots; j += num_warps) {
-        float acc[kR];
-        down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, true>(p, b, j, n0, lane, acc, rows);
-        if (lane == 0) {
-#pragma unroll
-          for (int q = 0; q < kR; ++q) s_dot[buf][j][q] = acc[q];
-        }
-      }
-      __syncthreads();
-      if (int(threadIdx.x) < rows) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot[buf]);
+      run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, true>(p, b, n0, rows, s_dot[buf], lane, warp, num_warps);
       left -= rows;
       n0 += rows;
       if (n0 == p.hidden) {
@@ -118,16 +127,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     down::tile_of(p, tile, tiles, kR, b, n0);
     const int next = tile + int(gridDim.x);
     if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
-    for (int j = warp; j < p.slots; j += num_warps) {
-      float acc[kR];
-      down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales>(p, b, j, n0, lane, acc);
-      if (lane == 0) {
-#pragma unroll
-        for (int q = 0; q < kR; ++q) s_dot[buf][j][q] = acc[q];
-      }
-    }
-    __syncthreads();
-    if (int(threadIdx.x) < kR) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot[buf]);
+    run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, false>(p, b, n0, kR, s_dot[buf], lane, warp, num_warps);
   }
 }
 
@@ -149,19 +149,15 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
 
 template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales>
 void by_regs(const DownLaunch& p, cudaStream_t s) {
+  // The balanced walk only at the caps 112 and 128 (src/host/decode.cpp refuses it with the others),
+  // both compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers, where 2 CTAs of 9
+  // warps (DeepSeek-V3's slots) fit a SM only up to 112.
+  if (p.down_balance) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
   switch (p.down_regs) {
     case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
     case 80: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 80>(p, s); break;
-    case 112:
-      if (p.down_balance) launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
-      else launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112>(p, s);
-      break;
-    default:  // the balanced walk only at the caps 112 and 128 (src/host/decode.cpp refuses it with the
-              // others), both compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers,
-              // where 2 CTAs of 9 warps (DeepSeek-V3's slots) fit a SM only up to 112
-      if (p.down_balance) launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
-      else launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128>(p, s);
-      break;
+    case 112: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112>(p, s); break;
+    default: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128>(p, s); break;
   }
 }
 
