@@ -1,6 +1,6 @@
 // ld.shared / st.shared with 32-bit shared-window addresses (smem_addr(), mbarrier.cuh), for kernels
 // that compute their shared-memory addresses as integers (XOR swizzles folded into one LOP3 per
-// access). Scalar 4-byte and vector 8- and 16-byte forms; the address must be aligned to the access size.
+// access). Vector forms of 8 and 16 bytes; the address must be aligned to the access size.
 #pragma once
 #include <cstdint>
 
@@ -20,13 +20,6 @@ __device__ __forceinline__ uint4 ld_shared_v4_u32(uint32_t addr) {
 __device__ __forceinline__ uint2 ld_shared_v2_u32(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-
-// ld.shared.u32 — 4 bytes.
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
 

@@ -153,8 +153,6 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
   p.rows_order = rows_order(fn, batch);
-  // A/B switch (session 18): a cp.async ring of N stages a warp instead of loads into registers (same bits).
-  p.async_depth = env_choice(fn, "MXMOE_DECODE_GATE_UP_ASYNC", 0, {0, 4, 6, 8});
   detail::launch_decode_gate_up(p, stream);
 }
 

@@ -40,7 +40,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1118,20 +1117,15 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
           MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
           EXPECT_TRUE(s.out.download() == o0) << "out differs";
         }
-        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST), both orders and the
-        // cp.async ring (MXMOE_DECODE_GATE_UP_ASYNC; with a persistent walk its stages run on into a
-        // warp's next task): the same h bytes.
+        // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST) and both orders: the
+        // same h bytes.
         const std::vector<uint8_t> h0 = s.h.download();
-        const std::tuple<const char*, const char*, const char*> walks[] = {
-            {"1", "", ""}, {"2", "", ""}, {"3", "", ""}, {"8", "", ""}, {"0", "tokens", ""}, {"2", "tokens", ""},
-            {"0", "rows", ""}, {"", "", "4"}, {"", "", "6"}, {"", "", "8"}, {"1", "", "6"}, {"3", "tokens", "4"},
-            {"8", "rows", "8"}, {"2", "", "6"}};
-        for (const auto& [persist, ord, async] : walks) {
-          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord +
-                       ", MXMOE_DECODE_GATE_UP_ASYNC=" + async);
+        const std::pair<const char*, const char*> walks[] = {
+            {"1", ""}, {"2", ""}, {"3", ""}, {"8", ""}, {"0", "tokens"}, {"2", "tokens"}, {"0", "rows"}};
+        for (const auto& [persist, ord] : walks) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord);
           ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", persist);
           ScopedEnv order("MXMOE_DECODE_ORDER", ord);
-          ScopedEnv as("MXMOE_DECODE_GATE_UP_ASYNC", async);
           s.poison();
           s.gate_up();
           MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -1270,7 +1264,7 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
-                                  {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_GATE_UP_ASYNC", "5"}}) {
+                                  {"MXMOE_DECODE_ORDER", "columns"}}) {
     ScopedEnv env(var, val);
     try {
       s.gate_up();

@@ -72,8 +72,6 @@ struct GateUpLaunch {
   int persist = 0;              // 0: one task a warp; N: N·SMs CTAs whose warps walk the tasks
   int rows_order = 1;           // 1: 8-row blocks of every (token, slot) side by side (all tokens' rows of
                                 // an expert at once); 0: token by token (MXMOE_DECODE_ORDER; same bits)
-  int async_depth = 0;          // 0: loads into registers; 4, 6, 8: cp.async ring of that many stages a warp
-                                // (gate_up::walk_async; MXMOE_DECODE_GATE_UP_ASYNC; same bits)
 };
 
 struct DownLaunch {
@@ -123,8 +121,6 @@ void launch_decode_fused(const FusedLaunch& p, cudaStream_t stream);
 // One thread writes the barrier's initial state (magic, arrive = 0) at `barrier`.
 void launch_decode_fused_init(void* barrier, cudaStream_t stream);
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream);
-void launch_decode_gate_up_async(const GateUpLaunch& p, cudaStream_t stream);  // p.async_depth = 4, 6 or 8
-int64_t gate_up_grid_blocks(const GateUpLaunch& p);  // one CTA a kWarps tasks, or p.persist·SMs
 void launch_decode_down(const DownLaunch& p, cudaStream_t stream);
 // The design-space variants (warp_decode_down_sweep_sm90.cuh; instantiated per weight and h dtype).
 template <bool kMx, bool kHBf16>

@@ -50,16 +50,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
     gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, task), lane);
 }
 
-
 template <bool kMx, bool kHBf16, int kMinCtas = 1>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
-                  dim3(unsigned(gate_up_grid_blocks(p))), dim3(kThreads), 0, stream, p);
-}
-
-}  // namespace
-
-int64_t gate_up_grid_blocks(const GateUpLaunch& p) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
   if (p.persist > 0) {
@@ -68,13 +60,14 @@ int64_t gate_up_grid_blocks(const GateUpLaunch& p) {
     MXMOE_CUDA_CHECK("decode_gate_up", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = int64_t(p.persist) * sms < blocks ? int64_t(p.persist) * sms : blocks;
   }
-  return blocks;
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
+                  dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
+}  // namespace
+
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.async_depth > 0) {
-    launch_decode_gate_up_async(p, stream);
-  } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
+  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
     if (p.h_bf16) launch<true, true, 4>(p, stream); else launch<true, false, 4>(p, stream);
   } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
