@@ -153,8 +153,6 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
   p.rows_order = rows_order(fn, batch);
-  // A/B switch (session 18): L2 prefetch of each task's later rounds (same bits).
-  p.prefetch = env_choice(fn, "MXMOE_DECODE_GATE_UP_PREFETCH", 0, {0, 1});
   detail::launch_decode_gate_up(p, stream);
 }
 

@@ -40,7 +40,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1120,17 +1119,13 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
         }
         // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST) and both orders: the
         // same h bytes.
-        // With the L2 prefetch of each task's later rounds (MXMOE_DECODE_GATE_UP_PREFETCH) too.
         const std::vector<uint8_t> h0 = s.h.download();
-        const std::tuple<const char*, const char*, const char*> walks[] = {
-            {"1", "", ""},     {"2", "", ""},      {"3", "", ""},       {"8", "", ""},  {"0", "tokens", ""},
-            {"2", "tokens", ""}, {"0", "rows", ""}, {"", "", "1"}, {"3", "", "1"}, {"0", "tokens", "1"}};
-        for (const auto& [persist, ord, prefetch] : walks) {
-          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord +
-                       ", MXMOE_DECODE_GATE_UP_PREFETCH=" + prefetch);
+        const std::pair<const char*, const char*> walks[] = {
+            {"1", ""}, {"2", ""}, {"3", ""}, {"8", ""}, {"0", "tokens"}, {"2", "tokens"}, {"0", "rows"}};
+        for (const auto& [persist, ord] : walks) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord);
           ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", persist);
           ScopedEnv order("MXMOE_DECODE_ORDER", ord);
-          ScopedEnv pf("MXMOE_DECODE_GATE_UP_PREFETCH", prefetch);
           s.poison();
           s.gate_up();
           MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -1269,7 +1264,7 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
-                                  {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_GATE_UP_PREFETCH", "2"}}) {
+                                  {"MXMOE_DECODE_ORDER", "columns"}}) {
     ScopedEnv env(var, val);
     try {
       s.gate_up();

@@ -72,8 +72,6 @@ struct GateUpLaunch {
   int persist = 0;              // 0: one task a warp; N: N·SMs CTAs whose warps walk the tasks
   int rows_order = 1;           // 1: 8-row blocks of every (token, slot) side by side (all tokens' rows of
                                 // an expert at once); 0: token by token (MXMOE_DECODE_ORDER; same bits)
-  int prefetch = 0;             // 1: lane 0 asks L2 for each task's rows past the first round (gate_up::
-                                // prefetch_rest; MXMOE_DECODE_GATE_UP_PREFETCH; same bits)
 };
 
 struct DownLaunch {

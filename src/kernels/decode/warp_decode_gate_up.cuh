@@ -10,7 +10,6 @@
 #pragma once
 #include <cstdint>
 
-#include "device/cp_async_bulk_prefetch.cuh"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/decode/warp_decode_common.cuh"
 #include "mxmoe/mx_format.h"
@@ -48,35 +47,11 @@ __device__ __forceinline__ RowPair slot_rows(const GateUpLaunch& p, int b, int j
   return r;
 }
 
-// Lane 0 asks L2 for the part of the task's rows past the first round of loads (MXMOE_DECODE_GATE_UP_PREFETCH;
-// session 18): the later rounds then find their bytes in L2 instead of waiting a DRAM latency each, at
-// 2-4 instructions a task and no registers. first = bytes of each row that round 0 loads itself. The
-// scale rows (MXFP8) are asked for whole, widened to 16-byte granules (the same pages).
-__device__ __forceinline__ void prefetch_granules(const uint8_t* p, int bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~uintptr_t(15);
-  device::cp_async_bulk_prefetch_L2_global(reinterpret_cast<const void*>(a), uint32_t(e - a));
-}
-
-template <bool kMx>
-__device__ __forceinline__ void prefetch_rest(const RowPair& r, int hidden, int first) {
-  const int row_bytes = kMx ? hidden : 2 * hidden;
-  if (row_bytes > first) {
-    device::cp_async_bulk_prefetch_L2_global(r.gate + first, uint32_t(row_bytes - first));
-    device::cp_async_bulk_prefetch_L2_global(r.up + first, uint32_t(row_bytes - first));
-  }
-  if constexpr (kMx) {
-    prefetch_granules(r.gate_scales, hidden / kMxBlock);
-    prefetch_granules(r.up_scales, hidden / kMxBlock);
-  }
-}
-
 // BF16 weights: chunks of 8 elements; lane sums g and u over its chunks in increasing K.
-template <int kUnroll, bool kPrefetch = false>
+template <int kUnroll>
 __device__ __forceinline__ void dot_rows_bf16(const RowPair& r, const uint8_t* x, int hidden, int lane, float& ag,
                                               float& au) {
   const int nchunks = hidden / 8;
-  if (kPrefetch && lane == 0) prefetch_rest<false>(r, hidden, 32 * kUnroll * 16);
   for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
     uint4 gw[kUnroll], uw[kUnroll];  // [kUnroll] x 16 B of each row
 #pragma unroll
@@ -102,11 +77,10 @@ __device__ __forceinline__ void dot_rows_bf16(const RowPair& r, const uint8_t* x
 }
 
 // MXFP8 weights: chunks of 16 E4M3 (half a 32-block, scale byte c/2).
-template <int kUnroll, bool kPrefetch = false>
+template <int kUnroll>
 __device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, int hidden, int lane, float& ag,
                                             float& au) {
   const int nchunks = hidden / 16;
-  if (kPrefetch && lane == 0) prefetch_rest<true>(r, hidden, 32 * kUnroll * 16);
   for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
     uint4 gw[kUnroll], uw[kUnroll];  // [kUnroll] x 16 E4M3 of each row
     uint32_t gs[kUnroll], us[kUnroll];
@@ -153,7 +127,7 @@ __device__ __forceinline__ int64_t task_of(const GateUpLaunch& p, int64_t t) {
 
 // The whole output of task = (b·S + j)·I + i (i fastest): both dot products, SwiGLU
 // silu(g)·u = (g / (1 + e^-g))·u in FP32, one store by lane 0. task < B·S·I (caller's check).
-template <bool kMx, bool kHBf16, int kUnroll, bool kPrefetch = false>
+template <bool kMx, bool kHBf16, int kUnroll>
 __device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int lane) {
   const int i = int(task % p.inter);
   const int64_t bj = task / p.inter;
@@ -164,9 +138,9 @@ __device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int 
   const uint8_t* x = reinterpret_cast<const uint8_t*>(p.x + int64_t(b) * p.hidden);
   float ag = 0.0f, au = 0.0f;
   if constexpr (kMx) {
-    dot_rows_mx<kUnroll, kPrefetch>(rows, x, p.hidden, lane, ag, au);
+    dot_rows_mx<kUnroll>(rows, x, p.hidden, lane, ag, au);
   } else {
-    dot_rows_bf16<kUnroll, kPrefetch>(rows, x, p.hidden, lane, ag, au);
+    dot_rows_bf16<kUnroll>(rows, x, p.hidden, lane, ag, au);
   }
   ag = dev::warp_sum(ag);
   au = dev::warp_sum(au);

@@ -38,7 +38,7 @@ constexpr int kUnroll = 4;  // chunks of each row in flight per lane
 static_assert(kThreads % 32 == 0, "whole warps");
 static_assert(8 % kWarps == 0, "gate_up::task_of's blocks of kWarps rows: I % 8 == 0 (host check)");
 
-template <bool kMx, bool kHBf16, int kMinCtas, bool kPrefetch = false>
+template <bool kMx, bool kHBf16, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
   const int lane = threadIdx.x & 31;
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
@@ -47,10 +47,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
   // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
   for (int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); task < total;
        task += int64_t(gridDim.x) * kWarps)
-    gate_up::output<kMx, kHBf16, kUnroll, kPrefetch>(p, gate_up::task_of<kWarps>(p, task), lane);
+    gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, task), lane);
 }
 
-template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kPrefetch = false>
+template <bool kMx, bool kHBf16, int kMinCtas = 1>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
@@ -60,20 +60,14 @@ void launch(const GateUpLaunch& p, cudaStream_t stream) {
     MXMOE_CUDA_CHECK("decode_gate_up", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = int64_t(p.persist) * sms < blocks ? int64_t(p.persist) * sms : blocks;
   }
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kPrefetch>,
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
                   dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.prefetch) {  // L2 prefetch of each task's later rounds (MXFP8: the default launch bound)
-    if (p.w1.mxfp8) {
-      if (p.h_bf16) launch<true, true, 3, true>(p, stream); else launch<true, false, 3, true>(p, stream);
-    } else {
-      if (p.h_bf16) launch<false, true, 1, true>(p, stream); else launch<false, false, 1, true>(p, stream);
-    }
-  } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
+  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
     if (p.h_bf16) launch<true, true, 4>(p, stream); else launch<true, false, 4>(p, stream);
   } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
