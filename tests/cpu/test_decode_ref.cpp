@@ -287,7 +287,7 @@ TEST(DecodeArgs, ExpertKernelSwitchesRejectBadValues) {
   const auto& [x, ids, wt, h, out, bf, mx, f32] = ExpertArgs();
   for (const auto& [var, val] : std::vector<std::pair<const char*, const char*>>{
            {"MXMOE_DECODE_MX_GATE_UP_CTAS", "5"}, {"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
-           {"MXMOE_DECODE_ORDER", "columns"}}) {
+           {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_SHARED_FIRST", "2"}}) {
     const mxmoe::test::ScopedEnv env(var, val);
     expect_error_naming([&] { decode_gate_up(x, 2, 64, 64, mx, 8, ids, 2, h, f32); }, var);
   }

@@ -40,6 +40,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -921,7 +922,8 @@ TEST(DecodeGpu, DecodeStepPicksThePathAndPathsAgree) {
 // the ids and weights the kernel ahead of it still reads; gate/up writes the workspace that the
 // expert-centric step ahead of it used. The steps captured in one CUDA graph (PDL edges) and
 // replayed must give, bit for bit, the steps run one launch at a time with a device sync after
-// each (no overlap possible), whatever MXMOE_DECODE_PDL says.
+// each (no overlap possible), whatever MXMOE_DECODE_PDL says; also with MXMOE_DECODE_SHARED_FIRST=1, where
+// the shared expert's gate/up CTAs read x before their griddepcontrol.wait.
 TEST(DecodeGpu, PdlChainedStepsMatchSerializedLaunches) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed() + 10);
@@ -974,30 +976,36 @@ TEST(DecodeGpu, PdlChainedStepsMatchSerializedLaunches) {
     const std::vector<int32_t> ids_expect = ids.download();
     const std::vector<float> w_expect = w.download();
 
-    cudaStream_t stream;
-    MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int s = 0; s < kSteps; ++s) {
-      const DecodePath p = decode_step(x_of(s), batches[s], shape, wr, L.router_params(), W.w1, W.w2, ids.p,
-                                       w.p, out_of(s), ws.p, ws.n, stream);
-      EXPECT_EQ(p, s % 2 == 0 ? DecodePath::kWarpDecode : DecodePath::kExpertCentric) << "step " << s;
+    // Also with the shared expert's gate/up tasks started before the router has finished (its x is
+    // the previous step's output).
+    for (const char* shared_first : {"", "1"}) {
+      SCOPED_TRACE(std::string("MXMOE_DECODE_SHARED_FIRST=") + shared_first);
+      ScopedEnv sf("MXMOE_DECODE_SHARED_FIRST", shared_first);
+      cudaStream_t stream;
+      MXMOE_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaGraph_t graph;
+      MXMOE_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int s = 0; s < kSteps; ++s) {
+        const DecodePath p = decode_step(x_of(s), batches[s], shape, wr, L.router_params(), W.w1, W.w2, ids.p,
+                                         w.p, out_of(s), ws.p, ws.n, stream);
+        EXPECT_EQ(p, s % 2 == 0 ? DecodePath::kWarpDecode : DecodePath::kExpertCentric) << "step " << s;
+      }
+      MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 3; ++rep) {
+        reset();
+        MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+        MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
+        for (int s = 1; s <= kSteps; ++s)
+          EXPECT_TRUE(act[size_t(s)]->download() == expect[size_t(s) - 1]) << "replay " << rep << ", step " << s - 1;
+        EXPECT_TRUE(ids.download() == ids_expect) << "replay " << rep;
+        EXPECT_TRUE(w.download() == w_expect) << "replay " << rep;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
     }
-    MXMOE_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    MXMOE_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {
-      reset();
-      MXMOE_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-      MXMOE_ASSERT_CUDA(cudaStreamSynchronize(stream));
-      for (int s = 1; s <= kSteps; ++s)
-        EXPECT_TRUE(act[size_t(s)]->download() == expect[size_t(s) - 1]) << "replay " << rep << ", step " << s - 1;
-      EXPECT_TRUE(ids.download() == ids_expect) << "replay " << rep;
-      EXPECT_TRUE(w.download() == w_expect) << "replay " << rep;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   });
 }
 
@@ -1119,13 +1127,19 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
         }
         // The gate/up kernel's persistent walk (MXMOE_DECODE_GATE_UP_PERSIST) and both orders: the
         // same h bytes.
+        // With the shared expert's tasks first (MXMOE_DECODE_SHARED_FIRST; ignored without one or with a
+        // persistent walk) too.
         const std::vector<uint8_t> h0 = s.h.download();
-        const std::pair<const char*, const char*> walks[] = {
-            {"1", ""}, {"2", ""}, {"3", ""}, {"8", ""}, {"0", "tokens"}, {"2", "tokens"}, {"0", "rows"}};
-        for (const auto& [persist, ord] : walks) {
-          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord);
+        const std::tuple<const char*, const char*, const char*> walks[] = {
+            {"1", "", ""},       {"2", "", ""},     {"3", "", ""},      {"8", "", ""},
+            {"0", "tokens", ""}, {"2", "tokens", ""}, {"0", "rows", ""}, {"", "", "1"},
+            {"", "tokens", "1"}, {"", "rows", "1"},  {"2", "", "1"}};
+        for (const auto& [persist, ord, shared_first] : walks) {
+          SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_PERSIST=") + persist + ", MXMOE_DECODE_ORDER=" + ord +
+                       ", MXMOE_DECODE_SHARED_FIRST=" + shared_first);
           ScopedEnv env("MXMOE_DECODE_GATE_UP_PERSIST", persist);
           ScopedEnv order("MXMOE_DECODE_ORDER", ord);
+          ScopedEnv sf("MXMOE_DECODE_SHARED_FIRST", shared_first);
           s.poison();
           s.gate_up();
           MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -1264,7 +1278,7 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
-                                  {"MXMOE_DECODE_ORDER", "columns"}}) {
+                                  {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_SHARED_FIRST", "2"}}) {
     ScopedEnv env(var, val);
     try {
       s.gate_up();

@@ -72,6 +72,9 @@ struct GateUpLaunch {
   int persist = 0;              // 0: one task a warp; N: N·SMs CTAs whose warps walk the tasks
   int rows_order = 1;           // 1: 8-row blocks of every (token, slot) side by side (all tokens' rows of
                                 // an expert at once); 0: token by token (MXMOE_DECODE_ORDER; same bits)
+  int shared_first = 0;         // 1 (a shared expert, persist = 0): its tasks first, their CTAs started before
+                                // griddepcontrol.wait; x must be complete when this kernel starts
+                                // (gate_up::task_of_shared_first; MXMOE_DECODE_SHARED_FIRST; same bits)
 };
 
 struct DownLaunch {

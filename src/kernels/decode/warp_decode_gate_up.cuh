@@ -125,6 +125,46 @@ __device__ __forceinline__ int64_t task_of(const GateUpLaunch& p, int64_t t) {
   return bj * p.inter + ig * kBlock + (t - g * kBlock);
 }
 
+// Shared expert first (p.shared_first; a shared expert is slot k = S - 1): warps 0 .. B·I - 1 take the
+// shared expert's tasks (in rows order the B tokens' blocks of kBlock rows side by side, else token by
+// token), the rest the routed slots' tasks in task_of's order over k slots. So the shared expert's rows
+// come first in the grid, and since B·I % kBlock == 0 a CTA holds shared tasks only or routed tasks only
+// (shared_first_cta). Each task's arithmetic is the same, so are the bits.
+template <int kBlock>
+__device__ __forceinline__ int64_t task_of_shared_first(const GateUpLaunch& p, int64_t t) {
+  const int64_t B = p.batch, I = p.inter, k = p.slots - 1, S = p.slots;
+  const int64_t ns = B * I;
+  if (t < ns) {
+    int64_t b, i;
+    if (p.rows_order) {
+      const int64_t g = t / kBlock, ig = g / B;
+      b = g - ig * B;
+      i = ig * kBlock + (t - g * kBlock);
+    } else {
+      b = t / I;
+      i = t - b * I;
+    }
+    return (b * S + k) * I + i;
+  }
+  const int64_t u = t - ns;
+  if (!p.rows_order) {
+    const int64_t b = u / (k * I);
+    return b * S * I + (u - b * k * I);  // (b·S + j)·I + i with j·I + i = u - b·k·I
+  }
+  const int64_t g = u / kBlock, pairs = B * k;
+  const int64_t ig = g / pairs, bj = g - ig * pairs;
+  const int64_t b = bj / k, j = bj - b * k;
+  return (b * S + j) * I + ig * kBlock + (u - g * kBlock);
+}
+
+// Whether CTA `cta` (kBlock warps, one task each) holds only shared-expert tasks under p.shared_first:
+// those read neither the router's ids nor its weights, only x (complete before the router passed its own
+// wait) and the shared weights, so they may start before griddepcontrol.wait.
+template <int kBlock>
+__device__ __forceinline__ bool shared_first_cta(const GateUpLaunch& p, int64_t cta) {
+  return (cta + 1) * kBlock <= int64_t(p.batch) * p.inter;
+}
+
 // The whole output of task = (b·S + j)·I + i (i fastest): both dot products, SwiGLU
 // silu(g)·u = (g / (1 + e^-g))·u in FP32, one store by lane 0. task < B·S·I (caller's check).
 template <bool kMx, bool kHBf16, int kUnroll>

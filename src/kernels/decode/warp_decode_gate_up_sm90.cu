@@ -38,10 +38,20 @@ constexpr int kUnroll = 4;  // chunks of each row in flight per lane
 static_assert(kThreads % 32 == 0, "whole warps");
 static_assert(8 % kWarps == 0, "gate_up::task_of's blocks of kWarps rows: I % 8 == 0 (host check)");
 
-template <bool kMx, bool kHBf16, int kMinCtas>
+// kSharedFirst (p.shared_first, one task a warp): the shared expert's tasks first, and their CTAs start
+// before griddepcontrol.wait, so that they stream while the router still runs (gate_up::task_of_shared_first).
+template <bool kMx, bool kHBf16, int kMinCtas, bool kSharedFirst = false>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
   const int lane = threadIdx.x & 31;
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
+  if constexpr (kSharedFirst) {
+    if (!gate_up::shared_first_cta<kWarps>(p, blockIdx.x))
+      device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
+    device::griddepcontrol_launch_dependents();
+    const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    if (task < total) gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of_shared_first<kWarps>(p, task), lane);
+    return;
+  }
   device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
   device::griddepcontrol_launch_dependents();
   // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
@@ -50,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
     gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, task), lane);
 }
 
-template <bool kMx, bool kHBf16, int kMinCtas = 1>
+template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kSharedFirst = false>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
@@ -60,14 +70,20 @@ void launch(const GateUpLaunch& p, cudaStream_t stream) {
     MXMOE_CUDA_CHECK("decode_gate_up", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = int64_t(p.persist) * sms < blocks ? int64_t(p.persist) * sms : blocks;
   }
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas>,
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst>,
                   dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
+  if (p.shared_first) {  // (host: a shared expert, one task a warp; MXFP8 at the default launch bound)
+    if (p.w1.mxfp8) {
+      if (p.h_bf16) launch<true, true, 3, true>(p, stream); else launch<true, false, 3, true>(p, stream);
+    } else {
+      if (p.h_bf16) launch<false, true, 1, true>(p, stream); else launch<false, false, 1, true>(p, stream);
+    }
+  } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
     if (p.h_bf16) launch<true, true, 4>(p, stream); else launch<true, false, 4>(p, stream);
   } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 3) {  // launch bound: 80 registers, 3 CTAs a SM (default)
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
