@@ -39,6 +39,11 @@
 // Kernels launched without the attribute, and other stream work, are ordered as usual, so any
 // producer of the inputs is safe. MXMOE_DECODE_PDL=0 in the environment turns the attribute off
 // (for A/B timing).
+// One exception, with a shared expert: decode_gate_up's CTAs that hold only shared-expert outputs
+// (which need no routing) read x before their wait, so that they stream while decode_router still runs
+// (DeepSeek-V3 B = 1: 1.04-1.05x a step). So x must be complete by the time the kernel ahead of
+// decode_gate_up lets its dependents start: true when that kernel is decode_router (as in decode_step;
+// it reads x itself first) or any kernel without the attribute. MXMOE_DECODE_SHARED_FIRST=0 turns it off.
 //
 // Routing (decode_router), per token, on FP32 logits l[e]:
 //   kSoftmax (Qwen3): selection score = l[e]; weight source p[e] = softmax(l)[e];

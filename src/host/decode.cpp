@@ -153,9 +153,10 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
   p.rows_order = rows_order(fn, batch);
-  // A/B switch (session 18): the shared expert's tasks first, started before the router has finished
-  // (x must then be complete when this kernel starts, as it is after decode_router; same bits).
-  const int shared_first = env_choice(fn, "MXMOE_DECODE_SHARED_FIRST", 0, {0, 1});
+  // The shared expert's tasks first, started before the router has finished (x must then be complete when
+  // this kernel starts, as it is after decode_router; decode.h). Default since run 137 (DSV3 steps 1.01-1.05x
+  // at B = 1-4 with either dtype); same bits.
+  const int shared_first = env_choice(fn, "MXMOE_DECODE_SHARED_FIRST", 1, {0, 1});
   p.shared_first = shared_first && w1.shared_data != nullptr && p.persist == 0 ? 1 : 0;
   detail::launch_decode_gate_up(p, stream);
 }

@@ -74,7 +74,8 @@ struct GateUpLaunch {
                                 // an expert at once); 0: token by token (MXMOE_DECODE_ORDER; same bits)
   int shared_first = 0;         // 1 (a shared expert, persist = 0): its tasks first, their CTAs started before
                                 // griddepcontrol.wait; x must be complete when this kernel starts
-                                // (gate_up::task_of_shared_first; MXMOE_DECODE_SHARED_FIRST; same bits)
+                                // (gate_up::task_of_shared_first; MXMOE_DECODE_SHARED_FIRST, default on
+                                // since run 137; same bits)
 };
 
 struct DownLaunch {
