@@ -157,7 +157,9 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // this kernel starts, as it is after decode_router; decode.h). Default since run 137 (DSV3 steps 1.01-1.05x
   // at B = 1-4 with either dtype); same bits.
   const int shared_first = env_choice(fn, "MXMOE_DECODE_SHARED_FIRST", 1, {0, 1});
-  p.shared_first = shared_first && w1.shared_data != nullptr && p.persist == 0 ? 1 : 0;
+  // Not with a persistent walk (it mixes the tasks) or a non-default MXFP8 launch bound (the shared-first
+  // kernels exist at the default bound only): those switches then select their kernels as before.
+  p.shared_first = shared_first && w1.shared_data != nullptr && p.persist == 0 && (!mx || p.min_ctas_per_sm == 3);
   detail::launch_decode_gate_up(p, stream);
 }
 

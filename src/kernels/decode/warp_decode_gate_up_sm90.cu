@@ -13,7 +13,9 @@
 // At B = 1 (Qwen3-30B: k = 8, I = 768) that is 6144 warps = 768 CTAs: every SM holds ~6 CTAs.
 // Programmatic Dependent Launch (src/host/pdl_launch.h): griddepcontrol.wait before x and the ids
 // are read (they come from the kernels ahead of this one) and before h is written, then the
-// dependents (decode_down) may launch.
+// dependents (decode_down) may launch. Exception (kSharedFirst, the default with a shared expert since
+// run 137): the CTAs that hold only the shared expert's tasks, numbered first, skip the wait and stream
+// while the router runs (decode.h states the condition on x).
 // Persistent variant (MXMOE_DECODE_GATE_UP_PERSIST = N, src/host/decode.cpp): N·SMs CTAs whose warps
 // walk the tasks (warp w of CTA c: tasks c·8 + w, + gridDim·8, ...); the same per-task code, so the
 // same bits.
