@@ -76,9 +76,21 @@ __device__ __forceinline__ float2 f32x2_from_e4m3x2(uint32_t pair) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
+// The upper pair of four packed E4M3 codes (bytes 2, 3) → two FP32, exact: f32x2_from_e4m3x2(quad >> 16),
+// but the conversion reads the register's upper half itself (F2FP ... R.H1), so no shift is issued.
+__device__ __forceinline__ float2 f32x2_from_e4m3x2_hi(uint32_t quad) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t r;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(r) : "r"(quad));
+  return __half22float2(*reinterpret_cast<const __half2*>(&r));
+#else
+  return f32x2_from_e4m3x2(quad >> 16);
+#endif
+}
+
 // Re-express four E4M3 codes against a larger exponent: code · 2^d rounded to E4M3 (d <= 0).
 __device__ __forceinline__ uint32_t e4m3x4_rebase(uint32_t codes, float pow2_d) {
-  const float2 lo = f32x2_from_e4m3x2(codes), hi = f32x2_from_e4m3x2(codes >> 16);
+  const float2 lo = f32x2_from_e4m3x2(codes), hi = f32x2_from_e4m3x2_hi(codes);
   return e4m3x4_from_f32(lo.x * pow2_d, lo.y * pow2_d, hi.x * pow2_d, hi.y * pow2_d);
 }
 

@@ -81,7 +81,7 @@ __device__ __forceinline__ float dot8_bf16_f32(uint4 w, float4 h0, float4 h1, fl
 // Four E4M3 codes (low byte first) times four FP32 values, added to acc in increasing K.
 __device__ __forceinline__ float dot4_e4m3(uint32_t q, float a0, float a1, float a2, float a3,
                                            float acc) {
-  const float2 lo = f32x2_from_e4m3x2(q), hi = f32x2_from_e4m3x2(q >> 16);
+  const float2 lo = f32x2_from_e4m3x2(q), hi = f32x2_from_e4m3x2_hi(q);
   acc = fmaf(lo.x, a0, acc);
   acc = fmaf(lo.y, a1, acc);
   acc = fmaf(hi.x, a2, acc);

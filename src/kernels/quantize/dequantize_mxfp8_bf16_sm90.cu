@@ -50,7 +50,7 @@ __device__ __forceinline__ float e8m0_pow2(uint32_t b) {
 
 // Four codes (low byte first) → two BF16x2 words. nan_all: 0xFFFFFFFF when the block's scale is NaN.
 __device__ __forceinline__ uint2 image_x4(uint32_t codes, float scale, uint32_t nan_all) {
-  const float2 lo = dev::f32x2_from_e4m3x2(codes), hi = dev::f32x2_from_e4m3x2(codes >> 16);
+  const float2 lo = dev::f32x2_from_e4m3x2(codes), hi = dev::f32x2_from_e4m3x2_hi(codes);
   uint32_t w0 = dev::pack_bf16x2_rn(lo.x * scale, lo.y * scale);
   uint32_t w1 = dev::pack_bf16x2_rn(hi.x * scale, hi.y * scale);
   // NaN codes are exactly those with (code & 0x7F) == 0x7F: adding 1 to each 7-bit field carries
