@@ -706,9 +706,11 @@ void check_expert_centric(const Layer& L, const EcWeights& W, int B, const std::
   // (tensor-core sums inside each 128-chunk) and the CPU recipe occasionally round differently; a
   // block whose amax then crosses a power of two changes its scale and all 32 codes, which moves a
   // token by a few percent (run 41: 3 of 400 tokens at B = 200 at 2.1-4.6%, the rest below 2%).
-  // So per token 0.1 (FP64's own bound below is 0.15) and 2e-2 over the whole batch.
+  // So per token 0.1 (FP64's own bound below is 0.15) and 2e-2 over the whole batch where the batch is
+  // large enough for that to be a batch figure (B >= 16): at B = 1 the "batch" is one token, which may be
+  // one of those few (run 140: seed 260245193, 3.1%, the same bits before and after that run's change).
   EXPECT_TRUE(per_token_close("vs recipe reference", got, recipe, B, c.H, mx ? 0.1 : 2e-2));
-  if (mx) {
+  if (mx && B >= 16) {
     EXPECT_LE(rel_frobenius(got, recipe), 2e-2) << "vs recipe reference, whole batch";
   }
 
