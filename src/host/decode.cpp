@@ -44,17 +44,29 @@ int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<
   throw_arg(fn, var, v, "must be " + list);
 }
 
+// A switch spelled as a word: -1 when unset or empty, else the index of its value in `words`; any other
+// value throws naming the variable.
+int env_word(const char* fn, const char* var, std::initializer_list<const char*> words) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return -1;
+  int i = 0;
+  for (const char* w : words) {
+    if (std::strcmp(v, w) == 0) return i;
+    ++i;
+  }
+  std::string list;
+  for (const char* w : words) list += (list.empty() ? "" : " | ") + std::string(w);
+  throw_arg(fn, var, v, "must be " + list);
+}
+
 // The order of the gate/up tasks and the down tiles (decode.md "Run 128"): rows (every token's rows of
 // an expert at once, so tokens that share an expert read it from L2) or tokens (token by token, the
 // order before run 128). Default: rows for B >= 2 (steps 1.05-1.26x at B = 4-16 with BF16 weights,
 // 1.0-1.1x MXFP8), tokens at B = 1, where nothing is shared and the gate/up's interleaved slots cost
 // 1-2%. MXMOE_DECODE_ORDER=rows|tokens forces one. Same bits either way.
 int rows_order(const char* fn, int batch) {
-  const char* v = std::getenv("MXMOE_DECODE_ORDER");
-  if (v == nullptr || *v == '\0') return batch >= 2 ? 1 : 0;
-  if (std::strcmp(v, "rows") == 0) return 1;
-  if (std::strcmp(v, "tokens") == 0) return 0;
-  throw_arg(fn, "MXMOE_DECODE_ORDER", v, "must be rows | tokens");
+  const int w = env_word(fn, "MXMOE_DECODE_ORDER", {"rows", "tokens"});
+  return w < 0 ? (batch >= 2 ? 1 : 0) : (w == 0 ? 1 : 0);
 }
 
 // The down kernel's design-space switches (docs/notes/decode.md, session 11): each selects a variant
@@ -80,10 +92,8 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   p.down_prefetch = env_choice(fn, "MXMOE_DECODE_DOWN_PREFETCH", 0, {0, 1});
   if (p.down_prefetch && p.down_persist == 0)
     throw_arg(fn, "MXMOE_DECODE_DOWN_PREFETCH", "1", "needs MXMOE_DECODE_DOWN_PERSIST > 0 (it prefetches the next tile)");
-  const char* sc = std::getenv("MXMOE_DECODE_DOWN_SCALES");
-  if (sc != nullptr && *sc != '\0' && std::strcmp(sc, "chunk") != 0 && std::strcmp(sc, "row") != 0)
-    throw_arg(fn, "MXMOE_DECODE_DOWN_SCALES", sc, "must be chunk | row");
-  p.down_row_scales = p.w2.mxfp8 && sc != nullptr && std::strcmp(sc, "row") == 0 ? 1 : 0;  // BF16: no scales
+  const int scales = env_word(fn, "MXMOE_DECODE_DOWN_SCALES", {"chunk", "row"});
+  p.down_row_scales = p.w2.mxfp8 && scales == 1 ? 1 : 0;  // BF16: no scales
   // Register cap (__maxnreg__): 128, or 112 / 80 / 64 for A/B timing. Run 129 tried 112 as the default
   // where only it would fit 2 CTAs of 9 warps a SM: the same times (1.000x), as the default kernels hold
   // 94-101 registers and fit 2 CTAs anyway (decode.md "Runs 129-130").
@@ -309,10 +319,7 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   p.scaling = params.scaling_factor;
   // The top-k's warp arg-max (router_select.cuh): redux.sync by default, the xor-shuffle butterfly it
   // replaced with MXMOE_ROUTER_ARGMAX=shuffle (read per call, for A/B timing; the same selection).
-  const char* am = std::getenv("MXMOE_ROUTER_ARGMAX");
-  if (am != nullptr && *am != '\0' && std::strcmp(am, "redux") != 0 && std::strcmp(am, "shuffle") != 0)
-    throw_arg("routing", "MXMOE_ROUTER_ARGMAX", am, "must be redux | shuffle");
-  p.argmax_shuffle = am != nullptr && std::strcmp(am, "shuffle") == 0 ? 1 : 0;
+  p.argmax_shuffle = env_word("routing", "MXMOE_ROUTER_ARGMAX", {"redux", "shuffle"}) == 1 ? 1 : 0;
   // Scores a lane in the top-k (MXMOE_ROUTER_SLOTS, read per call, for A/B timing): unset = the fewest
   // that hold E (4 / 8 / 16); 16 was the only choice before session 14.
   p.slots = env_choice("routing", "MXMOE_ROUTER_SLOTS", 0, {0, 4, 8, 16});
@@ -328,13 +335,9 @@ RouterLaunch routing_launch(int num_experts, const RouterParams& params, int32_t
   // The selection's forms (router_select.cuh; decode.md "Session 16", "Run 126"): group warps (default;
   // in the fused step and the training layer's top-k the same as parallel), parallel, or the serial forms
   // before session 16 (read per call, for A/B timing; every form the same selection).
-  p.select_form = kSelectGroupWarps;
-  if (const char* sel = std::getenv("MXMOE_ROUTER_SELECT"); sel != nullptr && *sel != '\0') {
-    if (std::strcmp(sel, "serial") == 0) p.select_form = kSelectSerial;
-    else if (std::strcmp(sel, "parallel") == 0) p.select_form = kSelectParallel;
-    else if (std::strcmp(sel, "groupwarps") != 0)
-      throw_arg("routing", "MXMOE_ROUTER_SELECT", sel, "must be parallel | serial | groupwarps");
-  }
+  constexpr RouterSelectForm kForms[] = {kSelectParallel, kSelectSerial, kSelectGroupWarps};
+  const int form = env_word("routing", "MXMOE_ROUTER_SELECT", {"parallel", "serial", "groupwarps"});
+  p.select_form = form < 0 ? kSelectGroupWarps : kForms[form];
   return p;
 }
 
