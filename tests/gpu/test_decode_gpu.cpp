@@ -1061,6 +1061,15 @@ const std::vector<DownSetting>& down_settings() {
       {"balance rows16 scales row", {{"BALANCE", "1"}, {"ROWS", "16"}, {"SCALES", "row"}}},
       {"balance persist1", {{"BALANCE", "1"}, {"PERSIST", "1"}}},
       {"balance persist8", {{"BALANCE", "1"}, {"PERSIST", "8"}}},
+      // Session 19: tiles between two CTA barriers (the default 8; 1 = a barrier a tile) and the even grid.
+      // PERSIST 1 gives the small shapes several tiles a CTA (kLongRows at B = 8: ~8), so groups fill.
+      {"group1", {{"GROUP", "1"}}},
+      {"group2 persist1", {{"GROUP", "2"}, {"PERSIST", "1"}}},
+      {"group16 rows4 persist1", {{"GROUP", "16"}, {"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "1"}}},
+      {"group16 rows16 persist1 (capped at 4)", {{"GROUP", "16"}, {"ROWS", "16"}, {"PERSIST", "1"}}},
+      {"grid even", {{"GRID", "even"}}},
+      {"grid even persist1 group4", {{"GRID", "even"}, {"PERSIST", "1"}, {"GROUP", "4"}}},
+      {"grid even rows16 persist3 prefetch", {{"GRID", "even"}, {"ROWS", "16"}, {"PERSIST", "3"}, {"PREFETCH", "1"}}},
   };
   return s;
 }
@@ -1149,6 +1158,25 @@ void down_switches_bitwise(const Config& cfg, std::initializer_list<DecodeWeight
           size_t i = 0;
           while (i < h0.size() && h1[i] == h0[i]) ++i;
           if (i < h0.size()) ADD_FAILURE() << "h differs first at byte " << i;
+        }
+        // x read from global memory in every chunk instead of staged per CTA in shared memory
+        // (MXMOE_DECODE_GATE_UP_XSMEM=0; the default stages it), with both orders and shared-expert numberings,
+        // and the launch bounds that have their own staged kernels.
+        const std::tuple<const char*, const char*, const char*> xs_walks[] = {
+            {"", "", ""}, {"tokens", "", ""}, {"", "0", ""}, {"tokens", "0", ""}, {"", "", "2"}, {"", "", "4"}};
+        for (const auto& [ord, shared_first, ctas] : xs_walks) {
+          for (const char* xs : {"0", "1"}) {
+            SCOPED_TRACE(std::string("MXMOE_DECODE_GATE_UP_XSMEM=") + xs + ", MXMOE_DECODE_ORDER=" + ord +
+                         ", MXMOE_DECODE_SHARED_FIRST=" + shared_first + ", MXMOE_DECODE_MX_GATE_UP_CTAS=" + ctas);
+            ScopedEnv e1("MXMOE_DECODE_GATE_UP_XSMEM", xs);
+            ScopedEnv e2("MXMOE_DECODE_ORDER", ord);
+            ScopedEnv e3("MXMOE_DECODE_SHARED_FIRST", shared_first);
+            ScopedEnv e4("MXMOE_DECODE_MX_GATE_UP_CTAS", ctas);
+            s.poison();
+            s.gate_up();
+            MXMOE_ASSERT_CUDA(cudaDeviceSynchronize());
+            EXPECT_TRUE(s.h.download() == h0) << "h differs";
+          }
         }
         // The MXFP8 gate/up kernel's launch bounds (MXMOE_DECODE_MX_GATE_UP_CTAS; BF16 ignores it).
         for (const char* ctas : {"2", "4"}) {
@@ -1278,9 +1306,12 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 2", {{"BALANCE", "2"}}},
       {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
+      {"GROUP 3", {{"GROUP", "3"}}},
+      {"GRID half", {{"GRID", "half"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
-                                  {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_SHARED_FIRST", "2"}}) {
+                                  {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_SHARED_FIRST", "2"},
+                                  {"MXMOE_DECODE_GATE_UP_XSMEM", "2"}}) {
     ScopedEnv env(var, val);
     try {
       s.gate_up();

@@ -76,7 +76,11 @@ struct GateUpLaunch {
                                 // griddepcontrol.wait; x must be complete when this kernel starts
                                 // (gate_up::task_of_shared_first; MXMOE_DECODE_SHARED_FIRST, default on
                                 // since run 137; same bits)
+  int x_smem = 0;               // 1 (one task a warp, H <= kDecodeGateUpMaxXSmem / 4): each CTA copies its token's
+                                // x into shared memory as FP32 first (MXMOE_DECODE_GATE_UP_XSMEM; same bits)
 };
+inline constexpr int kDecodeGateUpMaxXSmem = 47 * 1024;  // bytes of the staged x (+ 1 KB of scales: under 48 KB,
+                                                         // no opt-in attribute needed)
 
 struct DownLaunch {
   const void* h = nullptr;      // [B, S, I]
@@ -98,6 +102,9 @@ struct DownLaunch {
   int down_balance = 0;         // persistent: equal shares of the B·H outputs a CTA, not whole tiles
   int rows_order = 1;           // tiles numbered n-major (every token's tile n side by side) or b-major (0;
                                 // MXMOE_DECODE_ORDER; same bits)
+  int down_group = 8;           // tile walk: tiles a CTA computes between two CTA barriers (1 = a barrier a tile)
+  int down_grid_even = 0;       // persistent: the fewest CTAs that keep the rounds (each CTA ceil or floor of
+                                // tiles / CTAs), instead of PERSIST·SMs
   bool down_default() const {
     return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
            down_row_scales == 0 && down_regs == 128 && down_balance == 0;

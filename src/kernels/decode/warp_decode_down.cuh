@@ -124,10 +124,12 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
 // chunk c = base + lane + 32t takes its byte from lane lane/2 + 16·(t mod 2) of load t/2 by a shuffle.
 // The shuffles need every lane, so then all lanes run the same rounds (base from 0): a lane past the
 // end loads and adds nothing, so its sum is the one the lane-strided loop gives.
+// kScaleTable: chunk scales read from `scale_table` (256 floats, 2^(s-127) for each byte s, in shared
+// memory) instead of converted by dev::e8m0_to_f32: the same values, fewer instructions.
 template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
-          bool kChecked = false>
+          bool kChecked = false, bool kScaleTable = false>
 __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row, int inter, int lane,
-                                            float (&acc)[kR], int rows = kR) {
+                                            float (&acc)[kR], int rows = kR, const float* scale_table = nullptr) {
   const int nchunks = inter / 16;
   constexpr int kScaleLoads = kRowScales ? (kUnroll + 1) / 2 : kUnroll;  // scale registers per row
   for (int base = kRowScales ? 0 : lane; base < nchunks; base += 32 * kUnroll) {
@@ -176,7 +178,8 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
         load_h8<kHBf16, kHCoherent>(h_row, 2 * c + 1, h[2], h[3]);
 #pragma unroll
         for (int q = 0; q < kR; ++q)
-          acc[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), dev::e8m0_to_f32(sc[q]), acc[q]);
+          acc[q] = fmaf(dev::dot16_e4m3_f32(w[t][q], h), kScaleTable ? scale_table[sc[q]] : dev::e8m0_to_f32(sc[q]),
+                        acc[q]);
       }
     }
   }
@@ -186,9 +189,9 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
 // possible only for kR > 8, are not loaded; their acc is meaningless and never written). kChecked: only
 // the first `rows` rows are loaded (the balanced walk's tiles; rows <= H - n0).
 template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
-          bool kChecked = false>
+          bool kChecked = false, bool kScaleTable = false>
 __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR],
-                                          int rows = kR) {
+                                          int rows = kR, const float* scale_table = nullptr) {
   const SlotRows w_rows = slot_rows<kMx>(p, b, j, n0);
   const size_t h_elem = kHBf16 ? 2 : 4;
   const void* h_row =
@@ -197,7 +200,8 @@ __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = 0.0f;
   if constexpr (kMx) {
-    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales, kChecked>(w_rows, h_row, p.inter, lane, acc, valid);
+    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales, kChecked, kScaleTable>(w_rows, h_row, p.inter, lane, acc,
+                                                                                   valid, scale_table);
   } else {
     dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR, kChecked>(w_rows, h_row, p.inter, lane, acc, valid);
   }

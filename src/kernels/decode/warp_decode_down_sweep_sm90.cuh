@@ -8,12 +8,15 @@
 // tile n side by side) or b-major with MXMOE_DECODE_ORDER=tokens (down::tile_of). A CTA of W = min(S, 16)
 // warps walks the tiles blockIdx.x, + gridDim.x, ...:
 // with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the base kernel; with PERSIST = N the grid
-// is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots
-// j = w, w+W, ... (down::slot_dots: per lane its chunks in increasing K, the xor butterfly), lane 0
-// writes the kR sums to shared memory, __syncthreads, threads 0..kR-1 add the slots in order
-// (down::combine). Two shared buffers alternate by round, so the warps start the next tile while
-// threads 0..kR-1 combine this one (one barrier a tile; a buffer is rewritten two rounds later, after
-// the next round's barrier, which every combining thread passes only after its combine).
+// is N·SMs CTAs (fewer CTA launches and a shorter wave tail; MXMOE_DECODE_DOWN_GRID=even: the fewest CTAs
+// with as many rounds). Per tile: warp w takes slots j = w, w+W, ... (down::slot_dots: per lane its chunks
+// in increasing K, the xor butterfly), lane 0 writes the kR sums to shared memory. Since session 19 a CTA
+// does that for a group of up to p.down_group tiles (t, t + G, ...) before one __syncthreads, after which
+// threads 0..group·kR-1 add each output's slots in order (down::combine): the warps stream their rows of
+// consecutive tiles back to back instead of meeting at a barrier after every tile (group 1 is the walk
+// before). Two group buffers alternate, so the warps start the next group while its outputs are combined
+// (a buffer is rewritten two groups later, after the next group's barrier, which every combining thread
+// passes only after its combine). The balanced walk keeps a barrier a tile.
 // Variant parameters (none changes the order of any FP operation, so every variant gives the default's
 // bits — DecodeGpu.DownSwitchesGiveDefaultBits, which also compares the base kernel):
 //   kR        rows a warp streams per slot: 4 | 8 | 16 (h read once for kR rows instead of 4);
@@ -24,6 +27,7 @@
 //             more resident warps a SM against fewer registers (spills: see the notes);
 //   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 112 | 128): the balanced walk (balanced_rows) —
 //             equal shares of the B·H outputs a CTA instead of whole tiles a CTA;
+//   MXFP8 chunk scales (tile walk): 2^(s-127) from a 256-entry table in shared memory (ScaleTable).
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
 // Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
@@ -87,13 +91,40 @@ __device__ __forceinline__ void run_tile(const DownLaunch& p, int b, int n0, int
   if (int(threadIdx.x) < rows) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot);
 }
 
+// Tiles a CTA of the tile walk computes between two CTA barriers (p.down_group, at most kMaxGroup): each warp
+// streams its slots of tiles t, t + G, ... (G = gridDim.x) back to back, writing the per-slot dot products
+// into the group's slice of shared memory; one barrier; then threads 0 .. group·kR - 1 combine the group's
+// outputs. Two group buffers alternate, so one barrier a group suffices (a buffer is rewritten two groups
+// later, after the next group's barrier, which every combining thread passes only after its combine).
+// Group 1 is the walk before session 19 (a barrier a tile). 16 KB of shared memory whatever kR.
+template <int kR>
+constexpr int max_group() { return 64 / kR; }
+
+// MXFP8: the scale bytes' values 2^(s-127) (dev::e8m0_to_f32, 0 and 255 included) in shared memory, so a
+// chunk's scale is one indexed load instead of a shift, two compares and two selects (the same floats).
+template <bool kMx>
+struct ScaleTable {
+  float v[kMx ? 256 : 1];
+};
+
+template <bool kMx>
+__device__ __forceinline__ void fill_scale_table(ScaleTable<kMx>& t) {
+  if constexpr (kMx) {
+    for (int i = int(threadIdx.x); i < 256; i += int(blockDim.x)) t.v[i] = dev::e8m0_to_f32(uint32_t(i));
+  }
+}
+
 template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
 __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     warp_decode_down_sweep_kernel(const DownLaunch p) {
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
   static_assert(kR * kUnroll <= 16, "at most 16 16-byte loads in flight a lane");
   static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
-  __shared__ float s_dot[2][kMaxSlots][kR];  // per-slot dot products, two rounds
+  constexpr int kMaxGroup = max_group<kR>();
+  // Per-slot dot products: the balanced walk uses [2][kMaxSlots][kR] of it (two rounds), the tile walk
+  // [2][kMaxGroup][kMaxSlots][kR] (two groups).
+  __shared__ float s_dot[2][kMaxGroup][kMaxSlots][kR];
+  __shared__ ScaleTable<kMx> s_scale;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
   if constexpr (kBalance) {
     const int total_rows = p.batch * p.hidden;  // <= 2^12 · 2^16 (decode_checks.h): an int
@@ -105,7 +136,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     device::griddepcontrol_launch_dependents();
     for (int buf = 0; left > 0; buf ^= 1) {
       const int rows = balanced_rows(p.hidden, n0, left, kR);
-      run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, true>(p, b, n0, rows, s_dot[buf], lane, warp, num_warps);
+      run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, true>(p, b, n0, rows, s_dot[buf][0], lane, warp, num_warps);
       left -= rows;
       n0 += rows;
       if (n0 == p.hidden) {
@@ -117,17 +148,41 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   }
   const int tiles = (p.hidden + kR - 1) / kR;
   const int total = p.batch * tiles;
+  const int stride = int(gridDim.x);
+  const int group = p.down_group < kMaxGroup ? p.down_group : kMaxGroup;  // >= 1 (host check)
   if (lane == 0 && int(blockIdx.x) < total) prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
+  if constexpr (kMx) {
+    fill_scale_table<kMx>(s_scale);
+    __syncthreads();  // the scale table (before the wait: it depends on nothing the kernel ahead writes)
+  }
   device::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
   device::griddepcontrol_launch_dependents();
 
   int buf = 0;
-  for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x), buf ^= 1) {
-    int b, n0;
-    down::tile_of(p, tile, tiles, kR, b, n0);
-    const int next = tile + int(gridDim.x);
-    if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
-    run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, false>(p, b, n0, kR, s_dot[buf], lane, warp, num_warps);
+  for (int first = int(blockIdx.x); first < total; first += group * stride, buf ^= 1) {
+    int in_group = 0;  // tiles of this group
+    for (int tile = first; in_group < group && tile < total; ++in_group, tile += stride) {
+      int b, n0;
+      down::tile_of(p, tile, tiles, kR, b, n0);
+      const int next = tile + stride;
+      if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
+      for (int j = warp; j < p.slots; j += num_warps) {
+        float acc[kR];
+        down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, false, true>(p, b, j, n0, lane, acc, kR,
+                                                                                 s_scale.v);
+        if (lane == 0) {
+#pragma unroll
+          for (int q = 0; q < kR; ++q) s_dot[buf][in_group][j][q] = acc[q];
+        }
+      }
+    }
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < in_group * kR; i += int(blockDim.x)) {
+      const int g = i / kR, q = i - g * kR;
+      int b, n0;
+      down::tile_of(p, first + g * stride, tiles, kR, b, n0);
+      down::combine<kR>(p, b, n0, q, s_dot[buf][g]);
+    }
   }
 }
 
@@ -141,6 +196,10 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     MXMOE_CUDA_CHECK("decode_down_sweep", cudaGetDevice(&device));
     MXMOE_CUDA_CHECK("decode_down_sweep", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
+    if (p.down_grid_even) {  // as many rounds, each CTA the same number of tiles (or one fewer)
+      const int64_t rounds = (total + grid - 1) / grid;
+      grid = (total + rounds - 1) / rounds;
+    }
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
   launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,

@@ -9,6 +9,7 @@
 // non-coherent path, so it must not be written while the kernel runs.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/decode/decode_launch.h"
 #include "kernels/decode/warp_decode_common.cuh"
@@ -47,67 +48,165 @@ __device__ __forceinline__ RowPair slot_rows(const GateUpLaunch& p, int b, int j
   return r;
 }
 
-// BF16 weights: chunks of 8 elements; lane sums g and u over its chunks in increasing K.
+// Where a lane's x values come from: the token's BF16 row in global memory (XGlobal), or its FP32 copy in
+// shared memory (XShared, staged once per CTA by stage_x: float4 group q of chunk c at s[q·nch + c], so
+// that the 32 lanes of a load read 32 consecutive float4). Both give the same FP32 values of x, and the
+// dot products take them in the same order: the same bits.
+struct XGlobal {
+  const uint8_t* x;
+};
+struct XShared {
+  const float4* s;
+  int nch;             // chunks in the row: H/16 (MXFP8) or H/8 (BF16)
+  const float* scale;  // MXFP8: 2^(s-127) for each scale byte s (fill_scale_table), in shared memory
+};
+
+// The 256 values of dev::e8m0_to_f32 (0 and 255 included) into t, by all threads; the caller synchronises.
+// A chunk's scale is then one indexed shared-memory load instead of a shift, two compares and two selects.
+__device__ __forceinline__ void fill_scale_table(float* t) {
+  for (int i = int(threadIdx.x); i < 256; i += int(blockDim.x)) t[i] = dev::e8m0_to_f32(uint32_t(i));
+}
+
+// The CTA's token's x row as FP32 into s (kPer float4 a chunk: 4 for MXFP8 chunks of 16, 2 for BF16 chunks
+// of 8), by all threads; the caller synchronises.
+template <int kPer>
+__device__ __forceinline__ void stage_x(float4* s, const uint16_t* x, int hidden) {
+  const int nch = hidden / (4 * kPer), nvec = hidden / 8;
+  for (int v = int(threadIdx.x); v < nvec; v += int(blockDim.x)) {
+    float4 a, b;
+    dev::bf16x8_to_f32(dev::ldg_v4(x + int64_t(v) * 8), a, b);
+    const int g = 2 * v;  // float4 groups g, g + 1 (kPer is even)
+    s[(g % kPer) * nch + g / kPer] = a;
+    s[((g + 1) % kPer) * nch + (g + 1) / kPer] = b;
+  }
+}
+
+// BF16 weights: chunks of 8 elements; lane sums g and u over its chunks in increasing K. A round is
+// kUnroll chunks of both rows, loaded before any is used.
 template <int kUnroll>
-__device__ __forceinline__ void dot_rows_bf16(const RowPair& r, const uint8_t* x, int hidden, int lane, float& ag,
-                                              float& au) {
-  const int nchunks = hidden / 8;
-  for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
-    uint4 gw[kUnroll], uw[kUnroll];  // [kUnroll] x 16 B of each row
+struct Bf16Round {
+  uint4 gw[kUnroll], uw[kUnroll];  // [kUnroll] x 16 B of each row
+};
+
+template <int kUnroll>
+__device__ __forceinline__ void load_round(Bf16Round<kUnroll>& r, const RowPair& rows, int c0, int nchunks) {
 #pragma unroll
-    for (int t = 0; t < kUnroll; ++t) {
-      const int c = c0 + 32 * t;
-      gw[t] = make_uint4(0u, 0u, 0u, 0u);
-      uw[t] = gw[t];
-      if (c < nchunks) {
-        gw[t] = dev::ldg_stream_v4(r.gate + int64_t(c) * 16);
-        uw[t] = dev::ldg_stream_v4(r.up + int64_t(c) * 16);
-      }
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    r.gw[t] = make_uint4(0u, 0u, 0u, 0u);
+    r.uw[t] = r.gw[t];
+    if (c < nchunks) {
+      r.gw[t] = dev::ldg_stream_v4(rows.gate + int64_t(c) * 16);
+      r.uw[t] = dev::ldg_stream_v4(rows.up + int64_t(c) * 16);
     }
+  }
+}
+
+template <int kUnroll>
+__device__ __forceinline__ void use_round(const Bf16Round<kUnroll>& r, const XGlobal& x, int c0, int nchunks,
+                                          float& ag, float& au) {
 #pragma unroll
-    for (int t = 0; t < kUnroll; ++t) {
-      const int c = c0 + 32 * t;
-      if (c < nchunks) {
-        const uint4 xv = dev::ldg_v4(x + int64_t(c) * 16);
-        ag = dev::dot8_bf16_bf16(gw[t], xv, ag);
-        au = dev::dot8_bf16_bf16(uw[t], xv, au);
-      }
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    if (c < nchunks) {
+      const uint4 xv = dev::ldg_v4(x.x + int64_t(c) * 16);
+      ag = dev::dot8_bf16_bf16(r.gw[t], xv, ag);
+      au = dev::dot8_bf16_bf16(r.uw[t], xv, au);
+    }
+  }
+}
+
+template <int kUnroll>
+__device__ __forceinline__ void use_round(const Bf16Round<kUnroll>& r, const XShared& x, int c0, int nchunks,
+                                          float& ag, float& au) {
+#pragma unroll
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    if (c < nchunks) {
+      const float4 h0 = x.s[c], h1 = x.s[x.nch + c];
+      ag = dev::dot8_bf16_f32(r.gw[t], h0, h1, ag);
+      au = dev::dot8_bf16_f32(r.uw[t], h0, h1, au);
     }
   }
 }
 
 // MXFP8 weights: chunks of 16 E4M3 (half a 32-block, scale byte c/2).
 template <int kUnroll>
-__device__ __forceinline__ void dot_rows_mx(const RowPair& r, const uint8_t* x, int hidden, int lane, float& ag,
-                                            float& au) {
-  const int nchunks = hidden / 16;
-  for (int c0 = lane; c0 < nchunks; c0 += 32 * kUnroll) {
-    uint4 gw[kUnroll], uw[kUnroll];  // [kUnroll] x 16 E4M3 of each row
-    uint32_t gs[kUnroll], us[kUnroll];
+struct MxRound {
+  uint4 gw[kUnroll], uw[kUnroll];  // [kUnroll] x 16 E4M3 of each row
+  uint32_t gs[kUnroll], us[kUnroll];
+};
+
+template <int kUnroll>
+__device__ __forceinline__ void load_round(MxRound<kUnroll>& r, const RowPair& rows, int c0, int nchunks) {
 #pragma unroll
-    for (int t = 0; t < kUnroll; ++t) {
-      const int c = c0 + 32 * t;
-      gw[t] = make_uint4(0u, 0u, 0u, 0u);
-      uw[t] = gw[t];
-      gs[t] = 0u;
-      us[t] = 0u;
-      if (c < nchunks) {
-        gw[t] = dev::ldg_stream_v4(r.gate + int64_t(c) * 16);
-        uw[t] = dev::ldg_stream_v4(r.up + int64_t(c) * 16);
-        gs[t] = dev::ldg_u8(r.gate_scales + c / 2);
-        us[t] = dev::ldg_u8(r.up_scales + c / 2);
-      }
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    r.gw[t] = make_uint4(0u, 0u, 0u, 0u);
+    r.uw[t] = r.gw[t];
+    r.gs[t] = 0u;
+    r.us[t] = 0u;
+    if (c < nchunks) {
+      r.gw[t] = dev::ldg_stream_v4(rows.gate + int64_t(c) * 16);
+      r.uw[t] = dev::ldg_stream_v4(rows.up + int64_t(c) * 16);
+      r.gs[t] = dev::ldg_u8(rows.gate_scales + c / 2);
+      r.us[t] = dev::ldg_u8(rows.up_scales + c / 2);
     }
+  }
+}
+
+template <int kUnroll>
+__device__ __forceinline__ void use_round(const MxRound<kUnroll>& r, const XGlobal& x, int c0, int nchunks,
+                                          float& ag, float& au) {
 #pragma unroll
-    for (int t = 0; t < kUnroll; ++t) {
-      const int c = c0 + 32 * t;
-      if (c < nchunks) {
-        const uint4 x0 = dev::ldg_v4(x + int64_t(c) * 32);
-        const uint4 x1 = dev::ldg_v4(x + int64_t(c) * 32 + 16);
-        ag = fmaf(dev::dot16_e4m3_bf16(gw[t], x0, x1), dev::e8m0_to_f32(gs[t]), ag);
-        au = fmaf(dev::dot16_e4m3_bf16(uw[t], x0, x1), dev::e8m0_to_f32(us[t]), au);
-      }
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    if (c < nchunks) {
+      const uint4 x0 = dev::ldg_v4(x.x + int64_t(c) * 32);
+      const uint4 x1 = dev::ldg_v4(x.x + int64_t(c) * 32 + 16);
+      ag = fmaf(dev::dot16_e4m3_bf16(r.gw[t], x0, x1), dev::e8m0_to_f32(r.gs[t]), ag);
+      au = fmaf(dev::dot16_e4m3_bf16(r.uw[t], x0, x1), dev::e8m0_to_f32(r.us[t]), au);
     }
+  }
+}
+
+template <int kUnroll>
+__device__ __forceinline__ void use_round(const MxRound<kUnroll>& r, const XShared& x, int c0, int nchunks,
+                                          float& ag, float& au) {
+#pragma unroll
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    if (c < nchunks) {
+      const float4 h[4] = {x.s[c], x.s[x.nch + c], x.s[2 * x.nch + c], x.s[3 * x.nch + c]};
+      ag = fmaf(dev::dot16_e4m3_f32(r.gw[t], h), x.scale[r.gs[t]], ag);
+      au = fmaf(dev::dot16_e4m3_f32(r.uw[t], h), x.scale[r.us[t]], au);
+    }
+  }
+}
+
+template <bool kMx, int kUnroll>
+using Round = std::conditional_t<kMx, MxRound<kUnroll>, Bf16Round<kUnroll>>;
+
+// Elements of a chunk: 16 E4M3 or 8 BF16 (16 bytes either way).
+template <bool kMx>
+constexpr int chunk_elems() { return kMx ? 16 : 8; }
+
+// Both rows' dot products with x over the whole row, lane l taking chunks l, l+32, ... in increasing K,
+// a round of kUnroll chunks loaded before any is used. kFirstLoaded: the round at chunk `lane` is already
+// in `first` (the staged kernel issues it before staging x).
+template <bool kMx, int kUnroll, bool kFirstLoaded = false, class XSrc>
+__device__ __forceinline__ void dot_rows(const RowPair& rows, const XSrc& x, int hidden, int lane, float& ag,
+                                         float& au, const Round<kMx, kUnroll>* first = nullptr) {
+  const int nchunks = hidden / chunk_elems<kMx>();
+  int c0 = lane;
+  if constexpr (kFirstLoaded) {
+    use_round<kUnroll>(*first, x, c0, nchunks, ag, au);
+    c0 += 32 * kUnroll;
+  }
+  for (; c0 < nchunks; c0 += 32 * kUnroll) {
+    Round<kMx, kUnroll> r;
+    load_round<kUnroll>(r, rows, c0, nchunks);
+    use_round<kUnroll>(r, x, c0, nchunks, ag, au);
   }
 }
 
@@ -165,34 +264,47 @@ __device__ __forceinline__ bool shared_first_cta(const GateUpLaunch& p, int64_t 
   return (cta + 1) * kBlock <= int64_t(p.batch) * p.inter;
 }
 
-// The whole output of task = (b·S + j)·I + i (i fastest): both dot products, SwiGLU
-// silu(g)·u = (g / (1 + e^-g))·u in FP32, one store by lane 0. task < B·S·I (caller's check).
-template <bool kMx, bool kHBf16, int kUnroll>
-__device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int lane) {
-  const int i = int(task % p.inter);
-  const int64_t bj = task / p.inter;
-  const int j = int(bj % p.slots);
-  const int b = int(bj / p.slots);
+// Task = (b·S + j)·I + i (i fastest) as (b, j, i).
+struct TaskPos {
+  int b, j, i;
+};
 
-  const RowPair rows = slot_rows<kMx>(p, b, j, i);
-  const uint8_t* x = reinterpret_cast<const uint8_t*>(p.x + int64_t(b) * p.hidden);
-  float ag = 0.0f, au = 0.0f;
-  if constexpr (kMx) {
-    dot_rows_mx<kUnroll>(rows, x, p.hidden, lane, ag, au);
-  } else {
-    dot_rows_bf16<kUnroll>(rows, x, p.hidden, lane, ag, au);
-  }
+__device__ __forceinline__ TaskPos task_pos(const GateUpLaunch& p, int64_t task) {
+  TaskPos t;
+  t.i = int(task % p.inter);
+  const int64_t bj = task / p.inter;
+  t.j = int(bj % p.slots);
+  t.b = int(bj / p.slots);
+  return t;
+}
+
+// The lanes' partial sums → the warp's dot products (fixed butterfly), SwiGLU silu(g)·u = (g / (1 +
+// e^-g))·u in FP32, one store by lane 0.
+template <bool kHBf16>
+__device__ __forceinline__ void finish(const GateUpLaunch& p, const TaskPos& t, float ag, float au, int lane) {
   ag = dev::warp_sum(ag);
   au = dev::warp_sum(au);
   if (lane == 0) {
     const float hv = (ag / (1.0f + expf(-ag))) * au;
-    const int64_t idx = (int64_t(b) * p.slots + j) * p.inter + i;
+    const int64_t idx = (int64_t(t.b) * p.slots + t.j) * p.inter + t.i;
     if constexpr (kHBf16) {
       static_cast<uint16_t*>(p.h)[idx] = dev::f32_to_bf16_bits(hv);
     } else {
       static_cast<float*>(p.h)[idx] = hv;
     }
   }
+}
+
+// The whole output of task (b·S + j)·I + i: both dot products, SwiGLU, one store. task < B·S·I (caller's
+// check); x from global memory.
+template <bool kMx, bool kHBf16, int kUnroll>
+__device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int lane) {
+  const TaskPos t = task_pos(p, task);
+  const RowPair rows = slot_rows<kMx>(p, t.b, t.j, t.i);
+  const XGlobal x{reinterpret_cast<const uint8_t*>(p.x + int64_t(t.b) * p.hidden)};
+  float ag = 0.0f, au = 0.0f;
+  dot_rows<kMx, kUnroll>(rows, x, p.hidden, lane, ag, au);
+  finish<kHBf16>(p, t, ag, au, lane);
 }
 
 }  // namespace mxmoe::detail::gate_up

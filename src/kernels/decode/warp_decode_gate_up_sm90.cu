@@ -40,32 +40,78 @@ constexpr int kUnroll = 4;  // chunks of each row in flight per lane
 static_assert(kThreads % 32 == 0, "whole warps");
 static_assert(8 % kWarps == 0, "gate_up::task_of's blocks of kWarps rows: I % 8 == 0 (host check)");
 
+// One task a warp with x staged (kXs, p.x_smem): the CTA's 8 tasks are 8 adjacent rows of one (token, slot)
+// (task_of's blocks and task_of_shared_first's: I % 8 == 0, B·I % 8 == 0), so one token's x serves the
+// whole CTA. Each warp issues its first round of weight loads, the CTA copies x into shared memory as FP32
+// (stage_x; MXFP8 also the 256 scale values, fill_scale_table), one barrier, then the warps compute from
+// there: no BF16 unpack of x and no scale-byte conversion in the chunks' dot products, the same FP32 values
+// in the same order (the same bits). Shared memory: H·4 B (+ 1 KB MXFP8). `task` is this warp's task index, `map`
+// the walk's numbering; the tail CTA's warps without a task take part in the copy and the barrier.
+template <bool kMx, bool kHBf16, class Map>
+__device__ __forceinline__ void staged_task(const GateUpLaunch& p, int64_t task, int64_t total, int lane,
+                                            float4* s_x, Map map) {
+  constexpr int kPer = gate_up::chunk_elems<kMx>() / 4;  // float4 a chunk
+  const bool has = task < total;
+  // The CTA's first task always exists; its token is every task's of the CTA.
+  const gate_up::TaskPos t = gate_up::task_pos(p, map(has ? task : int64_t(blockIdx.x) * kWarps));
+  const int nchunks = p.hidden / gate_up::chunk_elems<kMx>();
+  gate_up::RowPair rows{};
+  gate_up::Round<kMx, kUnroll> first;
+  if (has) {
+    rows = gate_up::slot_rows<kMx>(p, t.b, t.j, t.i);
+    gate_up::load_round<kUnroll>(first, rows, lane, nchunks);
+  }
+  gate_up::stage_x<kPer>(s_x, p.x + int64_t(t.b) * p.hidden, p.hidden);
+  float* s_scale = reinterpret_cast<float*>(s_x + p.hidden / 4);  // MXFP8: 256 floats after x
+  if constexpr (kMx) gate_up::fill_scale_table(s_scale);
+  __syncthreads();
+  if (!has) return;
+  float ag = 0.0f, au = 0.0f;
+  const gate_up::XShared x{s_x, p.hidden / (4 * kPer), s_scale};
+  gate_up::dot_rows<kMx, kUnroll, true>(rows, x, p.hidden, lane, ag, au, &first);
+  gate_up::finish<kHBf16>(p, t, ag, au, lane);
+}
+
 // kSharedFirst (p.shared_first, one task a warp): the shared expert's tasks first, and their CTAs start
 // before griddepcontrol.wait, so that they stream while the router still runs (gate_up::task_of_shared_first).
-template <bool kMx, bool kHBf16, int kMinCtas, bool kSharedFirst = false>
+template <bool kMx, bool kHBf16, int kMinCtas, bool kSharedFirst = false, bool kXs = false>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
+  extern __shared__ float4 s_x[];  // kXs: the CTA's token's x, FP32 (stage_x's layout)
   const int lane = threadIdx.x & 31;
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
+  const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if constexpr (kSharedFirst) {
     if (!gate_up::shared_first_cta<kWarps>(p, blockIdx.x))
       device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
     device::griddepcontrol_launch_dependents();
-    const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-    if (task < total) gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of_shared_first<kWarps>(p, task), lane);
+    const auto map = [&](int64_t t) { return gate_up::task_of_shared_first<kWarps>(p, t); };
+    if constexpr (kXs) {
+      staged_task<kMx, kHBf16>(p, task, total, lane, s_x, map);
+    } else {
+      if (task < total) gate_up::output<kMx, kHBf16, kUnroll>(p, map(task), lane);
+    }
     return;
   }
   device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
   device::griddepcontrol_launch_dependents();
-  // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
-  for (int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); task < total;
-       task += int64_t(gridDim.x) * kWarps)
-    gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, task), lane);
+  if constexpr (kXs) {
+    staged_task<kMx, kHBf16>(p, task, total, lane, s_x, [&](int64_t t) { return gate_up::task_of<kWarps>(p, t); });
+  } else {
+    // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
+    for (int64_t t = task; t < total; t += int64_t(gridDim.x) * kWarps)
+      gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, t), lane);
+  }
 }
 
 template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kSharedFirst = false>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
+  if (p.x_smem) {  // (host: one task a warp, H·4 <= kMaxXSmem)
+    launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst, true>,
+                    dim3(unsigned(blocks)), dim3(kThreads), size_t(p.hidden) * 4 + (kMx ? 1024 : 0), stream, p);
+    return;
+  }
   if (p.persist > 0) {
     int device = 0, sms = 0;
     MXMOE_CUDA_CHECK("decode_gate_up", cudaGetDevice(&device));
