@@ -98,10 +98,9 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   // where only it would fit 2 CTAs of 9 warps a SM: the same times (1.000x), as the default kernels hold
   // 94-101 registers and fit 2 CTAs anyway (decode.md "Runs 129-130").
   p.down_regs = env_choice(fn, "MXMOE_DECODE_DOWN_REGS", 128, {128, 112, 80, 64});
-  // Tiles a CTA computes between two CTA barriers (session 19): 1 was the only walk before.
+  // Tiles a CTA computes between two CTA barriers (session 19, run 143: D alone 1.02-1.12x the walk with a
+  // barrier a tile, steps 1.01-1.05x, every shape, batch and dtype): 1 was the only walk before.
   p.down_group = env_choice(fn, "MXMOE_DECODE_DOWN_GROUP", 8, {8, 1, 2, 4, 16});
-  // Persistent grid: PERSIST·SMs CTAs (full), or the fewest that keep the same number of rounds (even).
-  p.down_grid_even = env_word(fn, "MXMOE_DECODE_DOWN_GRID", {"full", "even"});
   // The balanced walk (decode.md "Run 127"): each persistent CTA takes an equal share of the B·H outputs.
   p.down_balance = env_choice(fn, "MXMOE_DECODE_DOWN_BALANCE", 0, {0, 1});
   if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs < 112))
@@ -174,7 +173,9 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // Not with a persistent walk (it mixes the tasks) or a non-default MXFP8 launch bound (the shared-first
   // kernels exist at the default bound only): those switches then select their kernels as before.
   p.shared_first = shared_first && w1.shared_data != nullptr && p.persist == 0 && (!mx || p.min_ctas_per_sm == 3);
-  // x staged per CTA in shared memory as FP32 (session 19): one task a warp only, and H·4 bytes of shared memory.
+  // x staged per CTA in shared memory as FP32 (session 19, run 143: G alone up to 1.16x, steps 0.98-1.06x),
+  // where H·4 bytes of shared memory fit without an opt-in; one task a warp only (a persistent walk of staged
+  // blocks compiled to 103-151 registers, or 120 bytes of spills at the MXFP8 bound: not built).
   const int x_smem = env_choice(fn, "MXMOE_DECODE_GATE_UP_XSMEM", 1, {1, 0});
   p.x_smem = x_smem && p.persist == 0 && int64_t(hidden) * 4 <= detail::kDecodeGateUpMaxXSmem ? 1 : 0;
   detail::launch_decode_gate_up(p, stream);

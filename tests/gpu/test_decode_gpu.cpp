@@ -1061,15 +1061,13 @@ const std::vector<DownSetting>& down_settings() {
       {"balance rows16 scales row", {{"BALANCE", "1"}, {"ROWS", "16"}, {"SCALES", "row"}}},
       {"balance persist1", {{"BALANCE", "1"}, {"PERSIST", "1"}}},
       {"balance persist8", {{"BALANCE", "1"}, {"PERSIST", "8"}}},
-      // Session 19: tiles between two CTA barriers (the default 8; 1 = a barrier a tile) and the even grid.
+      // Session 19: tiles between two CTA barriers (the default 8; 1 = a barrier a tile).
       // PERSIST 1 gives the small shapes several tiles a CTA (kLongRows at B = 8: ~8), so groups fill.
       {"group1", {{"GROUP", "1"}}},
       {"group2 persist1", {{"GROUP", "2"}, {"PERSIST", "1"}}},
       {"group16 rows4 persist1", {{"GROUP", "16"}, {"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "1"}}},
       {"group16 rows16 persist1 (capped at 4)", {{"GROUP", "16"}, {"ROWS", "16"}, {"PERSIST", "1"}}},
-      {"grid even", {{"GRID", "even"}}},
-      {"grid even persist1 group4", {{"GRID", "even"}, {"PERSIST", "1"}, {"GROUP", "4"}}},
-      {"grid even rows16 persist3 prefetch", {{"GRID", "even"}, {"ROWS", "16"}, {"PERSIST", "3"}, {"PREFETCH", "1"}}},
+      {"group4 persist3 prefetch", {{"GROUP", "4"}, {"PERSIST", "3"}, {"PREFETCH", "1"}}},
   };
   return s;
 }
@@ -1307,7 +1305,6 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
       {"GROUP 3", {{"GROUP", "3"}}},
-      {"GRID half", {{"GRID", "half"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
                                   {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_SHARED_FIRST", "2"},

@@ -8,8 +8,7 @@
 // tile n side by side) or b-major with MXMOE_DECODE_ORDER=tokens (down::tile_of). A CTA of W = min(S, 16)
 // warps walks the tiles blockIdx.x, + gridDim.x, ...:
 // with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the base kernel; with PERSIST = N the grid
-// is N·SMs CTAs (fewer CTA launches and a shorter wave tail; MXMOE_DECODE_DOWN_GRID=even: the fewest CTAs
-// with as many rounds). Per tile: warp w takes slots j = w, w+W, ... (down::slot_dots: per lane its chunks
+// is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots j = w, w+W, ... (down::slot_dots: per lane its chunks
 // in increasing K, the xor butterfly), lane 0 writes the kR sums to shared memory. Since session 19 a CTA
 // does that for a group of up to p.down_group tiles (t, t + G, ...) before one __syncthreads, after which
 // threads 0..group·kR-1 add each output's slots in order (down::combine): the warps stream their rows of
@@ -196,10 +195,6 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     MXMOE_CUDA_CHECK("decode_down_sweep", cudaGetDevice(&device));
     MXMOE_CUDA_CHECK("decode_down_sweep", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
-    if (p.down_grid_even) {  // as many rounds, each CTA the same number of tiles (or one fewer)
-      const int64_t rounds = (total + grid - 1) / grid;
-      grid = (total + rounds - 1) / rounds;
-    }
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
   launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,

@@ -19,8 +19,9 @@
 // Persistent variant (MXMOE_DECODE_GATE_UP_PERSIST = N, src/host/decode.cpp): N·SMs CTAs whose warps
 // walk the tasks (warp w of CTA c: tasks c·8 + w, + gridDim·8, ...); the same per-task code, so the
 // same bits.
-// Registers: BF16 54; MXFP8 80 with the default launch bound (3 CTAs a SM; run 56: 1.02-1.08x a
-// step) or 102 at 2 CTAs a SM (host switch MXMOE_DECODE_MX_GATE_UP_CTAS=2); no spills (-res-usage).
+// Registers (cuobjdump -res-usage): BF16 61 (x from global memory) / 66 (x staged, the default); MXFP8 80
+// with the default launch bound (3 CTAs a SM; run 56: 1.02-1.08x a step) or 96 / 94 at 2 CTAs a SM (host
+// switch MXMOE_DECODE_MX_GATE_UP_CTAS=2); no spills.
 // Roofline: 2·2·I·H FLOPs per (token, slot); bytes 2·I·H·(2 | 1 + 1/32) per distinct expert.
 // Tests: tests/gpu/test_decode_gpu.cpp. Bench: bench/bench_decode.py.
 #include <cstdint>
