@@ -211,8 +211,10 @@ def main():
     stream = torch.cuda.Stream()
     fails = 0
     for sh in shapes:
-        wr = torch.randn(sh.E, sh.H, device="cuda", dtype=torch.bfloat16) / math.sqrt(sh.H)
-        bias = (torch.randn(sh.E, device="cuda") * 0.1) if sh.sigmoid else None
+        # Seeded, so that two processes (e.g. two builds timed against each other) route the same tokens alike.
+        gr = torch.Generator(device="cuda").manual_seed(4321)
+        wr = torch.randn(sh.E, sh.H, device="cuda", dtype=torch.bfloat16, generator=gr) / math.sqrt(sh.H)
+        bias = (torch.randn(sh.E, device="cuda", generator=gr) * 0.1) if sh.sigmoid else None
         for dtype in [d for n, d in (("bf16", BF16_W), ("mxfp8", MXFP8_W)) if n in args.dtypes.split(",")]:
             per = sh.E * 3 * sh.I * sh.H * (2 if dtype == BF16_W else 1.04)
             copies = int(max(2, min(4, 40e9 // per)))

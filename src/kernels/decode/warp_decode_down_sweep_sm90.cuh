@@ -120,9 +120,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   static_assert(kR * kUnroll <= 16, "at most 16 16-byte loads in flight a lane");
   static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
   constexpr int kMaxGroup = max_group<kR>();
-  // Per-slot dot products: the balanced walk uses [2][kMaxSlots][kR] of it (two rounds), the tile walk
-  // [2][kMaxGroup][kMaxSlots][kR] (two groups).
-  __shared__ float s_dot[2][kMaxGroup][kMaxSlots][kR];
+  // Per-slot dot products, dynamic (dot_smem_bytes: sized for the launch's slots and group, so that the L1
+  // cache, which holds h, keeps its room): [2][group][S][kR] floats (two groups; the balanced walk: group 1).
+  extern __shared__ float s_dot_all[];
   __shared__ ScaleTable<kMx> s_scale;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
   if constexpr (kBalance) {
@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     device::griddepcontrol_launch_dependents();
     for (int buf = 0; left > 0; buf ^= 1) {
       const int rows = balanced_rows(p.hidden, n0, left, kR);
-      run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, true>(p, b, n0, rows, s_dot[buf][0], lane, warp, num_warps);
+      float(*s_dot)[kR] = reinterpret_cast<float(*)[kR]>(s_dot_all + buf * p.slots * kR);
+      run_tile<kMx, kHBf16, kR, kUnroll, kRowScales, true>(p, b, n0, rows, s_dot, lane, warp, num_warps);
       left -= rows;
       n0 += rows;
       if (n0 == p.hidden) {
@@ -157,6 +158,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   device::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
   device::griddepcontrol_launch_dependents();
 
+  const int tile_floats = p.slots * kR;  // one tile's [S][kR]
   int buf = 0;
   for (int first = int(blockIdx.x); first < total; first += group * stride, buf ^= 1) {
     int in_group = 0;  // tiles of this group
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
                                                                                  s_scale.v);
         if (lane == 0) {
 #pragma unroll
-          for (int q = 0; q < kR; ++q) s_dot[buf][in_group][j][q] = acc[q];
+          for (int q = 0; q < kR; ++q) s_dot_all[(buf * group + in_group) * tile_floats + j * kR + q] = acc[q];
         }
       }
     }
@@ -180,9 +182,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
       const int g = i / kR, q = i - g * kR;
       int b, n0;
       down::tile_of(p, first + g * stride, tiles, kR, b, n0);
-      down::combine<kR>(p, b, n0, q, s_dot[buf][g]);
+      down::combine<kR>(p, b, n0, q, reinterpret_cast<const float(*)[kR]>(s_dot_all + (buf * group + g) * tile_floats));
     }
   }
+}
+
+// Bytes of the per-slot dot products: two groups (the balanced walk: two rounds) of S x kR floats a tile;
+// at most 2 · 16 · 33 · 4 · 4 B (kR 4, group 16, S 33) = 16.5 KB.
+template <int kR>
+size_t dot_smem_bytes(const DownLaunch& p, bool balance) {
+  const int group = balance ? 1 : (p.down_group < max_group<kR>() ? p.down_group : max_group<kR>());
+  return size_t(2) * group * p.slots * kR * sizeof(float);
 }
 
 template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false>
@@ -198,7 +208,7 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
   launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,
-                  dim3(unsigned(grid)), dim3(warps * 32), 0, stream, p);
+                  dim3(unsigned(grid)), dim3(warps * 32), dot_smem_bytes<kR>(p, kBalance), stream, p);
 }
 
 template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales>
