@@ -281,8 +281,9 @@ def run_shape(lib, sh, batches, timer, copy_bw, rows, results, crossover, worst_
     per_copy = E * 3 * sh.I * H * (2 + 1 + 1 / 32 + 1 + 1 / 128)  # BF16, MX, prepared fast form
     copies = int(max(2, min(4, MEM_BUDGET // per_copy)))
     Ws = [Weights(sh, lib, True, 1234 + c) for c in range(copies)]
-    wr = torch.randn(E, H, device="cuda", dtype=torch.bfloat16) / math.sqrt(H)
-    bias = (torch.randn(E, device="cuda") * 0.1) if sh.sigmoid else None
+    gr = torch.Generator(device="cuda").manual_seed(4321)  # the same routing in every run
+    wr = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=gr) / math.sqrt(H)
+    bias = (torch.randn(E, device="cuda", generator=gr) * 0.1) if sh.sigmoid else None
     stream = torch.cuda.Stream()
     gen = torch.Generator(device="cuda").manual_seed(7)
     for B in batches:

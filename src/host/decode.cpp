@@ -173,10 +173,13 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // Not with a persistent walk (it mixes the tasks) or a non-default MXFP8 launch bound (the shared-first
   // kernels exist at the default bound only): those switches then select their kernels as before.
   p.shared_first = shared_first && w1.shared_data != nullptr && p.persist == 0 && (!mx || p.min_ctas_per_sm == 3);
-  // x staged per CTA in shared memory as FP32 (session 19, run 143: G alone up to 1.16x, steps 0.98-1.06x),
-  // where H·4 bytes of shared memory fit without an opt-in; one task a warp only (a persistent walk of staged
-  // blocks compiled to 103-151 registers, or 120 bytes of spills at the MXFP8 bound: not built).
-  const int x_smem = env_choice(fn, "MXMOE_DECODE_GATE_UP_XSMEM", 1, {1, 0});
+  // x staged per CTA in shared memory as FP32 (session 19; decode.md "Runs 143-146"), where H·4 bytes of
+  // shared memory fit without an opt-in; one task a warp only (a persistent walk of staged blocks compiled to
+  // 103-151 registers, or 120 bytes of spills at the MXFP8 bound: not built). Unset: on, except MXFP8 weights
+  // with H > 4096. Measured (steps, staged / not): H = 2048 and 4096 1.00-1.07x with both dtypes at B = 1-8;
+  // H = 7168 BF16 1.00-1.02x, MXFP8 0.95-0.99x at B = 2-8 (the kernel then streams at ~90% of copy, and the
+  // per-CTA copy of the long x row costs more than the conversions it saves).
+  const int x_smem = env_choice(fn, "MXMOE_DECODE_GATE_UP_XSMEM", mx && hidden > 4096 ? 0 : 1, {1, 0});
   p.x_smem = x_smem && p.persist == 0 && int64_t(hidden) * 4 <= detail::kDecodeGateUpMaxXSmem ? 1 : 0;
   detail::launch_decode_gate_up(p, stream);
 }
