@@ -106,16 +106,17 @@ __device__ __forceinline__ void warp_top2(float v, uint32_t key, int lane, float
 
 // Group scores in registers (no shared memory, no serial scan) when a slot holds whole groups
 // (G <= 32, 32 % G == 0: slot i holds groups i·32/G + lane/G; G = 32 is DeepSeek-V3's): lane g ends with
-// group g's score (t1 + t2, NaN → -Inf), the others with -Inf. Returns false (nothing done) for other
-// group sizes, which take the serial form. Measured (run 124, E = 256, 8 groups): the group step costs
+// group g's score (t1 + t2, NaN → -Inf), the others with -Inf. Other group sizes take the serial form. Measured (run 124, E = 256, 8 groups): the group step costs
 // ~3 us here against ~1.7 us serially — the groups' chains (4 redux.sync + 2 shuffles each) run one
 // after another; the group-warps form (group_score_warp) spreads them over warps.
+// Whether a group of G experts takes this form (else limit_groups' serial scan).
+__device__ __forceinline__ bool groups_fill_slots(int G) { return G <= 32 && 32 % G == 0; }
+
 template <int kSlots>
-__device__ __forceinline__ bool group_scores_warp(const float (&sel)[kSlots], int E, int n_groups, int lane,
+__device__ __forceinline__ void group_scores_warp(const float (&sel)[kSlots], int E, int n_groups, int lane,
                                                   float& gscore) {
-  const int G = E / n_groups;
+  const int G = E / n_groups;  // groups_fill_slots(G) (the caller's test)
   gscore = -INFINITY;
-  if (G > 32 || 32 % G != 0) return false;
   const int gps = 32 / G;  // groups a slot
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
@@ -131,7 +132,6 @@ __device__ __forceinline__ bool group_scores_warp(const float (&sel)[kSlots], in
       if (lane == i * gps + sub) gscore = g;
     }
   }
-  return true;
 }
 
 // One group's score by one warp (the decode router's group-warps form): the sum of the two best of
@@ -183,20 +183,23 @@ __device__ __forceinline__ uint32_t limit_groups(const RouterLaunch& p, const fl
   constexpr bool kGiven = kForm == kSelectGroupWarps, kLean = kForm == kSelectGroupWarps;
   const int E = p.num_experts, G = E / p.n_groups;
   const bool has_group = lane < p.n_groups;
-  const bool serial = !kGiven && serial_form<kForm>(p);
+  // Serial scan (group sizes that do not fill slots, or MXMOE_ROUTER_SELECT=serial): lane g scans group g in
+  // shared memory.
+  const bool scan = !kGiven && (serial_form<kForm>(p) || !groups_fill_slots(G));
   float gscore = -INFINITY;
   if constexpr (kGiven) {
     if (has_group) gscore = gscore_given[lane];
-  } else if (serial || !group_scores_warp(sel, E, p.n_groups, lane, gscore)) {
-    // Serial form (other group sizes, or MXMOE_ROUTER_SELECT=serial): lane g scans group g in shared memory.
+  } else if (scan) {
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       const int e = lane + 32 * i;
       if (e < E) scratch[e] = sel[i];
     }
     __syncwarp();
+  } else {
+    group_scores_warp(sel, E, p.n_groups, lane, gscore);
   }
-  if (!kGiven && has_group && (serial || G > 32 || 32 % G != 0)) {
+  if (scan && has_group) {
     float t1 = -INFINITY, t2 = -INFINITY;
     for (int q = 0; q < G; ++q) {
       const float v = scratch[lane * G + q];

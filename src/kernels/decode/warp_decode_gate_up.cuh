@@ -210,6 +210,16 @@ __device__ __forceinline__ void dot_rows(const RowPair& rows, const XSrc& x, int
   }
 }
 
+// The rows order's blocks: task index t lies in block g = t / kBlock of kBlock adjacent rows; the blocks of
+// `pairs` row sets come side by side for each block of rows (g = ig·pairs + pair). Gives the row set `pair`
+// and the row i = ig·kBlock + (t - g·kBlock).
+template <int kBlock>
+__device__ __forceinline__ void rows_block(int64_t t, int64_t pairs, int64_t& pair, int64_t& i) {
+  const int64_t g = t / kBlock, ig = g / pairs;
+  pair = g - ig * pairs;
+  i = ig * kBlock + (t - g * kBlock);
+}
+
 // The task a warp's index t (0 <= t < B·S·I) stands for. Token order (p.rows_order = 0): t itself, i.e.
 // token by token. Rows order (default since run 128): t's block of kBlock (= a CTA's warps) adjacent rows
 // is g = t / kBlock, the blocks of all B·S (token, slot) pairs for rows ig·kBlock .. come side by side
@@ -219,9 +229,9 @@ __device__ __forceinline__ void dot_rows(const RowPair& rows, const XSrc& x, int
 template <int kBlock>
 __device__ __forceinline__ int64_t task_of(const GateUpLaunch& p, int64_t t) {
   if (!p.rows_order) return t;
-  const int64_t g = t / kBlock, pairs = int64_t(p.batch) * p.slots;
-  const int64_t ig = g / pairs, bj = g - ig * pairs;
-  return bj * p.inter + ig * kBlock + (t - g * kBlock);
+  int64_t bj, i;
+  rows_block<kBlock>(t, int64_t(p.batch) * p.slots, bj, i);
+  return bj * p.inter + i;
 }
 
 // Shared expert first (p.shared_first; a shared expert is slot k = S - 1): warps 0 .. B·I - 1 take the
@@ -236,9 +246,7 @@ __device__ __forceinline__ int64_t task_of_shared_first(const GateUpLaunch& p, i
   if (t < ns) {
     int64_t b, i;
     if (p.rows_order) {
-      const int64_t g = t / kBlock, ig = g / B;
-      b = g - ig * B;
-      i = ig * kBlock + (t - g * kBlock);
+      rows_block<kBlock>(t, B, b, i);
     } else {
       b = t / I;
       i = t - b * I;
@@ -250,10 +258,10 @@ __device__ __forceinline__ int64_t task_of_shared_first(const GateUpLaunch& p, i
     const int64_t b = u / (k * I);
     return b * S * I + (u - b * k * I);  // (b·S + j)·I + i with j·I + i = u - b·k·I
   }
-  const int64_t g = u / kBlock, pairs = B * k;
-  const int64_t ig = g / pairs, bj = g - ig * pairs;
+  int64_t bj, i;
+  rows_block<kBlock>(u, B * k, bj, i);
   const int64_t b = bj / k, j = bj - b * k;
-  return (b * S + j) * I + ig * kBlock + (u - g * kBlock);
+  return (b * S + j) * I + i;
 }
 
 // Whether CTA `cta` (kBlock warps, one task each) holds only shared-expert tasks under p.shared_first:
