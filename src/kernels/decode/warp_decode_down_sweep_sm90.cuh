@@ -8,8 +8,9 @@
 // tile n side by side) or b-major with MXMOE_DECODE_ORDER=tokens (down::tile_of). A CTA of W = min(S, 16)
 // warps walks the tiles blockIdx.x, + gridDim.x, ...:
 // with grid = B·tiles (PERSIST = 0) that is one tile a CTA, as the base kernel; with PERSIST = N the grid
-// is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots j = w, w+W, ... (down::slot_dots: per lane its chunks
-// in increasing K, the xor butterfly), lane 0 writes the kR sums to shared memory. Since session 19 a CTA
+// is N·SMs CTAs (fewer CTA launches and a shorter wave tail). Per tile: warp w takes slots j = w, w+W, ...
+// (down::slot_dots: per lane its chunks in increasing K, the xor butterfly), lane 0 writes the kR sums to
+// shared memory (dynamic, sized for the launch: dot_smem_bytes). Since session 19 a CTA
 // does that for a group of up to p.down_group tiles (t, t + G, ...) before one __syncthreads, after which
 // threads 0..group·kR-1 add each output's slots in order (down::combine): the warps stream their rows of
 // consecutive tiles back to back instead of meeting at a barrier after every tile (group 1 is the walk
@@ -95,7 +96,7 @@ __device__ __forceinline__ void run_tile(const DownLaunch& p, int b, int n0, int
 // into the group's slice of shared memory; one barrier; then threads 0 .. group·kR - 1 combine the group's
 // outputs. Two group buffers alternate, so one barrier a group suffices (a buffer is rewritten two groups
 // later, after the next group's barrier, which every combining thread passes only after its combine).
-// Group 1 is the walk before session 19 (a barrier a tile). 16 KB of shared memory whatever kR.
+// Group 1 is the walk before session 19 (a barrier a tile). At most 64 / kR tiles (dot_smem_bytes <= 16.5 KB).
 template <int kR>
 constexpr int max_group() { return 64 / kR; }
 
