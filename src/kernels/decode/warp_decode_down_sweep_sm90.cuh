@@ -91,7 +91,7 @@ __device__ __forceinline__ void run_tile(const DownLaunch& p, int b, int n0, int
   if (int(threadIdx.x) < rows) down::combine<kR>(p, b, n0, int(threadIdx.x), s_dot);
 }
 
-// Tiles a CTA of the tile walk computes between two CTA barriers (p.down_group, at most kMaxGroup): each warp
+// Tiles a CTA of the tile walk computes between two CTA barriers (p.down_group, at most max_group): each warp
 // streams its slots of tiles t, t + G, ... (G = gridDim.x) back to back, writing the per-slot dot products
 // into the group's slice of shared memory; one barrier; then threads 0 .. group·kR - 1 combine the group's
 // outputs. Two group buffers alternate, so one barrier a group suffices (a buffer is rewritten two groups
@@ -100,18 +100,16 @@ __device__ __forceinline__ void run_tile(const DownLaunch& p, int b, int n0, int
 template <int kR>
 constexpr int max_group() { return 64 / kR; }
 
-// MXFP8: the scale bytes' values 2^(s-127) (dev::e8m0_to_f32, 0 and 255 included) in shared memory, so a
-// chunk's scale is one indexed load instead of a shift, two compares and two selects (the same floats).
+// MXFP8: the scale bytes' values 2^(s-127) in shared memory (dev::fill_e8m0_table).
 template <bool kMx>
 struct ScaleTable {
   float v[kMx ? 256 : 1];
 };
 
-template <bool kMx>
-__device__ __forceinline__ void fill_scale_table(ScaleTable<kMx>& t) {
-  if constexpr (kMx) {
-    for (int i = int(threadIdx.x); i < 256; i += int(blockDim.x)) t.v[i] = dev::e8m0_to_f32(uint32_t(i));
-  }
+// The tile walk's group: p.down_group, at most max_group (the kernel and dot_smem_bytes agree on it).
+template <int kR>
+__host__ __device__ __forceinline__ int tile_group(const DownLaunch& p) {
+  return p.down_group < max_group<kR>() ? p.down_group : max_group<kR>();
 }
 
 template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
@@ -120,7 +118,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
   static_assert(kR * kUnroll <= 16, "at most 16 16-byte loads in flight a lane");
   static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
-  constexpr int kMaxGroup = max_group<kR>();
   // Per-slot dot products, dynamic (dot_smem_bytes: sized for the launch's slots and group, so that the L1
   // cache, which holds h, keeps its room): [2][group][S][kR] floats (two groups; the balanced walk: group 1).
   extern __shared__ float s_dot_all[];
@@ -150,10 +147,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   const int tiles = (p.hidden + kR - 1) / kR;
   const int total = p.batch * tiles;
   const int stride = int(gridDim.x);
-  const int group = p.down_group < kMaxGroup ? p.down_group : kMaxGroup;  // >= 1 (host check)
+  const int group = tile_group<kR>(p);  // >= 1 (host check)
   if (lane == 0 && int(blockIdx.x) < total) prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
   if constexpr (kMx) {
-    fill_scale_table<kMx>(s_scale);
+    dev::fill_e8m0_table(s_scale.v);
     __syncthreads();  // the scale table (before the wait: it depends on nothing the kernel ahead writes)
   }
   device::griddepcontrol_wait();  // h comes from decode_gate_up (the kernel ahead of this one)
@@ -192,7 +189,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
 // at most 2 · 16 · 33 · 4 · 4 B (kR 4, group 16, S 33) = 16.5 KB.
 template <int kR>
 size_t dot_smem_bytes(const DownLaunch& p, bool balance) {
-  const int group = balance ? 1 : (p.down_group < max_group<kR>() ? p.down_group : max_group<kR>());
+  const int group = balance ? 1 : tile_group<kR>(p);
   return size_t(2) * group * p.slots * kR * sizeof(float);
 }
 

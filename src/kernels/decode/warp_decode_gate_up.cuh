@@ -50,22 +50,40 @@ __device__ __forceinline__ RowPair slot_rows(const GateUpLaunch& p, int b, int j
 
 // Where a lane's x values come from: the token's BF16 row in global memory (XGlobal), or its FP32 copy in
 // shared memory (XShared, staged once per CTA by stage_x: float4 group q of chunk c at s[q·nch + c], so
-// that the 32 lanes of a load read 32 consecutive float4). Both give the same FP32 values of x, and the
-// dot products take them in the same order: the same bits.
+// that the 32 lanes of a load read 32 consecutive float4). Each adds chunk c's products of both rows to ag,
+// au: bf16 (8 BF16 weights a row) or mx (16 E4M3 a row and their scale bytes). Both give the same FP32
+// values of x, taken in the same order: the same bits.
 struct XGlobal {
   const uint8_t* x;
+  __device__ __forceinline__ void bf16(uint4 gw, uint4 uw, int c, float& ag, float& au) const {
+    const uint4 xv = dev::ldg_v4(x + int64_t(c) * 16);
+    ag = dev::dot8_bf16_bf16(gw, xv, ag);
+    au = dev::dot8_bf16_bf16(uw, xv, au);
+  }
+  __device__ __forceinline__ void mx(uint4 gw, uint4 uw, uint32_t gs, uint32_t us, int c, float& ag,
+                                     float& au) const {
+    const uint4 x0 = dev::ldg_v4(x + int64_t(c) * 32);
+    const uint4 x1 = dev::ldg_v4(x + int64_t(c) * 32 + 16);
+    ag = fmaf(dev::dot16_e4m3_bf16(gw, x0, x1), dev::e8m0_to_f32(gs), ag);
+    au = fmaf(dev::dot16_e4m3_bf16(uw, x0, x1), dev::e8m0_to_f32(us), au);
+  }
 };
 struct XShared {
   const float4* s;
   int nch;             // chunks in the row: H/16 (MXFP8) or H/8 (BF16)
-  const float* scale;  // MXFP8: 2^(s-127) for each scale byte s (fill_scale_table), in shared memory
+  const float* scale;  // MXFP8: 2^(s-127) for each scale byte s (dev::fill_e8m0_table), in shared memory
+  __device__ __forceinline__ void bf16(uint4 gw, uint4 uw, int c, float& ag, float& au) const {
+    const float4 h0 = s[c], h1 = s[nch + c];
+    ag = dev::dot8_bf16_f32(gw, h0, h1, ag);
+    au = dev::dot8_bf16_f32(uw, h0, h1, au);
+  }
+  __device__ __forceinline__ void mx(uint4 gw, uint4 uw, uint32_t gs, uint32_t us, int c, float& ag,
+                                     float& au) const {
+    const float4 h[4] = {s[c], s[nch + c], s[2 * nch + c], s[3 * nch + c]};
+    ag = fmaf(dev::dot16_e4m3_f32(gw, h), scale[gs], ag);
+    au = fmaf(dev::dot16_e4m3_f32(uw, h), scale[us], au);
+  }
 };
-
-// The 256 values of dev::e8m0_to_f32 (0 and 255 included) into t, by all threads; the caller synchronises.
-// A chunk's scale is then one indexed shared-memory load instead of a shift, two compares and two selects.
-__device__ __forceinline__ void fill_scale_table(float* t) {
-  for (int i = int(threadIdx.x); i < 256; i += int(blockDim.x)) t[i] = dev::e8m0_to_f32(uint32_t(i));
-}
 
 // The CTA's token's x row as FP32 into s (kPer float4 a chunk: 4 for MXFP8 chunks of 16, 2 for BF16 chunks
 // of 8), by all threads; the caller synchronises.
@@ -102,31 +120,13 @@ __device__ __forceinline__ void load_round(Bf16Round<kUnroll>& r, const RowPair&
   }
 }
 
-template <int kUnroll>
-__device__ __forceinline__ void use_round(const Bf16Round<kUnroll>& r, const XGlobal& x, int c0, int nchunks,
+template <int kUnroll, class XSrc>
+__device__ __forceinline__ void use_round(const Bf16Round<kUnroll>& r, const XSrc& x, int c0, int nchunks,
                                           float& ag, float& au) {
 #pragma unroll
   for (int t = 0; t < kUnroll; ++t) {
     const int c = c0 + 32 * t;
-    if (c < nchunks) {
-      const uint4 xv = dev::ldg_v4(x.x + int64_t(c) * 16);
-      ag = dev::dot8_bf16_bf16(r.gw[t], xv, ag);
-      au = dev::dot8_bf16_bf16(r.uw[t], xv, au);
-    }
-  }
-}
-
-template <int kUnroll>
-__device__ __forceinline__ void use_round(const Bf16Round<kUnroll>& r, const XShared& x, int c0, int nchunks,
-                                          float& ag, float& au) {
-#pragma unroll
-  for (int t = 0; t < kUnroll; ++t) {
-    const int c = c0 + 32 * t;
-    if (c < nchunks) {
-      const float4 h0 = x.s[c], h1 = x.s[x.nch + c];
-      ag = dev::dot8_bf16_f32(r.gw[t], h0, h1, ag);
-      au = dev::dot8_bf16_f32(r.uw[t], h0, h1, au);
-    }
+    if (c < nchunks) x.bf16(r.gw[t], r.uw[t], c, ag, au);
   }
 }
 
@@ -155,32 +155,13 @@ __device__ __forceinline__ void load_round(MxRound<kUnroll>& r, const RowPair& r
   }
 }
 
-template <int kUnroll>
-__device__ __forceinline__ void use_round(const MxRound<kUnroll>& r, const XGlobal& x, int c0, int nchunks,
+template <int kUnroll, class XSrc>
+__device__ __forceinline__ void use_round(const MxRound<kUnroll>& r, const XSrc& x, int c0, int nchunks,
                                           float& ag, float& au) {
 #pragma unroll
   for (int t = 0; t < kUnroll; ++t) {
     const int c = c0 + 32 * t;
-    if (c < nchunks) {
-      const uint4 x0 = dev::ldg_v4(x.x + int64_t(c) * 32);
-      const uint4 x1 = dev::ldg_v4(x.x + int64_t(c) * 32 + 16);
-      ag = fmaf(dev::dot16_e4m3_bf16(r.gw[t], x0, x1), dev::e8m0_to_f32(r.gs[t]), ag);
-      au = fmaf(dev::dot16_e4m3_bf16(r.uw[t], x0, x1), dev::e8m0_to_f32(r.us[t]), au);
-    }
-  }
-}
-
-template <int kUnroll>
-__device__ __forceinline__ void use_round(const MxRound<kUnroll>& r, const XShared& x, int c0, int nchunks,
-                                          float& ag, float& au) {
-#pragma unroll
-  for (int t = 0; t < kUnroll; ++t) {
-    const int c = c0 + 32 * t;
-    if (c < nchunks) {
-      const float4 h[4] = {x.s[c], x.s[x.nch + c], x.s[2 * x.nch + c], x.s[3 * x.nch + c]};
-      ag = fmaf(dev::dot16_e4m3_f32(r.gw[t], h), x.scale[r.gs[t]], ag);
-      au = fmaf(dev::dot16_e4m3_f32(r.uw[t], h), x.scale[r.us[t]], au);
-    }
+    if (c < nchunks) x.mx(r.gw[t], r.uw[t], r.gs[t], r.us[t], c, ag, au);
   }
 }
 

@@ -44,7 +44,7 @@ static_assert(8 % kWarps == 0, "gate_up::task_of's blocks of kWarps rows: I % 8 
 // One task a warp with x staged (kXs, p.x_smem): the CTA's 8 tasks are 8 adjacent rows of one (token, slot)
 // (task_of's blocks and task_of_shared_first's: I % 8 == 0, B·I % 8 == 0), so one token's x serves the
 // whole CTA. Each warp issues its first round of weight loads, the CTA copies x into shared memory as FP32
-// (stage_x; MXFP8 also the 256 scale values, fill_scale_table), one barrier, then the warps compute from
+// (stage_x; MXFP8 also the 256 scale values, dev::fill_e8m0_table), one barrier, then the warps compute from
 // there: no BF16 unpack of x and no scale-byte conversion in the chunks' dot products, the same FP32 values
 // in the same order (the same bits). Shared memory: H·4 B (+ 1 KB MXFP8). `task` is this warp's task index, `map`
 // the walk's numbering; the tail CTA's warps without a task take part in the copy and the barrier.
@@ -64,7 +64,7 @@ __device__ __forceinline__ void staged_task(const GateUpLaunch& p, int64_t task,
   }
   gate_up::stage_x<kPer>(s_x, p.x + int64_t(t.b) * p.hidden, p.hidden);
   float* s_scale = reinterpret_cast<float*>(s_x + p.hidden / 4);  // MXFP8: 256 floats after x
-  if constexpr (kMx) gate_up::fill_scale_table(s_scale);
+  if constexpr (kMx) dev::fill_e8m0_table(s_scale);
   __syncthreads();
   if (!has) return;
   float ag = 0.0f, au = 0.0f;
