@@ -201,8 +201,7 @@ void decode_expert_centric(const __nv_bfloat16* x, int batch, int hidden, int in
                            cudaStream_t stream = nullptr);
 
 // ---- one decode step, dispatched ----------------------------------------------------------------
-// decode_router, then warp decode (decode_gate_up with FP32 h, decode_down; the router also writes x
-// as FP32 into the workspace, which the gate/up kernel reads instead of x — the same bits) when
+// decode_router, then warp decode (decode_gate_up with FP32 h, decode_down) when
 // choose_decode_path(shape, w1.dtype, batch) says so (batch <= the crossover), else
 // decode_expert_centric. The router runs inside, so topk_ids [B, k] and topk_weights [B, k]
 // (caller-provided, 4-byte aligned) are outputs: the routing this step used. params.top_k must

@@ -10,7 +10,6 @@
 
 #include "host/check.h"
 #include "host/decode_checks.h"
-#include "host/decode_internal.h"
 #include "host/routing.h"
 #include "kernels/decode/decode_launch.h"
 
@@ -25,12 +24,25 @@ using detail::check_not_null;
 using detail::check_ptr;
 using detail::check_top_k;
 using detail::check_weights;
-using detail::env_choice;
 using detail::env_int;
 using detail::expert_weights;
 using detail::is_mx;
 using detail::throw_arg;
 using detail::to_str;
+
+// A switch from the environment: unset or empty gives dflt; otherwise it must be one of `allowed`,
+// written as a decimal integer, or the call throws naming the variable.
+int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<int> allowed) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return dflt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  for (int a : allowed)
+    if (*end == '\0' && x == a) return a;
+  std::string list;
+  for (int a : allowed) list += (list.empty() ? "" : " | ") + to_str(a);
+  throw_arg(fn, var, v, "must be " + list);
+}
 
 // A switch spelled as a word: -1 when unset or empty, else the index of its value in `words`; any other
 // value throws naming the variable.
@@ -103,11 +115,9 @@ void check_h_dtype(const char* fn, DecodeHDtype d) {
 
 }  // namespace
 
-namespace detail {
-
-void decode_router_impl(const __nv_bfloat16* x, int batch, int hidden, const __nv_bfloat16* router_w,
-                        int num_experts, const RouterParams& params, int32_t* topk_ids, float* topk_weights,
-                        cudaStream_t stream, float* x_f32, int x_f32_per) {
+void decode_router(const __nv_bfloat16* x, int batch, int hidden, const __nv_bfloat16* router_w,
+                   int num_experts, const RouterParams& params, int32_t* topk_ids,
+                   float* topk_weights, cudaStream_t stream) {
   const char* fn = "decode_router";
   check_ptr(fn, "x", x, 16);
   check_batch(fn, batch);
@@ -119,14 +129,12 @@ void decode_router_impl(const __nv_bfloat16* x, int batch, int hidden, const __n
   p.w = reinterpret_cast<const uint16_t*>(router_w);
   p.batch = batch;
   p.hidden = hidden;
-  p.x_f32 = x_f32;
-  p.x_f32_per = x_f32_per;
   detail::launch_decode_router(p, stream);
 }
 
-void decode_gate_up_impl(const __nv_bfloat16* x, int batch, int hidden, int inter, const DecodeWeights& w1,
-                         int num_experts, const int32_t* topk_ids, int top_k, void* h, DecodeHDtype h_dtype,
-                         cudaStream_t stream, const float* x_f32) {
+void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
+                    const DecodeWeights& w1, int num_experts, const int32_t* topk_ids, int top_k,
+                    void* h, DecodeHDtype h_dtype, cudaStream_t stream) {
   const char* fn = "decode_gate_up";
   check_ptr(fn, "x", x, 16);
   check_batch(fn, batch);
@@ -173,25 +181,7 @@ void decode_gate_up_impl(const __nv_bfloat16* x, int batch, int hidden, int inte
   // per-CTA copy of the long x row costs more than the conversions it saves).
   const int x_smem = env_choice(fn, "MXMOE_DECODE_GATE_UP_XSMEM", mx && hidden > 4096 ? 0 : 1, {1, 0});
   p.x_smem = x_smem && p.persist == 0 && int64_t(hidden) * 4 <= detail::kDecodeGateUpMaxXSmem ? 1 : 0;
-  // x from the router's FP32 copy (decode_step only): with FP32 h, and for MXFP8 at the default launch bound (its
-  // kernels exist there only). Under shared-first the shared CTAs still read x itself (staged or not).
-  if (x_f32 != nullptr && !p.h_bf16 && (!mx || p.min_ctas_per_sm == 3)) p.x_f32 = x_f32;
   detail::launch_decode_gate_up(p, stream);
-}
-
-}  // namespace detail
-
-void decode_router(const __nv_bfloat16* x, int batch, int hidden, const __nv_bfloat16* router_w,
-                   int num_experts, const RouterParams& params, int32_t* topk_ids,
-                   float* topk_weights, cudaStream_t stream) {
-  detail::decode_router_impl(x, batch, hidden, router_w, num_experts, params, topk_ids, topk_weights, stream,
-                             nullptr, 0);
-}
-
-void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
-                    const DecodeWeights& w1, int num_experts, const int32_t* topk_ids, int top_k,
-                    void* h, DecodeHDtype h_dtype, cudaStream_t stream) {
-  detail::decode_gate_up_impl(x, batch, hidden, inter, w1, num_experts, topk_ids, top_k, h, h_dtype, stream, nullptr);
 }
 
 void decode_down(const void* h, DecodeHDtype h_dtype, int batch, int inter, int hidden,

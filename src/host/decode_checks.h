@@ -3,7 +3,6 @@
 // (src/host/decode_expert_centric.cpp). They throw mxmoe::Error naming the argument.
 #pragma once
 #include <cstdlib>
-#include <initializer_list>
 #include <string>
 
 #include "host/check.h"
@@ -17,20 +16,6 @@ inline constexpr int kDecodeMaxDim = 1 << 16;
 inline int env_int(const char* name, int dflt) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : dflt;
-}
-
-// A switch from the environment: unset or empty gives dflt; otherwise it must be one of `allowed`,
-// written as a decimal integer, or the call throws naming the variable.
-inline int env_choice(const char* fn, const char* var, int dflt, std::initializer_list<int> allowed) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || *v == '\0') return dflt;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  for (int a : allowed)
-    if (*end == '\0' && x == a) return a;
-  std::string list;
-  for (int a : allowed) list += (list.empty() ? "" : " | ") + to_str(a);
-  throw_arg(fn, var, v, "must be " + list);
 }
 
 inline void check_batch(const char* fn, int batch) {

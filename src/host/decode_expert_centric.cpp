@@ -10,7 +10,6 @@
 
 #include "host/check.h"
 #include "host/decode_checks.h"
-#include "host/decode_internal.h"
 #include "host/moe_expert_block.h"
 #include "host/routing.h"
 #include "mxmoe/decode.h"
@@ -299,17 +298,10 @@ void decode_expert_centric(const __nv_bfloat16* x, int batch, int hidden, int in
               batch, top_k, shared ? static_cast<const float*>(st.shared.y) : nullptr, out, stream);
 }
 
-// The warp path's workspace: h [B, S, I] FP32, then (256-byte aligned) x as FP32 [B, H] for the gate/up kernel.
-size_t warp_x_offset(int batch, const DecodeShape& s) { return (warp_h_bytes(batch, s) + 255) / 256 * 256; }
-
-size_t warp_workspace_bytes(int batch, const DecodeShape& s) {
-  return warp_x_offset(batch, s) + size_t(batch) * size_t(s.hidden) * sizeof(float);
-}
-
 size_t decode_step_workspace_bytes(const DecodeShape& shape, DecodeWeightDtype dtype, int batch) {
   const size_t ec = decode_expert_centric_workspace_bytes(batch, shape.hidden, shape.inter, shape.num_experts,
                                                           shape.top_k, shape.shared_expert, dtype);
-  return std::max(ec, warp_workspace_bytes(batch, shape));
+  return std::max(ec, warp_h_bytes(batch, shape));
 }
 
 DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& shape, const __nv_bfloat16* router_w,
@@ -329,17 +321,11 @@ DecodePath decode_step(const __nv_bfloat16* x, int batch, const DecodeShape& sha
   detail::check_routing(fn, shape.num_experts, params, topk_ids, topk_weights);
   check_workspace(fn, workspace, workspace_bytes, decode_step_workspace_bytes(shape, w1.dtype, batch));
 
+  decode_router(x, batch, shape.hidden, router_w, shape.num_experts, params, topk_ids, topk_weights, stream);
   const DecodePath path = choose_decode_path(shape, w1.dtype, batch);
-  // Warp path: the router also writes x as FP32 into the workspace, and the gate/up kernel's routed tasks read
-  // it there (no BF16 unpack a chunk, no per-CTA copy; the same bits). MXMOE_DECODE_GATE_UP_XF32=0 turns it off.
-  const bool mx = w1.dtype == DecodeWeightDtype::kMXFP8;
-  const bool xf = path == DecodePath::kWarpDecode && detail::env_choice(fn, "MXMOE_DECODE_GATE_UP_XF32", 1, {0, 1}) == 1;
-  float* x_f32 = xf ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + warp_x_offset(batch, shape)) : nullptr;
-  detail::decode_router_impl(x, batch, shape.hidden, router_w, shape.num_experts, params, topk_ids, topk_weights,
-                             stream, x_f32, mx ? 4 : 2);
   if (path == DecodePath::kWarpDecode) {
-    detail::decode_gate_up_impl(x, batch, shape.hidden, shape.inter, w1, shape.num_experts, topk_ids, shape.top_k,
-                                workspace, DecodeHDtype::kFP32, stream, x_f32);
+    decode_gate_up(x, batch, shape.hidden, shape.inter, w1, shape.num_experts, topk_ids, shape.top_k, workspace,
+                   DecodeHDtype::kFP32, stream);
     decode_down(workspace, DecodeHDtype::kFP32, batch, shape.inter, shape.hidden, w2, shape.num_experts, topk_ids,
                 topk_weights, shape.top_k, out, stream);
   } else {

@@ -38,8 +38,6 @@ struct RouterLaunch {
                                  // or 16 (MXMOE_ROUTER_UNROLL; same ids and weights)
   int x_global = 0;              // decode router: 1 reads X from global memory, not from a shared copy
                                  // (MXMOE_ROUTER_XSMEM=0; same ids and weights)
-  float* x_f32 = nullptr;        // decode_step: also write x as FP32 [B, H] in dev::x_f32_index's layout with
-  int x_f32_per = 4;             // x_f32_per float4 a chunk (4: MXFP8 weights, 2: BF16), for decode_gate_up (p.x_f32)
   int select_form = kSelectGroupWarps;  // RouterSelectForm (MXMOE_ROUTER_SELECT; default group warps since
                                         // run 126); in the decode router the serial form also has rank 0 score
                                         // every expert and a release/acquire first cluster barrier
@@ -78,9 +76,6 @@ struct GateUpLaunch {
                                 // griddepcontrol.wait; x must be complete when this kernel starts
                                 // (gate_up::task_of_shared_first; MXMOE_DECODE_SHARED_FIRST, default on
                                 // since run 137; same bits)
-  const float* x_f32 = nullptr; // decode_step (MXMOE_DECODE_GATE_UP_XF32): x as FP32, written by the router this step
-                                // (RouterLaunch::x_f32), read by the routed tasks instead of x (same bits); FP32 h,
-                                // MXFP8 at the default launch bound
   int x_smem = 0;               // 1 (one task a warp, H <= kDecodeGateUpMaxXSmem / 4): each CTA copies its token's
                                 // x into shared memory as FP32 first (MXMOE_DECODE_GATE_UP_XSMEM; same bits)
 };

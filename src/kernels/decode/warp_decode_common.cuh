@@ -122,23 +122,6 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float4& a, float4& b) {
   b = make_float4(bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w));
 }
 
-// x as FP32 in the gate/up kernel's chunk-interleaved layout (its staged copy in shared memory, and the copy the
-// decode router writes for decode_step): a row of H values as float4 groups (4 elements each), `per` groups a
-// chunk (2 for BF16 weight chunks of 8, 4 for MXFP8 chunks of 16), group q of chunk c at q·nch + c (nch = H /
-// (4·per) chunks), so that the 32 lanes of a load (chunks c0 .. c0+31) read 32 consecutive float4. Group g of the
-// row is elements 4g .. 4g+3.
-__host__ __device__ __forceinline__ int x_f32_index(int g, int per, int nch) {
-  return (g & (per - 1)) * nch + (g >> (per == 4 ? 2 : 1));  // per = 2 or 4: (g mod per)·nch + g / per
-}
-
-// Eight BF16 values (16 bytes: elements 8v .. 8v+7 of the row, per even) as FP32 into `row` in that layout.
-__device__ __forceinline__ void put_x8_f32(float4* row, int v, int per, int nch, uint4 bits) {
-  float4 a, b;
-  bf16x8_to_f32(bits, a, b);
-  row[x_f32_index(2 * v, per, nch)] = a;
-  row[x_f32_index(2 * v + 1, per, nch)] = b;
-}
-
 __device__ __forceinline__ float4 as_float4(uint4 v) {
   return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
                      __uint_as_float(v.w));

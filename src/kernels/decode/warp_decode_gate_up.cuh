@@ -48,11 +48,11 @@ __device__ __forceinline__ RowPair slot_rows(const GateUpLaunch& p, int b, int j
   return r;
 }
 
-// Where a lane's x values come from: the token's BF16 row in global memory (XGlobal), or an FP32 copy in
-// the chunk-interleaved layout of dev::x_f32_index (XF32): staged once per CTA in shared memory (XShared, stage_x)
-// or written once a step by the router into global memory (XF32Global, decode_step). Each adds chunk c's
-// products of both rows to ag, au: bf16 (8 BF16 weights a row) or mx (16 E4M3 a row and their scale bytes).
-// Every source gives the same FP32 values of x, taken in the same order: the same bits.
+// Where a lane's x values come from: the token's BF16 row in global memory (XGlobal), or its FP32 copy in
+// shared memory (XShared, staged once per CTA by stage_x: float4 group q of chunk c at s[q·nch + c], so
+// that the 32 lanes of a load read 32 consecutive float4). Each adds chunk c's products of both rows to ag,
+// au: bf16 (8 BF16 weights a row) or mx (16 E4M3 a row and their scale bytes). Both give the same FP32
+// values of x, taken in the same order: the same bits.
 struct XGlobal {
   const uint8_t* x;
   __device__ __forceinline__ void bf16(uint4 gw, uint4 uw, int c, float& ag, float& au) const {
@@ -68,55 +68,35 @@ struct XGlobal {
     au = fmaf(dev::dot16_e4m3_bf16(uw, x0, x1), dev::e8m0_to_f32(us), au);
   }
 };
-
-template <bool kGlobal>
-struct XF32 {
-  const float4* s;     // the token's row (dev::x_f32_index's layout)
+struct XShared {
+  const float4* s;
   int nch;             // chunks in the row: H/16 (MXFP8) or H/8 (BF16)
   const float* scale;  // MXFP8: 2^(s-127) for each scale byte s (dev::fill_e8m0_table), in shared memory
-  __device__ __forceinline__ float4 at(int i) const {
-    if constexpr (kGlobal) {
-      return __ldg(s + i);
-    } else {
-      return s[i];
-    }
-  }
   __device__ __forceinline__ void bf16(uint4 gw, uint4 uw, int c, float& ag, float& au) const {
-    const float4 h0 = at(c), h1 = at(nch + c);
+    const float4 h0 = s[c], h1 = s[nch + c];
     ag = dev::dot8_bf16_f32(gw, h0, h1, ag);
     au = dev::dot8_bf16_f32(uw, h0, h1, au);
   }
-  // A float4 of x at a time for both rows (dev::dot16_e4m3_f32's order per row): from global memory, four x
-  // registers live instead of sixteen (the kernel's 80-register bound).
   __device__ __forceinline__ void mx(uint4 gw, uint4 uw, uint32_t gs, uint32_t us, int c, float& ag,
                                      float& au) const {
-    if constexpr (kGlobal) {
-      const uint32_t gq[4] = {gw.x, gw.y, gw.z, gw.w}, uq[4] = {uw.x, uw.y, uw.z, uw.w};
-      float sg = 0.0f, su = 0.0f;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 h = at(q * nch + c);
-        sg = dev::dot4_e4m3(gq[q], h.x, h.y, h.z, h.w, sg);
-        su = dev::dot4_e4m3(uq[q], h.x, h.y, h.z, h.w, su);
-      }
-      ag = fmaf(sg, scale[gs], ag);
-      au = fmaf(su, scale[us], au);
-    } else {
-      const float4 h[4] = {at(c), at(nch + c), at(2 * nch + c), at(3 * nch + c)};
-      ag = fmaf(dev::dot16_e4m3_f32(gw, h), scale[gs], ag);
-      au = fmaf(dev::dot16_e4m3_f32(uw, h), scale[us], au);
-    }
+    const float4 h[4] = {s[c], s[nch + c], s[2 * nch + c], s[3 * nch + c]};
+    ag = fmaf(dev::dot16_e4m3_f32(gw, h), scale[gs], ag);
+    au = fmaf(dev::dot16_e4m3_f32(uw, h), scale[us], au);
   }
 };
-using XShared = XF32<false>;
-using XF32Global = XF32<true>;
 
-// The CTA's token's x row as FP32 into s (dev::x_f32_index's layout, kPer float4 a chunk), by all threads; the
-// caller synchronises.
+// The CTA's token's x row as FP32 into s (kPer float4 a chunk: 4 for MXFP8 chunks of 16, 2 for BF16 chunks
+// of 8), by all threads; the caller synchronises.
 template <int kPer>
 __device__ __forceinline__ void stage_x(float4* s, const uint16_t* x, int hidden) {
   const int nch = hidden / (4 * kPer), nvec = hidden / 8;
-  for (int v = int(threadIdx.x); v < nvec; v += int(blockDim.x)) dev::put_x8_f32(s, v, kPer, nch, dev::ldg_v4(x + int64_t(v) * 8));
+  for (int v = int(threadIdx.x); v < nvec; v += int(blockDim.x)) {
+    float4 a, b;
+    dev::bf16x8_to_f32(dev::ldg_v4(x + int64_t(v) * 8), a, b);
+    const int g = 2 * v;  // float4 groups g, g + 1 (kPer is even)
+    s[(g % kPer) * nch + g / kPer] = a;
+    s[((g + 1) % kPer) * nch + (g + 1) / kPer] = b;
+  }
 }
 
 // BF16 weights: chunks of 8 elements; lane sums g and u over its chunks in increasing K. A round is
@@ -305,22 +285,15 @@ __device__ __forceinline__ void finish(const GateUpLaunch& p, const TaskPos& t, 
 }
 
 // The whole output of task (b·S + j)·I + i: both dot products, SwiGLU, one store. task < B·S·I (caller's
-// check); x of token b from x_of(b) (an x source above).
-template <bool kMx, bool kHBf16, int kUnroll, class XOf>
-__device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int lane, XOf x_of) {
-  const TaskPos t = task_pos(p, task);
-  const RowPair rows = slot_rows<kMx>(p, t.b, t.j, t.i);
-  float ag = 0.0f, au = 0.0f;
-  dot_rows<kMx, kUnroll>(rows, x_of(t.b), p.hidden, lane, ag, au);
-  finish<kHBf16>(p, t, ag, au, lane);
-}
-
-// The same with x from its BF16 row in global memory.
+// check); x from global memory.
 template <bool kMx, bool kHBf16, int kUnroll>
 __device__ __forceinline__ void output(const GateUpLaunch& p, int64_t task, int lane) {
-  output<kMx, kHBf16, kUnroll>(p, task, lane, [&](int b) {
-    return XGlobal{reinterpret_cast<const uint8_t*>(p.x + int64_t(b) * p.hidden)};
-  });
+  const TaskPos t = task_pos(p, task);
+  const RowPair rows = slot_rows<kMx>(p, t.b, t.j, t.i);
+  const XGlobal x{reinterpret_cast<const uint8_t*>(p.x + int64_t(t.b) * p.hidden)};
+  float ag = 0.0f, au = 0.0f;
+  dot_rows<kMx, kUnroll>(rows, x, p.hidden, lane, ag, au);
+  finish<kHBf16>(p, t, ag, au, lane);
 }
 
 }  // namespace mxmoe::detail::gate_up

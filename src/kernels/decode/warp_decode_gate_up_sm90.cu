@@ -73,46 +73,19 @@ __device__ __forceinline__ void staged_task(const GateUpLaunch& p, int64_t task,
   gate_up::finish<kHBf16>(p, t, ag, au, lane);
 }
 
-// kXf (p.x_f32, FP32 h): the routed tasks read x from the FP32 copy the router wrote this step (decode_step;
-// dev::x_f32_index's layout, kPer float4 a chunk), through the non-coherent path after griddepcontrol.wait:
-// no BF16 unpack and no per-CTA copy or barrier; MXFP8 chunk scales from a table in shared memory, filled before
-// the wait. Under kSharedFirst the shared expert's CTAs start before the router has written the copy, so they
-// read x as without kXf (staged with kXs, else the BF16 row).
-template <bool kMx>
-__device__ __forceinline__ gate_up::XF32Global x_f32_of(const GateUpLaunch& p, int b, const float* s_scale) {
-  constexpr int kPer = gate_up::chunk_elems<kMx>() / 4;
-  return gate_up::XF32Global{reinterpret_cast<const float4*>(p.x_f32) + int64_t(b) * (p.hidden / 4),
-                             p.hidden / (4 * kPer), s_scale};
-}
-
 // kSharedFirst (p.shared_first, one task a warp): the shared expert's tasks first, and their CTAs start
 // before griddepcontrol.wait, so that they stream while the router still runs (gate_up::task_of_shared_first).
-template <bool kMx, bool kHBf16, int kMinCtas, bool kSharedFirst = false, bool kXs = false, bool kXf = false>
+template <bool kMx, bool kHBf16, int kMinCtas, bool kSharedFirst = false, bool kXs = false>
 __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel(const GateUpLaunch p) {
-  extern __shared__ float4 s_x[];  // kXs: the CTA's token's x, FP32 (stage_x's layout); kXf, MXFP8: scale table
+  extern __shared__ float4 s_x[];  // kXs: the CTA's token's x, FP32 (stage_x's layout)
   const int lane = threadIdx.x & 31;
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   const int64_t task = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  [[maybe_unused]] float* s_scale = reinterpret_cast<float*>(s_x);  // kXf, MXFP8, the routed CTAs
-  [[maybe_unused]] bool shared_cta = false;                          // (CTA-uniform)
-  if constexpr (kSharedFirst) shared_cta = gate_up::shared_first_cta<kWarps>(p, blockIdx.x);
-  if constexpr (kXf && kMx) {
-    if (!shared_cta) {
-      dev::fill_e8m0_table(s_scale);
-      __syncthreads();  // before the wait: the table depends on nothing the kernel ahead writes
-    }
-  }
   if constexpr (kSharedFirst) {
-    if (!shared_cta) device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
+    if (!gate_up::shared_first_cta<kWarps>(p, blockIdx.x))
+      device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
     device::griddepcontrol_launch_dependents();
     const auto map = [&](int64_t t) { return gate_up::task_of_shared_first<kWarps>(p, t); };
-    if constexpr (kXf) {
-      if (!shared_cta) {  // CTA-uniform: the staged shared CTAs below meet at their barrier without these
-        if (task < total)
-          gate_up::output<kMx, kHBf16, kUnroll>(p, map(task), lane, [&](int b) { return x_f32_of<kMx>(p, b, s_scale); });
-        return;
-      }
-    }
     if constexpr (kXs) {
       staged_task<kMx, kHBf16>(p, task, total, lane, s_x, map);
     } else {
@@ -122,11 +95,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
   }
   device::griddepcontrol_wait();  // ids come from the router (the kernel ahead of this one)
   device::griddepcontrol_launch_dependents();
-  if constexpr (kXf) {
-    for (int64_t t = task; t < total; t += int64_t(gridDim.x) * kWarps)
-      gate_up::output<kMx, kHBf16, kUnroll>(p, gate_up::task_of<kWarps>(p, t), lane,
-                                            [&](int b) { return x_f32_of<kMx>(p, b, s_scale); });
-  } else if constexpr (kXs) {
+  if constexpr (kXs) {
     staged_task<kMx, kHBf16>(p, task, total, lane, s_x, [&](int64_t t) { return gate_up::task_of<kWarps>(p, t); });
   } else {
     // One task a warp (grid = all tasks), or a grid-stride walk (persistent grid); whole warps.
@@ -135,59 +104,29 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) warp_decode_gate_up_kernel
   }
 }
 
-// CTAs: one task a warp, or p.persist·SMs of them walking the tasks.
-int64_t grid_blocks(const GateUpLaunch& p) {
+template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kSharedFirst = false>
+void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
-  if (p.persist > 0 && !p.x_smem) {  // (host: the staged kernel is one task a warp)
+  if (p.x_smem) {  // (host: one task a warp, H·4 <= kMaxXSmem)
+    launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst, true>,
+                    dim3(unsigned(blocks)), dim3(kThreads), size_t(p.hidden) * 4 + (kMx ? 1024 : 0), stream, p);
+    return;
+  }
+  if (p.persist > 0) {
     int device = 0, sms = 0;
     MXMOE_CUDA_CHECK("decode_gate_up", cudaGetDevice(&device));
     MXMOE_CUDA_CHECK("decode_gate_up", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = int64_t(p.persist) * sms < blocks ? int64_t(p.persist) * sms : blocks;
   }
-  return blocks;
-}
-
-// Shared memory of a staged kernel: x as FP32 (+ the MXFP8 scale table).
-template <bool kMx>
-size_t staged_smem(const GateUpLaunch& p) { return size_t(p.hidden) * 4 + (kMx ? 1024 : 0); }
-
-template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kSharedFirst = false>
-void launch(const GateUpLaunch& p, cudaStream_t stream) {
-  const dim3 grid(unsigned(grid_blocks(p)));
-  if (p.x_smem) {  // (host: one task a warp, H·4 <= kMaxXSmem)
-    launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst, true>, grid,
-                    dim3(kThreads), staged_smem<kMx>(p), stream, p);
-    return;
-  }
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst>, grid,
-                  dim3(kThreads), 0, stream, p);
-}
-
-// x from the router's FP32 copy (p.x_f32; host: FP32 h, MXFP8 at the default launch bound). Under
-// kSharedFirst the shared CTAs may stage x (p.x_smem); the routed CTAs never do.
-template <bool kMx, int kMinCtas, bool kSharedFirst>
-void launch_xf(const GateUpLaunch& p, cudaStream_t stream) {
-  const dim3 grid(unsigned(grid_blocks(p)));
-  if (kSharedFirst && p.x_smem) {
-    launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, false, kMinCtas, true, true, true>, grid,
-                    dim3(kThreads), staged_smem<kMx>(p), stream, p);
-    return;
-  }
-  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, false, kMinCtas, kSharedFirst, false, true>, grid,
-                  dim3(kThreads), size_t(kMx ? 1024 : 0), stream, p);
+  launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst>,
+                  dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
-  if (p.x_f32 != nullptr) {  // (host: FP32 h; MXFP8 at the default launch bound)
-    if (p.w1.mxfp8) {
-      if (p.shared_first) launch_xf<true, 3, true>(p, stream); else launch_xf<true, 3, false>(p, stream);
-    } else {
-      if (p.shared_first) launch_xf<false, 1, true>(p, stream); else launch_xf<false, 1, false>(p, stream);
-    }
-  } else if (p.shared_first) {  // (host: a shared expert, one task a warp; MXFP8 at the default launch bound)
+  if (p.shared_first) {  // (host: a shared expert, one task a warp; MXFP8 at the default launch bound)
     if (p.w1.mxfp8) {
       if (p.h_bf16) launch<true, true, 3, true>(p, stream); else launch<true, false, 3, true>(p, stream);
     } else {

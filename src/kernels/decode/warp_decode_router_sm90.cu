@@ -58,13 +58,6 @@ static_assert(kMaxTokens <= kWarps, "one warp of rank 0 per token selects its to
 // Tokens per cluster for a batch of B: B rounded up to 1, 2 or 4, at most 4.
 int tokens_per_cluster(int batch) { return batch >= 3 ? kMaxTokens : batch; }
 
-// decode_step: chunk c (8 BF16) of token b's x as FP32 into p.x_f32 (dev::x_f32_index's layout) for the gate/up
-// kernel; each chunk by one CTA of the cluster (c mod the cluster size = its rank).
-__device__ __forceinline__ void put_x_f32(const RouterLaunch& p, int b, int c, uint4 v) {
-  dev::put_x8_f32(reinterpret_cast<float4*>(p.x_f32) + int64_t(b) * (p.hidden / 4), c, p.x_f32_per,
-                  p.hidden / (4 * p.x_f32_per), v);
-}
-
 // kSlots: scores a lane in the top-k (select_top_k: 32·kSlots >= E; the same bits for any such kSlots,
 // the fewest scan the fastest). A kernel per (kTokens, kSlots): inlining the three selections into one
 // kernel made ptxas spill around the division's call.
@@ -98,17 +91,10 @@ __global__ void __launch_bounds__(kThreads) warp_decode_router_kernel(const Rout
     for (int i = threadIdx.x; i < kTokens * nchunks; i += kThreads) {
       const int t = i / nchunks, c = i - t * nchunks;  // (x[t] with a run-time t would go to local memory)
       const uint16_t* row = p.x + int64_t(min(b0 + t, p.batch - 1)) * H;
-      const uint4 v = dev::ldg_v4(row + int64_t(c) * 8);
-      s_x[i] = v;
-      if (p.x_f32 != nullptr && (c & (csize - 1)) == rank && b0 + t < p.batch) put_x_f32(p, b0 + t, c, v);
+      s_x[i] = dev::ldg_v4(row + int64_t(c) * 8);
     }
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) x[t] = reinterpret_cast<const uint8_t*>(s_x + t * nchunks);
-  } else if (p.x_f32 != nullptr) {
-    for (int i = rank * kThreads + int(threadIdx.x); i < kTokens * nchunks; i += csize * kThreads) {
-      const int t = i / nchunks, c = i - t * nchunks;
-      if (b0 + t < p.batch) put_x_f32(p, b0 + t, c, dev::ldg_v4(p.x + int64_t(b0 + t) * H + int64_t(c) * 8));
-    }
   }
   if constexpr (kSerial) {
     cluster.sync();  // every CTA of the cluster runs: DSMEM stores into rank 0 are legal (and s_x is filled)
