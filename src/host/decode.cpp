@@ -106,10 +106,6 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs < 112))
     throw_arg(fn, "MXMOE_DECODE_DOWN_BALANCE", "1",
               "needs MXMOE_DECODE_DOWN_PERSIST > 0, MXMOE_DECODE_DOWN_PREFETCH 0 and MXMOE_DECODE_DOWN_REGS 112 or 128");
-  // Each lane's L2 prefetch of its chunks one round ahead (session 20; the tile walk at 128 or 112 registers).
-  p.down_pf_round = env_choice(fn, "MXMOE_DECODE_DOWN_PF_ROUND", 0, {0, 1});
-  if (p.down_pf_round && (p.down_balance || p.down_regs < 112))
-    throw_arg(fn, "MXMOE_DECODE_DOWN_PF_ROUND", "1", "needs MXMOE_DECODE_DOWN_BALANCE 0 and MXMOE_DECODE_DOWN_REGS 128 or 112");
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {

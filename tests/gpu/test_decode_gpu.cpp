@@ -1064,10 +1064,6 @@ const std::vector<DownSetting>& down_settings() {
       // Session 19: tiles between two CTA barriers (the default 8; 1 = a barrier a tile).
       // PERSIST 1 gives the small shapes several tiles a CTA (kLongRows at B = 8: ~8), so groups fill.
       {"group1", {{"GROUP", "1"}}},
-      {"pf round", {{"PF_ROUND", "1"}}},
-      {"pf round rows4 unroll2", {{"PF_ROUND", "1"}, {"ROWS", "4"}, {"UNROLL", "2"}}},
-      {"pf round regs112", {{"PF_ROUND", "1"}, {"REGS", "112"}}},
-      {"pf round rows16 scales row group1", {{"PF_ROUND", "1"}, {"ROWS", "16"}, {"SCALES", "row"}, {"GROUP", "1"}}},
       {"group2 persist1", {{"GROUP", "2"}, {"PERSIST", "1"}}},
       {"group16 rows4 persist1", {{"GROUP", "16"}, {"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "1"}}},
       {"group16 rows16 persist1 (capped at 4)", {{"GROUP", "16"}, {"ROWS", "16"}, {"PERSIST", "1"}}},
@@ -1308,9 +1304,6 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 2", {{"BALANCE", "2"}}},
       {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
-      {"PF_ROUND 2", {{"PF_ROUND", "2"}}},
-      {"PF_ROUND 1 with REGS 80", {{"REGS", "80"}, {"PF_ROUND", "1"}}},
-      {"PF_ROUND 1 with BALANCE 1", {{"BALANCE", "1"}, {"PF_ROUND", "1"}}},
       {"GROUP 3", {{"GROUP", "3"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},

@@ -11,7 +11,6 @@
 #pragma once
 #include <cstdint>
 
-#include "device/prefetch_global_l2.cuh"
 #include "kernels/decode/decode_launch.h"
 #include "kernels/decode/warp_decode_common.cuh"
 #include "mxmoe/decode.h"
@@ -89,24 +88,8 @@ __device__ __forceinline__ void load_h8(const void* h_row, int c, float4& a, flo
   }
 }
 
-// kPfRound (MXMOE_DECODE_DOWN_PF_ROUND=1): after issuing a round's loads, each lane asks L2 for its chunks of the
-// same rows one round ahead (prefetch.global.L2, no registers), so that the next round's loads find them in L2
-// instead of waiting for DRAM (the rows' first round still waits). Only when loads are issued changes, never
-// the arithmetic: the same bits.
-template <int kUnroll, int kR, bool kChecked>
-__device__ __forceinline__ void prefetch_next_round(const uint8_t* row, int64_t row_bytes, int c0, int nchunks,
-                                                    int rows) {
-#pragma unroll
-  for (int t = 0; t < kUnroll; ++t) {
-    const int c = c0 + 32 * (kUnroll + t);
-#pragma unroll
-    for (int q = 0; q < kR; ++q)
-      if (c < nchunks && row_ok<kR, kChecked>(q, rows)) device::prefetch_global_L2(row + q * row_bytes + int64_t(c) * 16);
-  }
-}
-
 // BF16 weights: chunks of 8.
-template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kChecked = false, bool kPfRound = false>
+template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kChecked = false>
 __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_row, int inter, int lane,
                                               float (&acc)[kR], int rows = kR) {
   const int nchunks = inter / 8;
@@ -122,7 +105,6 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
           w[t][q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
       }
     }
-    if constexpr (kPfRound) prefetch_next_round<kUnroll, kR, kChecked>(r.row, r.row_bytes, c0, nchunks, rows);
 #pragma unroll
     for (int t = 0; t < kUnroll; ++t) {
       const int c = c0 + 32 * t;
@@ -145,7 +127,7 @@ __device__ __forceinline__ void dot_rows_bf16(const SlotRows& r, const void* h_r
 // kScaleTable: chunk scales read from `scale_table` (256 floats, 2^(s-127) for each byte s, in shared
 // memory) instead of converted by dev::e8m0_to_f32: the same values, fewer instructions.
 template <bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
-          bool kChecked = false, bool kScaleTable = false, bool kPfRound = false>
+          bool kChecked = false, bool kScaleTable = false>
 __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row, int inter, int lane,
                                             float (&acc)[kR], int rows = kR, const float* scale_table = nullptr) {
   const int nchunks = inter / 16;
@@ -167,7 +149,6 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
         }
       }
     }
-    if constexpr (kPfRound) prefetch_next_round<kUnroll, kR, kChecked>(r.row, r.row_bytes, c0, nchunks, rows);
     if constexpr (kRowScales) {
 #pragma unroll
       for (int m = 0; m < kScaleLoads; ++m) {
@@ -208,7 +189,7 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
 // possible only for kR > 8, are not loaded; their acc is meaningless and never written). kChecked: only
 // the first `rows` rows are loaded (the balanced walk's tiles; rows <= H - n0).
 template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
-          bool kChecked = false, bool kScaleTable = false, bool kPfRound = false>
+          bool kChecked = false, bool kScaleTable = false>
 __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR],
                                           int rows = kR, const float* scale_table = nullptr) {
   const SlotRows w_rows = slot_rows<kMx>(p, b, j, n0);
@@ -219,10 +200,10 @@ __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = 0.0f;
   if constexpr (kMx) {
-    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales, kChecked, kScaleTable, kPfRound>(w_rows, h_row, p.inter,
-                                                                                             lane, acc, valid, scale_table);
+    dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales, kChecked, kScaleTable>(w_rows, h_row, p.inter, lane, acc,
+                                                                                   valid, scale_table);
   } else {
-    dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR, kChecked, kPfRound>(w_rows, h_row, p.inter, lane, acc, valid);
+    dot_rows_bf16<kHBf16, kHCoherent, kUnroll, kR, kChecked>(w_rows, h_row, p.inter, lane, acc, valid);
   }
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = dev::warp_sum(acc[q]);

@@ -30,8 +30,6 @@
 //   MXFP8 chunk scales (tile walk): 2^(s-127) from a 256-entry table in shared memory (ScaleTable).
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
-//   kPfRound  (MXMOE_DECODE_DOWN_PF_ROUND=1, tile walk, 128 or 112 registers): each lane asks L2 for its chunks one round
-//             ahead after issuing a round's loads (down::prefetch_next_round).
 // Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
 // (a hint: see warp_decode_down_sm90.cu).
 #pragma once
@@ -114,7 +112,7 @@ __host__ __device__ __forceinline__ int tile_group(const DownLaunch& p) {
   return p.down_group < max_group<kR>() ? p.down_group : max_group<kR>();
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance, bool kPfRound>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
 __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     warp_decode_down_sweep_kernel(const DownLaunch p) {
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
@@ -169,8 +167,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
       if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
       for (int j = warp; j < p.slots; j += num_warps) {
         float acc[kR];
-        down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, false, true, kPfRound>(p, b, j, n0, lane, acc,
-                                                                                           kR, s_scale.v);
+        down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, false, true>(p, b, j, n0, lane, acc, kR,
+                                                                                 s_scale.v);
         if (lane == 0) {
 #pragma unroll
           for (int q = 0; q < kR; ++q) s_dot_all[(buf * group + in_group) * tile_floats + j * kR + q] = acc[q];
@@ -195,8 +193,7 @@ size_t dot_smem_bytes(const DownLaunch& p, bool balance) {
   return size_t(2) * group * p.slots * kR * sizeof(float);
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false,
-          bool kPfRound = false>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false>
 void launch(const DownLaunch& p, cudaStream_t stream) {
   // The balanced walk splits the B·H outputs (a CTA may hold a single row), the tile walk its tiles.
   const int64_t total = kBalance ? int64_t(p.batch) * p.hidden : int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
@@ -208,7 +205,7 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance, kPfRound>,
+  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,
                   dim3(unsigned(grid)), dim3(warps * 32), dot_smem_bytes<kR>(p, kBalance), stream, p);
 }
 
@@ -218,12 +215,6 @@ void by_regs(const DownLaunch& p, cudaStream_t s) {
   // both compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers, where 2 CTAs of 9
   // warps (DeepSeek-V3's slots) fit a SM only up to 112.
   if (p.down_balance) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
-  // The next round's L2 prefetch (MXMOE_DECODE_DOWN_PF_ROUND=1): the tile walk at the 128- or 112-register cap
-  // (its addresses take ~16 more registers: 112 keeps 2 CTAs of 9 warps a SM, DeepSeek-V3's slots).
-  if (p.down_pf_round) {
-    if (p.down_regs == 112) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, false, true>(p, s);
-    return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128, false, true>(p, s);
-  }
   switch (p.down_regs) {
     case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
     case 80: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 80>(p, s); break;
