@@ -106,16 +106,6 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs < 112))
     throw_arg(fn, "MXMOE_DECODE_DOWN_BALANCE", "1",
               "needs MXMOE_DECODE_DOWN_PERSIST > 0, MXMOE_DECODE_DOWN_PREFETCH 0 and MXMOE_DECODE_DOWN_REGS 112 or 128");
-  // MXFP8 only (ignored with BF16 weights, as SCALES): the tile walk's rounds software-pipelined, each round's
-  // weight loads issued before the previous round is converted (down::dot_rows_mx_pipe; SASS-checked, not yet
-  // timed): 1 = at 112 registers (2 CTAs a SM up to 9 warps), 2 = 1 plus each slot's first round issued during
-  // the warp's previous slot, at 128 (2 CTAs a SM up to 8 warps). Same bits. The form sets the register cap.
-  const int pipe = env_choice(fn, "MXMOE_DECODE_DOWN_PIPE", 0, {0, 1, 2});
-  p.down_pipe = p.w2.mxfp8 ? pipe : 0;
-  if (p.down_pipe && (p.down_rows != 8 || p.down_unroll != 1 || p.down_row_scales || p.down_balance ||
-                      p.down_regs != 128))
-    throw_arg(fn, "MXMOE_DECODE_DOWN_PIPE", to_str(pipe),
-              "needs MXMOE_DECODE_DOWN_ROWS 8, UNROLL 1, SCALES chunk, BALANCE 0 and REGS 128 (the form sets the cap)");
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {

@@ -1068,17 +1068,6 @@ const std::vector<DownSetting>& down_settings() {
       {"group16 rows4 persist1", {{"GROUP", "16"}, {"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "1"}}},
       {"group16 rows16 persist1 (capped at 4)", {{"GROUP", "16"}, {"ROWS", "16"}, {"PERSIST", "1"}}},
       {"group4 persist3 prefetch", {{"GROUP", "4"}, {"PERSIST", "3"}, {"PREFETCH", "1"}}},
-      // MXMOE_DECODE_DOWN_PIPE: MXFP8 rounds software-pipelined (ignored with BF16 weights). Form 2 carries a
-      // warp's next round across slots (kManySlots: 16 warps, one takes two slots a tile), tiles and groups
-      // (PERSIST 1 with GROUP 1 / 16); PERSIST 0: one tile a CTA.
-      {"pipe1", {{"PIPE", "1"}}},
-      {"pipe2", {{"PIPE", "2"}}},
-      {"pipe1 persist0", {{"PIPE", "1"}, {"PERSIST", "0"}}},
-      {"pipe1 persist1 group1 prefetch", {{"PIPE", "1"}, {"PERSIST", "1"}, {"GROUP", "1"}, {"PREFETCH", "1"}}},
-      {"pipe2 persist0", {{"PIPE", "2"}, {"PERSIST", "0"}}},
-      {"pipe2 persist1", {{"PIPE", "2"}, {"PERSIST", "1"}}},
-      {"pipe2 persist1 group1 prefetch", {{"PIPE", "2"}, {"PERSIST", "1"}, {"GROUP", "1"}, {"PREFETCH", "1"}}},
-      {"pipe2 group16 persist8", {{"PIPE", "2"}, {"GROUP", "16"}, {"PERSIST", "8"}}},
   };
   return s;
 }
@@ -1316,12 +1305,6 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
       {"GROUP 3", {{"GROUP", "3"}}},
-      {"PIPE 3", {{"PIPE", "3"}}},
-      {"PIPE 1 with ROWS 4", {{"ROWS", "4"}, {"UNROLL", "2"}, {"PIPE", "1"}}},
-      {"PIPE 1 with UNROLL 2", {{"UNROLL", "2"}, {"PIPE", "1"}}},
-      {"PIPE 2 with SCALES row", {{"SCALES", "row"}, {"PIPE", "2"}}},
-      {"PIPE 2 with REGS 112", {{"REGS", "112"}, {"PIPE", "2"}}},
-      {"PIPE 1 with BALANCE 1", {{"BALANCE", "1"}, {"PIPE", "1"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},
                                   {"MXMOE_DECODE_ORDER", "columns"}, {"MXMOE_DECODE_SHARED_FIRST", "2"},

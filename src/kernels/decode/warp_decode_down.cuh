@@ -185,91 +185,13 @@ __device__ __forceinline__ void dot_rows_mx(const SlotRows& r, const void* h_row
   }
 }
 
-// MXFP8, software-pipelined rounds (kPipe > 0, MXMOE_DECODE_DOWN_PIPE; the tile walk, kR rows, one chunk of each
-// a round, scales from scale_table): a round's kR weight loads are issued before the previous round is converted,
-// so they are in flight while it is; dot_rows_mx issues a round's loads and then waits for them (decode.md
-// "Run 150": half the stall samples on a round's first conversions). The same FP32 operations in the same order
-// (per row: chunks in increasing K, chunk sum from 0, then fma with the scale): only the issue of loads moves.
-// ptxas keeps the next round's loads ahead of the arithmetic only when they sit in a block of their own (the
-// `if (n < nchunks)` below, at the top of the loop); in the arithmetic's block, or in a conditional block after
-// part of it, it moves them below the arithmetic (or the arithmetic above them), whatever the source order.
-// Two sets of weight registers (2·kR·4) fit 112 registers only if the scale bytes are not also held a round
-// ahead: the tile's scale rows (kR·I/32 contiguous bytes) are prefetched into L1 (prefetch.global.L1) and each
-// round reads its bytes from there, beside h.
-// The next round's registers are copied to the current ones (kR·4 moves a round): unrolled by two with two
-// register sets instead, ptxas moved one of the two conversions above the other set's loads (only every other
-// round ahead) and needs 128 registers.
-//   kPipe 1: 112 registers;
-//   kPipe 2: also the last round issues round 0 of the warp's next (tile, slot) (`next`; `w` carries it into
-//            the next call), so a warp does not wait for a slot's first loads either; 128 (at 112 ptxas spills).
-template <int kR>
-__device__ __forceinline__ void load_round_mx(const SlotRows& r, int c, uint4 (&w)[kR]) {
-#pragma unroll
-  for (int q = 0; q < kR; ++q) w[q] = dev::ldg_stream_v4(r.row + q * r.row_bytes + int64_t(c) * 16);
-}
-
-// L1 prefetch of rows n0 .. n0+kR-1's scale bytes (kR·I/32 contiguous bytes), a 128-byte line a lane.
-template <int kR>
-__device__ __forceinline__ void prefetch_scales_l1(const SlotRows& r, int lane) {
-  const uint8_t* line =
-      reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(r.scales) & ~uintptr_t(127)) + 128 * lane;
-  if (line < r.scales + kR * r.scale_row) asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
-}
-
-// Chunk c of the kR rows (w) times h: dot_rows_mx's arithmetic for one chunk.
-template <bool kHBf16, bool kHCoherent, int kR>
-__device__ __forceinline__ void use_round_mx(const SlotRows& r, const void* h_row, int c, const uint4 (&w)[kR],
-                                             float (&acc)[kR], const float* scale_table) {
-  uint32_t sc[kR];
-#pragma unroll
-  for (int q = 0; q < kR; ++q) sc[q] = dev::ldg_u8(r.scales + q * r.scale_row + c / 2);
-  float4 h[4];
-  load_h8<kHBf16, kHCoherent>(h_row, 2 * c, h[0], h[1]);
-  load_h8<kHBf16, kHCoherent>(h_row, 2 * c + 1, h[2], h[3]);
-#pragma unroll
-  for (int q = 0; q < kR; ++q) acc[q] = fmaf(dev::dot16_e4m3_f32(w[q], h), scale_table[sc[q]], acc[q]);
-}
-
-// kPipe 2: `w` holds this slot's round 0 if `carried` (else it is loaded here); `next` (if has_next) is the warp's
-// next (tile, slot), whose round 0 the last round loads into `w`.
-template <bool kHBf16, bool kHCoherent, int kR, int kPipe>
-__device__ __forceinline__ void dot_rows_mx_pipe(const SlotRows& r, const void* h_row, int inter, int lane,
-                                                 float (&acc)[kR], const float* scale_table, uint4 (&w)[kR],
-                                                 bool carried, const SlotRows& next, bool has_next) {
-  static_assert(kPipe == 1 || kPipe == 2, "pipelined forms");
-  const int nchunks = inter / 16;
-  if (kPipe != 2 || !carried) prefetch_scales_l1<kR>(r, lane);
-  if (kPipe == 2 && has_next) prefetch_scales_l1<kR>(next, lane);
-  int c = lane;
-  if (c >= nchunks) return;  // every slot has the same I: such a lane never loads
-  if (kPipe != 2 || !carried) load_round_mx(r, c, w);
-  for (;;) {
-    uint4 cur[kR];
-#pragma unroll
-    for (int q = 0; q < kR; ++q) cur[q] = w[q];
-    const int n = c + 32;
-    if (n < nchunks) {
-      load_round_mx(r, n, w);
-    } else if (kPipe == 2 && has_next) {
-      load_round_mx(next, lane, w);
-    }
-    use_round_mx<kHBf16, kHCoherent, kR>(r, h_row, c, cur, acc, scale_table);
-    c = n;
-    if (c >= nchunks) break;
-  }
-}
-
 // Slot j's dot products for the outputs n0 .. n0+kR-1 of token b, on every lane (rows n0 + q >= H,
 // possible only for kR > 8, are not loaded; their acc is meaningless and never written). kChecked: only
 // the first `rows` rows are loaded (the balanced walk's tiles; rows <= H - n0).
-// kPipe (MXFP8, scale_table, kR <= 8, not kChecked): dot_rows_mx_pipe, with `carry`, `carried`, `next` and
-// `has_next` for kPipe 2.
 template <bool kMx, bool kHBf16, bool kHCoherent, int kUnroll, int kR = kRows, bool kRowScales = false,
-          bool kChecked = false, bool kScaleTable = false, int kPipe = 0>
+          bool kChecked = false, bool kScaleTable = false>
 __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int n0, int lane, float (&acc)[kR],
-                                          int rows = kR, const float* scale_table = nullptr,
-                                          uint4 (*carry)[kR] = nullptr, bool carried = false,
-                                          const SlotRows& next = SlotRows{}, bool has_next = false) {
+                                          int rows = kR, const float* scale_table = nullptr) {
   const SlotRows w_rows = slot_rows<kMx>(p, b, j, n0);
   const size_t h_elem = kHBf16 ? 2 : 4;
   const void* h_row =
@@ -277,17 +199,7 @@ __device__ __forceinline__ void slot_dots(const DownLaunch& p, int b, int j, int
   const int valid = kChecked ? rows : kR <= 8 ? kR : p.hidden - n0;
 #pragma unroll
   for (int q = 0; q < kR; ++q) acc[q] = 0.0f;
-  if constexpr (kMx && kPipe != 0) {
-    static_assert(kScaleTable && kR <= 8 && !kChecked && !kRowScales && kUnroll == 1, "pipelined MXFP8 form");
-    if constexpr (kPipe == 2) {
-      dot_rows_mx_pipe<kHBf16, kHCoherent, kR, kPipe>(w_rows, h_row, p.inter, lane, acc, scale_table, *carry,
-                                                      carried, next, has_next);
-    } else {
-      uint4 w[kR];
-      dot_rows_mx_pipe<kHBf16, kHCoherent, kR, kPipe>(w_rows, h_row, p.inter, lane, acc, scale_table, w, false, next,
-                                                      false);
-    }
-  } else if constexpr (kMx) {
+  if constexpr (kMx) {
     dot_rows_mx<kHBf16, kHCoherent, kUnroll, kR, kRowScales, kChecked, kScaleTable>(w_rows, h_row, p.inter, lane, acc,
                                                                                    valid, scale_table);
   } else {

@@ -28,9 +28,6 @@
 //   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 112 | 128): the balanced walk (balanced_rows) —
 //             equal shares of the B·H outputs a CTA instead of whole tiles a CTA;
 //   MXFP8 chunk scales (tile walk): 2^(s-127) from a 256-entry table in shared memory (ScaleTable).
-//   kPipe     MXFP8, 8 rows x 1, tile walk (MXMOE_DECODE_DOWN_PIPE = 1 | 2): each round's weight loads
-//             issued before the previous round is converted (down::dot_rows_mx_pipe); 2 also issues a warp's
-//             next (tile, slot)'s first round during its last one (`carry`). Caps: 112 (1), 128 (2).
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
 // Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
@@ -115,7 +112,7 @@ __host__ __device__ __forceinline__ int tile_group(const DownLaunch& p) {
   return p.down_group < max_group<kR>() ? p.down_group : max_group<kR>();
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance, int kPipe = 0>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
 __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     warp_decode_down_sweep_kernel(const DownLaunch p) {
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
@@ -160,8 +157,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   device::griddepcontrol_launch_dependents();
 
   const int tile_floats = p.slots * kR;  // one tile's [S][kR]
-  uint4 carry[kR];                        // kPipe 2: round 0 of the warp's next (tile, slot), issued in the one before
-  [[maybe_unused]] bool carried = false;  // kPipe 2: carry holds the current (tile, slot)'s round 0
   int buf = 0;
   for (int first = int(blockIdx.x); first < total; first += group * stride, buf ^= 1) {
     int in_group = 0;  // tiles of this group
@@ -172,27 +167,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
       if (p.down_prefetch && lane == 0 && next < total) prefetch_tile<kMx, kR>(p, next, tiles, warp, num_warps);
       for (int j = warp; j < p.slots; j += num_warps) {
         float acc[kR];
-        if constexpr (kPipe == 2) {
-          // The warp's next (tile, slot): its next slot of this tile, else its first slot of tile + stride (the
-          // next tile of this CTA's walk, in this group or the next).
-          int next_j = j + num_warps, next_tile = tile;
-          if (next_j >= p.slots) {
-            next_j = warp;
-            next_tile = tile + stride;
-          }
-          down::SlotRows next_rows{};
-          if (next_tile < total) {
-            int next_b, next_n0;
-            down::tile_of(p, next_tile, tiles, kR, next_b, next_n0);
-            next_rows = down::slot_rows<kMx>(p, next_b, next_j, next_n0);
-          }
-          down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, false, true, kPipe>(
-              p, b, j, n0, lane, acc, kR, s_scale.v, &carry, carried, next_rows, next_tile < total);
-          carried = true;
-        } else {
-          down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, false, true, kPipe>(p, b, j, n0, lane, acc, kR,
-                                                                                          s_scale.v);
-        }
+        down::slot_dots<kMx, kHBf16, false, kUnroll, kR, kRowScales, false, true>(p, b, j, n0, lane, acc, kR,
+                                                                                 s_scale.v);
         if (lane == 0) {
 #pragma unroll
           for (int q = 0; q < kR; ++q) s_dot_all[(buf * group + in_group) * tile_floats + j * kR + q] = acc[q];
@@ -217,8 +193,7 @@ size_t dot_smem_bytes(const DownLaunch& p, bool balance) {
   return size_t(2) * group * p.slots * kR * sizeof(float);
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false,
-          int kPipe = 0>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false>
 void launch(const DownLaunch& p, cudaStream_t stream) {
   // The balanced walk splits the B·H outputs (a CTA may hold a single row), the tile walk its tiles.
   const int64_t total = kBalance ? int64_t(p.batch) * p.hidden : int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
@@ -230,8 +205,7 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  launch_with_pdl("decode_down_sweep",
-                  warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance, kPipe>,
+  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,
                   dim3(unsigned(grid)), dim3(warps * 32), dot_smem_bytes<kR>(p, kBalance), stream, p);
 }
 
@@ -253,12 +227,6 @@ template <bool kMx, bool kHBf16, int kR, int kUnroll>
 void by_scales(const DownLaunch& p, cudaStream_t s) {
   if constexpr (kMx) {
     if (p.down_row_scales) return by_regs<kMx, kHBf16, kR, kUnroll, true>(p, s);
-    // The pipelined forms (8 rows x 1, chunk scales, tile walk; src/host/decode.cpp checks): each sets its cap,
-    // 112 for form 1 (two CTAs of nine warps a SM), 128 for form 2 (at 112 ptxas spills it).
-    if constexpr (kR == 8 && kUnroll == 1) {
-      if (p.down_pipe == 1) return launch<kMx, kHBf16, 8, 1, false, 112, false, 1>(p, s);
-      if (p.down_pipe == 2) return launch<kMx, kHBf16, 8, 1, false, 128, false, 2>(p, s);
-    }
   }
   by_regs<kMx, kHBf16, kR, kUnroll, false>(p, s);
 }
