@@ -273,10 +273,8 @@ void by_regs(const DownLaunch& p, cudaStream_t s) {
   // both compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers, where 2 CTAs of 9
   // warps (DeepSeek-V3's slots) fit a SM only up to 112.
   if (p.down_balance) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
-  // The tail split: its own kernels at the 96-register cap (2 CTAs of 9 warps a SM need <= 96: registers limit a
-  // SM to a multiple of 4 warps, one a scheduler, and 104 registers give 16 warps, 1 CTA of 9).
-  if constexpr (kR == 8) {
-    if (p.down_tail) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 96, false, true>(p, s);
+  if constexpr (kR == 8) {  // the tail split: its own kernels at the 128-register cap
+    if (p.down_tail) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128, false, true>(p, s);
   }
   switch (p.down_regs) {
     case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
