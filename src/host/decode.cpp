@@ -106,11 +106,6 @@ void read_down_switches(const char* fn, detail::DownLaunch& p) {
   if (p.down_balance && (p.down_persist == 0 || p.down_prefetch || p.down_regs < 112))
     throw_arg(fn, "MXMOE_DECODE_DOWN_BALANCE", "1",
               "needs MXMOE_DECODE_DOWN_PERSIST > 0, MXMOE_DECODE_DOWN_PREFETCH 0 and MXMOE_DECODE_DOWN_REGS 112 or 128");
-  // The tail split (session 20): with 8-row tiles, a last round of rem tiles over the persistent CTAs becomes 2·rem
-  // half tiles when 2·rem fits the grid (warp_decode_down_sweep_sm90.cuh, tail_split).
-  p.down_tail = env_choice(fn, "MXMOE_DECODE_DOWN_TAIL", 0, {0, 1});
-  if (p.down_tail && p.down_balance)
-    throw_arg(fn, "MXMOE_DECODE_DOWN_TAIL", "1", "needs MXMOE_DECODE_DOWN_BALANCE 0 (the balanced walk has no tile rounds)");
 }
 
 void check_h_dtype(const char* fn, DecodeHDtype d) {

@@ -1064,12 +1064,6 @@ const std::vector<DownSetting>& down_settings() {
       // Session 19: tiles between two CTA barriers (the default 8; 1 = a barrier a tile).
       // PERSIST 1 gives the small shapes several tiles a CTA (kLongRows at B = 8: ~8), so groups fill.
       {"group1", {{"GROUP", "1"}}},
-      // Session 20: the tail split (8-row tiles; on 132 SMs PERSIST 2 splits "I 2048" at B = 1 and 3 and the small
-      // shapes at B = 1, PERSIST 1 the small shapes at B = 3).
-      {"tail", {{"TAIL", "1"}, {"ROWS", "8"}, {"UNROLL", "1"}}},
-      {"tail persist1", {{"TAIL", "1"}, {"ROWS", "8"}, {"UNROLL", "1"}, {"PERSIST", "1"}}},
-      {"tail group1 scales row", {{"TAIL", "1"}, {"ROWS", "8"}, {"UNROLL", "1"}, {"GROUP", "1"}, {"SCALES", "row"}}},
-      {"tail rows8 unroll2 persist1", {{"TAIL", "1"}, {"ROWS", "8"}, {"UNROLL", "2"}, {"PERSIST", "1"}}},
       {"group2 persist1", {{"GROUP", "2"}, {"PERSIST", "1"}}},
       {"group16 rows4 persist1", {{"GROUP", "16"}, {"ROWS", "4"}, {"UNROLL", "2"}, {"PERSIST", "1"}}},
       {"group16 rows16 persist1 (capped at 4)", {{"GROUP", "16"}, {"ROWS", "16"}, {"PERSIST", "1"}}},
@@ -1310,8 +1304,6 @@ TEST(DecodeGpu, DownSwitchesRejectBadValues) {
       {"BALANCE 2", {{"BALANCE", "2"}}},
       {"BALANCE 1 with PERSIST 0", {{"PERSIST", "0"}, {"BALANCE", "1"}}},
       {"BALANCE 1 with REGS 80", {{"REGS", "80"}, {"BALANCE", "1"}}},
-      {"TAIL 2", {{"TAIL", "2"}}},
-      {"TAIL 1 with BALANCE 1", {{"BALANCE", "1"}, {"TAIL", "1"}}},
       {"GROUP 3", {{"GROUP", "3"}}},
   };
   for (const auto& [var, val] : {std::pair<const char*, const char*>{"MXMOE_DECODE_GATE_UP_PERSIST", "5"},

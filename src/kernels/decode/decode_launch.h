@@ -103,10 +103,9 @@ struct DownLaunch {
   int rows_order = 1;           // tiles numbered n-major (every token's tile n side by side) or b-major (0;
                                 // MXMOE_DECODE_ORDER; same bits)
   int down_group = 8;           // tile walk: tiles a CTA computes between two CTA barriers (1 = a barrier a tile)
-  int down_tail = 0;            // tile walk, 8-row tiles: the last round's tiles split into 4-row halves (tail_split)
   bool down_default() const {
     return down_rows == 4 && down_unroll == 2 && down_persist == 0 && down_prefetch == 0 &&
-           down_row_scales == 0 && down_regs == 128 && down_balance == 0 && down_tail == 0;
+           down_row_scales == 0 && down_regs == 128 && down_balance == 0;
   }
 };
 

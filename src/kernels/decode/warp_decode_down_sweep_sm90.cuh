@@ -28,8 +28,6 @@
 //   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 112 | 128): the balanced walk (balanced_rows) —
 //             equal shares of the B·H outputs a CTA instead of whole tiles a CTA;
 //   MXFP8 chunk scales (tile walk): 2^(s-127) from a 256-entry table in shared memory (ScaleTable).
-//   kTail     (MXMOE_DECODE_DOWN_TAIL=1, 8-row tiles, tile walk, 128 registers): the last round's tiles split into
-//             half tiles of 4 rows (tail_split).
 //   p.down_prefetch (run time, PERSIST > 0 only): lane 0 of each warp asks L2 for the next tile's
 //             rows of its slots (cp.async.bulk.prefetch.L2, no registers) before computing this one.
 // Before griddepcontrol.wait each CTA prefetches its first tile's rows into L2, as the default does
@@ -102,30 +100,6 @@ __device__ __forceinline__ void run_tile(const DownLaunch& p, int b, int n0, int
 template <int kR>
 constexpr int max_group() { return 64 / kR; }
 
-// The tail split (p.down_tail, MXMOE_DECODE_DOWN_TAIL; tiles of 8 rows): `total` tiles over `ctas` CTAs take
-// r = total / ctas full rounds and a last round with rem = total - r·ctas tiles, which leaves ctas - rem CTAs idle
-// while rem of them compute a whole tile (DeepSeek-V3 at B = 1: 896 tiles over 264 CTAs, 3.4 rounds' work in 4).
-// When 2·rem <= ctas, the last round's tiles are split into 2·rem half tiles of 4 rows, one a CTA (CTA c takes
-// half c % 2 of tile full + c / 2): the last round takes about half a tile's time. A row's dot products do not
-// depend on the rows beside it (down::dot_rows_mx), so the bits are the same. Gives the tiles of the full rounds
-// (`full`, in the walk's order) and the half tiles (`halves`; 0: no split).
-__host__ __device__ __forceinline__ void tail_split(int total, int ctas, int& full, int& halves) {
-  const int rem = total % ctas;
-  full = total;
-  halves = 0;
-  if (rem > 0 && 2 * rem <= ctas) {
-    full = total - rem;
-    halves = 2 * rem;
-  }
-}
-
-// This CTA's half tile (blockIdx.x < halves): rows n0 .. n0 + 3 of token b, half blockIdx.x % 2 of tile
-// full + blockIdx.x / 2 (8-row tiles, down::tile_of's order).
-__device__ __forceinline__ void half_tile(const DownLaunch& p, int full, int tiles, int& b, int& n0) {
-  down::tile_of(p, full + int(blockIdx.x) / 2, tiles, 8, b, n0);
-  n0 += 4 * (int(blockIdx.x) & 1);
-}
-
 // MXFP8: the scale bytes' values 2^(s-127) in shared memory (dev::fill_e8m0_table).
 template <bool kMx>
 struct ScaleTable {
@@ -138,10 +112,9 @@ __host__ __device__ __forceinline__ int tile_group(const DownLaunch& p) {
   return p.down_group < max_group<kR>() ? p.down_group : max_group<kR>();
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance, bool kTail>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance>
 __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
     warp_decode_down_sweep_kernel(const DownLaunch p) {
-  static_assert(!kTail || (kR == 8 && !kBalance), "the tail split halves 8-row tiles of the tile walk");
   static_assert(kR == 4 || kR == 8 || kR == 16, "tile rows");
   static_assert(kR * kUnroll <= 16, "at most 16 16-byte loads in flight a lane");
   static_assert(kMx || !kRowScales, "row scales are an MXFP8 variant");
@@ -175,19 +148,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
   const int total = p.batch * tiles;
   const int stride = int(gridDim.x);
   const int group = tile_group<kR>(p);  // >= 1 (host check)
-  int full = total, halves = 0;         // kTail: tiles of the full rounds, half tiles of the last (tail_split)
-  if constexpr (kTail) tail_split(total, stride, full, halves);
-  if constexpr (kTail) {
-    if (lane == 0 && int(blockIdx.x) < full) {
-      prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
-    } else if (lane == 0 && int(blockIdx.x) < halves) {
-      int bh, n0h;
-      half_tile(p, full, tiles, bh, n0h);
-      prefetch_rows<kMx>(p, bh, n0h, 4, warp, num_warps);
-    }
-  } else {
-    if (lane == 0 && int(blockIdx.x) < total) prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
-  }
+  if (lane == 0 && int(blockIdx.x) < total) prefetch_tile<kMx, kR>(p, int(blockIdx.x), tiles, warp, num_warps);
   if constexpr (kMx) {
     dev::fill_e8m0_table(s_scale.v);
     __syncthreads();  // the scale table (before the wait: it depends on nothing the kernel ahead writes)
@@ -197,9 +158,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
 
   const int tile_floats = p.slots * kR;  // one tile's [S][kR]
   int buf = 0;
-  for (int first = int(blockIdx.x); first < full; first += group * stride, buf ^= 1) {
+  for (int first = int(blockIdx.x); first < total; first += group * stride, buf ^= 1) {
     int in_group = 0;  // tiles of this group
-    for (int tile = first; in_group < group && tile < full; ++in_group, tile += stride) {
+    for (int tile = first; in_group < group && tile < total; ++in_group, tile += stride) {
       int b, n0;
       down::tile_of(p, tile, tiles, kR, b, n0);
       const int next = tile + stride;
@@ -222,24 +183,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) __maxnreg__(kMaxRegs)
       down::combine<kR>(p, b, n0, q, reinterpret_cast<const float(*)[kR]>(s_dot_all + (buf * group + g) * tile_floats));
     }
   }
-  // The half tile, as one more group of one tile of 4 rows (in the buffer the next group would use; CTA-uniform).
-  if constexpr (kTail) {
-    if (int(blockIdx.x) < halves) {
-      int bh, n0h;
-      half_tile(p, full, tiles, bh, n0h);
-      float* s_half = s_dot_all + buf * group * tile_floats;  // [S][4]
-      for (int j = warp; j < p.slots; j += num_warps) {
-        float acc[4];
-        down::slot_dots<kMx, kHBf16, false, 1, 4, kRowScales, false, true>(p, bh, j, n0h, lane, acc, 4, s_scale.v);
-        if (lane == 0) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) s_half[j * 4 + q] = acc[q];
-        }
-      }
-      __syncthreads();
-      if (threadIdx.x < 4) down::combine<4>(p, bh, n0h, int(threadIdx.x), reinterpret_cast<const float(*)[4]>(s_half));
-    }
-  }
 }
 
 // Bytes of the per-slot dot products: two groups (the balanced walk: two rounds) of S x kR floats a tile;
@@ -250,8 +193,7 @@ size_t dot_smem_bytes(const DownLaunch& p, bool balance) {
   return size_t(2) * group * p.slots * kR * sizeof(float);
 }
 
-template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false,
-          bool kTail = false>
+template <bool kMx, bool kHBf16, int kR, int kUnroll, bool kRowScales, int kMaxRegs, bool kBalance = false>
 void launch(const DownLaunch& p, cudaStream_t stream) {
   // The balanced walk splits the B·H outputs (a CTA may hold a single row), the tile walk its tiles.
   const int64_t total = kBalance ? int64_t(p.batch) * p.hidden : int64_t(p.batch) * ((p.hidden + kR - 1) / kR);
@@ -263,7 +205,7 @@ void launch(const DownLaunch& p, cudaStream_t stream) {
     grid = int64_t(p.down_persist) * sms < total ? int64_t(p.down_persist) * sms : total;
   }
   const int warps = p.slots < kMaxWarps ? p.slots : kMaxWarps;
-  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance, kTail>,
+  launch_with_pdl("decode_down_sweep", warp_decode_down_sweep_kernel<kMx, kHBf16, kR, kUnroll, kRowScales, kMaxRegs, kBalance>,
                   dim3(unsigned(grid)), dim3(warps * 32), dot_smem_bytes<kR>(p, kBalance), stream, p);
 }
 
@@ -273,9 +215,6 @@ void by_regs(const DownLaunch& p, cudaStream_t s) {
   // both compiled at 112: its row checks took MXFP8 8 x 1 from 95 to 124 registers, where 2 CTAs of 9
   // warps (DeepSeek-V3's slots) fit a SM only up to 112.
   if (p.down_balance) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 112, true>(p, s);
-  if constexpr (kR == 8) {  // the tail split: its own kernels at the 128-register cap
-    if (p.down_tail) return launch<kMx, kHBf16, kR, kUnroll, kRowScales, 128, false, true>(p, s);
-  }
   switch (p.down_regs) {
     case 64: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 64>(p, s); break;
     case 80: launch<kMx, kHBf16, kR, kUnroll, kRowScales, 80>(p, s); break;
