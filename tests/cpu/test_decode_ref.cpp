@@ -353,7 +353,7 @@ TEST(DecodeDispatch, TableSplitsByBatch) {
       {{2048, 768, 128, 8, false}, DecodeWeightDtype::kMXFP8, 16},
       {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kBF16, 16},
       {{4096, 1536, 128, 8, false}, DecodeWeightDtype::kMXFP8, 16},
-      {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, 8},
+      {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kBF16, 16},
       {{7168, 2048, 256, 8, true}, DecodeWeightDtype::kMXFP8, 16}};
   for (const auto& w : want) {
     const DecodeCrossover c = decode_crossover(w.shape, w.dtype);
