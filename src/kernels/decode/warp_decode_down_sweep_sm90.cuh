@@ -24,7 +24,11 @@
 //   kRowScales  MXFP8: scale bytes loaded warp-wide once per round, handed out by shuffles
 //             (down::dot_rows_mx);
 //   kMaxRegs  register cap (__maxnreg__): 128 (= the default's __launch_bounds__(512, 1)), 112, 80, 64 —
-//             more resident warps a SM against fewer registers (spills: see the notes);
+//             more resident warps a SM against fewer registers (spills: see the notes). Registers admit warps to
+//             a SM in multiples of 4 (one a scheduler; cudaOccupancyMaxActiveBlocksPerMultiprocessor, run 156):
+//             2 CTAs of 9 warps (DeepSeek-V3's S = 9) need <= 96 registers a thread (1 CTA from 100), 2 of 8
+//             warps <= 128. The default MXFP8 8 x 1 kernel holds 95; builds at 100-112 ran DeepSeek-V3 at one
+//             CTA a SM (decode.md "Runs 154-155");
 //   kBalance  (MXMOE_DECODE_DOWN_BALANCE=1, PERSIST > 0, REGS 112 | 128): the balanced walk (balanced_rows) —
 //             equal shares of the B·H outputs a CTA instead of whole tiles a CTA;
 //   MXFP8 chunk scales (tile walk): 2^(s-127) from a 256-entry table in shared memory (ScaleTable).
