@@ -163,9 +163,6 @@ void decode_gate_up(const __nv_bfloat16* x, int batch, int hidden, int inter,
   // MXFP8 launch bound: 3 CTAs a SM (80 registers; runs 56, 59: 1.02-1.08x a step), 2 (102 registers) or
   // 4 (64 registers, 64 bytes of spills; run 134), MXMOE_DECODE_MX_GATE_UP_CTAS.
   p.min_ctas_per_sm = env_choice(fn, "MXMOE_DECODE_MX_GATE_UP_CTAS", 3, {2, 3, 4});
-  // BF16 launch bound (session 20): unbounded (the staged kernels hold 66 registers: 3 CTAs of 8 warps a SM) or 4 CTAs
-  // (64 registers, no spills), MXMOE_DECODE_BF16_GATE_UP_CTAS.
-  p.bf16_ctas_per_sm = env_choice(fn, "MXMOE_DECODE_BF16_GATE_UP_CTAS", 1, {1, 4});
   // A/B switch (session 12, not yet a default): N·SMs CTAs walking the tasks (same bits).
   p.persist = env_choice(fn, "MXMOE_DECODE_GATE_UP_PERSIST", 0, {0, 1, 2, 3, 4, 6, 8});
   p.rows_order = rows_order(fn, batch);

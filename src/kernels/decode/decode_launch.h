@@ -69,7 +69,6 @@ struct GateUpLaunch {
   int h_bf16 = 0;
   int batch = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, slots = 0;
   int min_ctas_per_sm = 3;      // MXFP8: 3 (launch bound, 80 registers) or 2 (102 registers)
-  int bf16_ctas_per_sm = 1;     // BF16: 1 (no launch bound: 61-66 registers) or 4 (64 registers: 4 CTAs a SM)
   int persist = 0;              // 0: one task a warp; N: N·SMs CTAs whose warps walk the tasks
   int rows_order = 1;           // 1: 8-row blocks of every (token, slot) side by side (all tokens' rows of
                                 // an expert at once); 0: token by token (MXMOE_DECODE_ORDER; same bits)

@@ -130,11 +130,7 @@ void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
     if (p.w1.mxfp8) {
       if (p.h_bf16) launch<true, true, 3, true>(p, stream); else launch<true, false, 3, true>(p, stream);
     } else {
-      if (p.bf16_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM (MXMOE_DECODE_BF16_GATE_UP_CTAS=4)
-        if (p.h_bf16) launch<false, true, 4, true>(p, stream); else launch<false, false, 4, true>(p, stream);
-      } else {
-        if (p.h_bf16) launch<false, true, 1, true>(p, stream); else launch<false, false, 1, true>(p, stream);
-      }
+      if (p.h_bf16) launch<false, true, 1, true>(p, stream); else launch<false, false, 1, true>(p, stream);
     }
   } else if (p.w1.mxfp8 && p.min_ctas_per_sm >= 4) {  // launch bound: 64 registers, 4 CTAs a SM
     if (p.h_bf16) launch<true, true, 4>(p, stream); else launch<true, false, 4>(p, stream);
@@ -142,8 +138,6 @@ void launch_decode_gate_up(const GateUpLaunch& p, cudaStream_t stream) {
     if (p.h_bf16) launch<true, true, 3>(p, stream); else launch<true, false, 3>(p, stream);
   } else if (p.w1.mxfp8) {                        // 102 registers, 2 CTAs a SM
     if (p.h_bf16) launch<true, true>(p, stream); else launch<true, false>(p, stream);
-  } else if (p.bf16_ctas_per_sm >= 4) {        // BF16 at the 4-CTA launch bound (64 registers)
-    if (p.h_bf16) launch<false, true, 4>(p, stream); else launch<false, false, 4>(p, stream);
   } else {
     if (p.h_bf16) launch<false, true>(p, stream); else launch<false, false>(p, stream);
   }
