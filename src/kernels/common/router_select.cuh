@@ -104,14 +104,15 @@ __device__ __forceinline__ void warp_top2(float v, uint32_t key, int lane, float
   t2 = m2 == 0u ? -INFINITY : v2;
 }
 
-// Group scores in registers (no shared memory, no serial scan) when a slot holds whole groups
-// (G <= 32, 32 % G == 0: slot i holds groups i·32/G + lane/G; G = 32 is DeepSeek-V3's): lane g ends with
-// group g's score (t1 + t2, NaN → -Inf), the others with -Inf. Other group sizes take the serial form. Measured (run 124, E = 256, 8 groups): the group step costs
-// ~3 us here against ~1.7 us serially — the groups' chains (4 redux.sync + 2 shuffles each) run one
-// after another; the group-warps form (group_score_warp) spreads them over warps.
-// Whether a group of G experts takes this form (else limit_groups' serial scan).
+// Whether groups of G experts fill a lane's slots whole (G <= 32, 32 % G == 0), so that group_scores_warp
+// applies; other group sizes take limit_groups' serial scan.
 __device__ __forceinline__ bool groups_fill_slots(int G) { return G <= 32 && 32 % G == 0; }
 
+// Group scores in registers (no shared memory, no serial scan) when a slot holds whole groups
+// (groups_fill_slots(G): slot i holds groups i·32/G + lane/G; G = 32 is DeepSeek-V3's): lane g ends with
+// group g's score (t1 + t2, NaN → -Inf), the others with -Inf. Measured (run 124, E = 256, 8 groups): the
+// group step costs ~3 us here against ~1.7 us serially — the groups' chains (4 redux.sync + 2 shuffles
+// each) run one after another; the group-warps form (group_score_warp) spreads them over warps.
 template <int kSlots>
 __device__ __forceinline__ void group_scores_warp(const float (&sel)[kSlots], int E, int n_groups, int lane,
                                                   float& gscore) {

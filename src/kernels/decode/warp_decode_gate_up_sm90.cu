@@ -108,7 +108,7 @@ template <bool kMx, bool kHBf16, int kMinCtas = 1, bool kSharedFirst = false>
 void launch(const GateUpLaunch& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.batch) * p.slots * p.inter;
   int64_t blocks = (total + kWarps - 1) / kWarps;
-  if (p.x_smem) {  // (host: one task a warp, H·4 <= kMaxXSmem)
+  if (p.x_smem) {  // (host: one task a warp, H·4 <= kDecodeGateUpMaxXSmem)
     launch_with_pdl("decode_gate_up", warp_decode_gate_up_kernel<kMx, kHBf16, kMinCtas, kSharedFirst, true>,
                     dim3(unsigned(blocks)), dim3(kThreads), size_t(p.hidden) * 4 + (kMx ? 1024 : 0), stream, p);
     return;
