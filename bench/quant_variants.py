@@ -52,7 +52,7 @@ BASE = {"MXMOE_QUANT_STAGED": "1", "MXMOE_QUANT_TWO_GROUP": "1", "MXMOE_QUANT_TM
         "MXMOE_QUANT_TMA_GROUP": "", "MXMOE_QUANT_TMA_LOAD_HINT": "", "MXMOE_QUANT_TMA_STORE_HINT": "",
         "MXMOE_QUANT_TMA_SCALES": "", "MXMOE_QUANT_TMA_SKEL_SCALES": "", "MXMOE_QUANT_LATE_SCALES": "",
         "MXMOE_QUANT_SCALE_UNIT": "", "MXMOE_QUANT_SCALE_TMA": "", "MXMOE_QUANT_TMA_SPLIT": "",
-        "MXMOE_QUANT_TMA_UNIT_ORDER": "", "MXMOE_QUANT_TMA_GRID": "", "MXMOE_QUANT_ROW_FOLD": ""}
+        "MXMOE_QUANT_TMA_UNIT_ORDER": "", "MXMOE_QUANT_TMA_GRID": ""}
 TMA = {"MXMOE_QUANT_TMA": "1"}
 RR = {"MXMOE_QUANT_SCALE_UNIT": "0", "MXMOE_QUANT_SCALE_TMA": "0"}  # the round-robin walk of runs 56-68, per-tile stores
 UNIT = {"MXMOE_QUANT_SCALE_UNIT": "1"}  # session 11's unit walk (opt-in since session 12)
@@ -70,7 +70,6 @@ VARIANTS = [
     ("tma-warp", {**TMA, **RR, "MXMOE_QUANT_TMA_SCALES": "warp"}, True),  # scale bytes by the writer warp, 4 B a run
     ("tma-g1", {**TMA, **RR, "MXMOE_QUANT_TMA_GROUP": "1"}, True),    # row-major raster
     ("tma", TMA, True),                                               # the defaults (session 12: TMA scale units, one direction)
-    ("tma-nofold", {**TMA, "MXMOE_QUANT_ROW_FOLD": "0"}, True),       # row-wise alone without the row fold (session 21)
     ("tma-unit", {**TMA, **UNIT}, True),                              # session 11's "tma": unit walk + unit writer
     ("tma-unit-late", {**TMA, **UNIT, "MXMOE_QUANT_TMA_SCALES": "late"}, True),  # unit walk, per-tile late scale stores
     ("tma-u1x1", {**TMA, "MXMOE_QUANT_SCALE_UNIT": "1x1"}, True),     # unit walk + writer, 4-byte runs (control)

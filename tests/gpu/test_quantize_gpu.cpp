@@ -975,7 +975,6 @@ TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
   MXMOE_REQUIRE_GPU();
   std::mt19937 rng(fresh_seed());
   const ScopedEnv env("MXMOE_QUANT_TMA", "1");
-  const ScopedEnv nofold("MXMOE_QUANT_ROW_FOLD", "0");  // the shapes as given (RowFold* tests the fold)
   struct Case {
     int64_t batch, rows, cols;
     bool row, col;
@@ -1065,48 +1064,6 @@ TEST(QuantizeGpu, PipelinedKernelScaleTmaUnits) {
     const MxOut ro = rw.out(false);
     EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 512, 512, &ro, nullptr));
   }
-}
-
-// The row fold of the one-direction pipelined kernel (fold_rows: a row-wise plain copy of a dense
-// [batch * rows, cols] run as [batch * rows / m, cols * m], m = 512 / gcd(cols, 512)) against the
-// reference bit for bit, folded (default, and MXMOE_QUANT_ROW_FOLD=1) and not (=0): K = 2880 (m = 8:
-// whole tiles and TMA scale units; 1000 rows: a partial band of folded rows), K = 96 (m = 16) and 768
-// (m = 2), batched (the fold runs across batch entries), rows that do not divide by m and a fold that
-// would pass 65536 columns (both left unfolded), a scale pointer 8 bytes off 16-byte alignment (folded,
-// per-tile scale stores; the bytes before it untouched), 3 CTAs and the default grid; NaN/Inf blocks in
-// every other input; a bad value of the switch throws.
-TEST(QuantizeGpu, RowFoldBitExact) {
-  MXMOE_REQUIRE_GPU();
-  std::mt19937 rng(fresh_seed());
-  struct Case {
-    int64_t batch, rows, cols;
-  };
-  const Case cases[] = {{1, 4000, 2880}, {3, 384, 2880}, {1, 1000, 2880}, {1, 1004, 2880},
-                        {2, 160, 96},    {1, 4096, 768}, {1, 64, 8224}};
-  int i = 0;
-  for (const Case& c : cases) {
-    auto x = random_bf16(c.batch * c.rows, c.cols, Dist(i % 4), rng);
-    if (i % 2 == 1) poison_some(x, rng);
-    ++i;
-    DevBuf<uint16_t> dx(x.size());
-    dx.upload(x);
-    std::vector<ref::MxMatrix> rref;
-    batch_references(x, c.batch, c.rows, c.cols, true, false, &rref, nullptr);
-    for (const char* fold : {"", "1", "0"}) {
-      const ScopedEnv f("MXMOE_QUANT_ROW_FOLD", fold);
-      for (const char* grid : {"", "3"}) {
-        const ScopedEnv g("MXMOE_QUANT_TMA_GRID", grid);
-        const std::string label = std::string("fold=") + fold + " grid=" + grid;
-        expect_one_direction(label, dx, c.batch, c.rows, c.cols, true, rref);
-        if (*grid == 0) expect_one_direction(label, dx, c.batch, c.rows, c.cols, true, rref, 8);
-      }
-    }
-  }
-  const ScopedEnv f("MXMOE_QUANT_ROW_FOLD", "2");
-  DevBuf<uint16_t> dx(size_t(256) * 2880);
-  CopyBufs rw(1, 256, 2880, false);
-  const MxOut ro = rw.out(false);
-  EXPECT_ANY_THROW(quantize_mxfp8(reinterpret_cast<const __nv_bfloat16*>(dx.p), 1, 256, 2880, &ro, nullptr));
 }
 
 namespace {

@@ -41,7 +41,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <type_traits>
 
 #include "device/cp_async.cuh"
@@ -2229,29 +2228,6 @@ void launch_pipelined(const QuantizeParams& p, cudaStream_t stream) {
   MXMOE_CHECK_LAUNCH("quantize_mxfp8");
 }
 
-// A row-wise plain copy of a dense input is the same bytes for any regrouping of its rows into longer
-// ones: blocks of 32 never straddle a row (cols % 32 == 0), and data, scales and x are contiguous row
-// after row across the batch. So [batch * rows, cols] runs as [batch * rows / m, cols * m] with
-// m = 512 / gcd(cols, 512): the folded rows are whole 128-wide tiles and their scale rows a multiple of
-// 16 bytes, where the TMA scale units run (K = 2880: m = 8, 32768 x 2880 as 4096 x 23040; per-tile
-// scale stores and a half tile a row otherwise; quantize.md "Run 167"). Not folded where the rows do not
-// divide by m, where a folded row would pass 65536 elements, or with MXMOE_QUANT_ROW_FOLD=0 (A/B, read
-// on every call).
-QuantizeParams fold_rows(const QuantizeParams& p) {
-  const char* e = std::getenv("MXMOE_QUANT_ROW_FOLD");
-  if (e != nullptr && *e != 0 && std::strcmp(e, "1") != 0) {
-    if (std::strcmp(e, "0") == 0) return p;
-    throw_arg("quantize_mxfp8", "MXMOE_QUANT_ROW_FOLD", e, "must be 1 (default) or 0");
-  }
-  const int64_t rows = p.batch * p.rows_out, m = 512 / std::gcd<int64_t>(p.cols, 512);
-  if (m == 1 || rows % m != 0 || p.cols * m > 65536) return p;
-  QuantizeParams q = p;
-  q.batch = 1;
-  q.rows_out = q.x_rows = rows / m;
-  q.cols = p.cols * m;
-  return q;
-}
-
 // The staged kernels write the plain MX copies, or the fast form alone; MXMOE_QUANT_STAGED=0 (read
 // on every call, so that one process can time both) selects the register-store kernel instead.
 bool use_staged() {
@@ -2323,7 +2299,7 @@ void dispatch_fast(const QuantizeParams& p, cudaStream_t stream) {
         else launch_pipelined<false, true, true>(p, stream);
       } else {
         if (row && col) launch_pipelined<true, true, false>(p, stream);
-        else if (row) launch_pipelined<true, false, false>(fold_rows(p), stream);
+        else if (row) launch_pipelined<true, false, false>(p, stream);
         else launch_pipelined<false, true, false>(p, stream);
       }
       return;
