@@ -14,6 +14,8 @@ Patterns, from the copy-like to the quantizer's (and torch copy_ of the input's 
   row+col+sv row+col+s by vertical strips of 8 tiles a program: column block bytes in 32-byte runs
   row+s      one direction: read + the row-major byte copy + its block bytes (the row-wise quantizer's bytes)
   col+s      the same for the transposed copy (the column-wise quantizer's bytes)
+  *0         (row+col+s0, row+col+st0, row+s0, col+s0) the same, each block byte (index sum mod 256)
+             computed from its indices instead of loaded: the store pattern's cost alone
   mx         the real thing: both directions of MXFP8 (RCEIL), bit-exact with bench_quant.py's PyTorch
 each with several tile shapes (BR x BC) and tile orders (row-major, column-major, grouped bands).
 Timing as bench_quant.py (L2 flushed before every rep, median, the items in alternation) and
@@ -34,7 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import torch_quant_rows  # noqa: E402
 from common import Timer, copy_bandwidth, require_gpu  # noqa: E402
 
-PATTERNS = ("row", "row+row", "row+col", "row+col+s", "row+col+st", "row+s", "col+s")
+PATTERNS = ("row", "row+row", "row+col", "row+col+s", "row+col+st", "row+s", "col+s",
+            "row+col+s0", "row+col+st0", "row+s0", "col+s0")
+PAT_CODE = {"row": 0, "row+row": 1, "row+col": 2, "row+col+s": 3, "row+col+st": 4, "row+s": 5, "col+s": 6}
 TILES = ((128, 128), (256, 64), (64, 256), (256, 128))
 ORDERS = ("rows", "cols", "band8")  # tile order of the program ids
 
@@ -60,50 +64,63 @@ def _tile_of(pid, R, C, BR: tl.constexpr, BC: tl.constexpr, ORDER: tl.constexpr)
 
 
 @triton.jit
+def _row_bytes(x, r, rk, C, IDX: tl.constexpr):
+    """Block bytes [BR, n] of rows r and (global) blocks rk: the first element's high byte (a second load,
+    from L1 / L2), or with IDX (r + rk) mod 256 from the indices alone (no load)."""
+    if IDX:
+        out = ((r[:, None] + rk[None, :]) & 0xFF).to(tl.uint8)
+    else:
+        v = tl.load(x + r[:, None] * C + rk[None, :] * 32)
+        out = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)
+    return out
+
+
+@triton.jit
+def _col_bytes(x, ck, c, C, IDX: tl.constexpr):
+    """Block bytes [n, BC] of (global) blocks of 32 rows ck and columns c, as _row_bytes: (ck + c) mod 256
+    with IDX."""
+    if IDX:
+        out = ((ck[:, None] + c[None, :]) & 0xFF).to(tl.uint8)
+    else:
+        v = tl.load(x + ck[:, None] * 32 * C + c[None, :])
+        out = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)
+    return out
+
+
+@triton.jit
 def _pattern_kernel(x, o1, o2, s1, s2, R, C, BR: tl.constexpr, BC: tl.constexpr, PAT: tl.constexpr,
-                    ORDER: tl.constexpr):
+                    ORDER: tl.constexpr, IDX: tl.constexpr):
     i, j = _tile_of(tl.program_id(0), R, C, BR, BC, ORDER)
     r = i * BR + tl.arange(0, BR)
     c = j * BC + tl.arange(0, BC)
+    rk = j * (BC // 32) + tl.arange(0, BC // 32)  # the tile's row-wise blocks (global)
+    ck = i * (BR // 32) + tl.arange(0, BR // 32)  # its column-wise blocks (global)
     v = tl.load(x + r[:, None] * C + c[None, :])
     b = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)  # [BR, BC]
-    if PAT == 5 or PAT == 6:  # one direction with its block bytes (the first element's of each block)
-        if PAT == 5:
-            rk = j * (BC // 32) + tl.arange(0, BC // 32)
-            vr = tl.load(x + r[:, None] * C + rk[None, :] * 32)
-            tl.store(o1 + r[:, None] * C + c[None, :], b)
-            tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], (vr.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
-        else:
-            ck = i * (BR // 32) + tl.arange(0, BR // 32)
-            vc = tl.load(x + ck[:, None] * 32 * C + c[None, :])
-            tl.store(o2 + c[None, :] * R + r[:, None], b)
-            tl.store(s2 + c[None, :] * (R // 32) + ck[:, None], (vc.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
+    if PAT == 5:  # one direction with its block bytes
+        tl.store(o1 + r[:, None] * C + c[None, :], b)
+        tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], _row_bytes(x, r, rk, C, IDX))
+    elif PAT == 6:
+        tl.store(o2 + c[None, :] * R + r[:, None], b)
+        tl.store(s2 + c[None, :] * (R // 32) + ck[:, None], _col_bytes(x, ck, c, C, IDX))
     else:
         tl.store(o1 + r[:, None] * C + c[None, :], b)
         if PAT == 1:
             tl.store(o2 + r[:, None] * C + c[None, :], b)
         if PAT >= 2:
             tl.store(o2 + c[None, :] * R + r[:, None], b)  # transposed: Triton's coalescing converts the layout
-            if PAT == 3:  # one byte a 32-block of each copy: the first element's (loads that hit L1 / L2)
-                rk = j * (BC // 32) + tl.arange(0, BC // 32)
-                ck = i * (BR // 32) + tl.arange(0, BR // 32)
-                vr = tl.load(x + r[:, None] * C + rk[None, :] * 32)  # [BR, BC/32]
-                vc = tl.load(x + ck[:, None] * 32 * C + c[None, :])  # [BR/32, BC]
-                tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], (vr.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
-                tl.store(s2 + c[None, :] * (R // 32) + ck[:, None], (vc.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
-            if PAT == 4:  # the same block bytes, each tile's stored as one contiguous run (tile-major scratch)
+            if PAT == 3:  # both block-byte arrays in MX's layout
+                tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], _row_bytes(x, r, rk, C, IDX))
+                tl.store(s2 + c[None, :] * (R // 32) + ck[:, None], _col_bytes(x, ck, c, C, IDX))
+            if PAT == 4:  # the same bytes, each tile's stored as one contiguous run (tile-major scratch)
                 nb = BR * BC // 32
                 tile = i * tl.cdiv(C, BC) + j
-                qq = tl.arange(0, BC // 32)
-                kk = tl.arange(0, BR // 32)
-                vr = tl.load(x + r[:, None] * C + j * BC + qq[None, :] * 32)  # [BR, BC/32]
-                vc = tl.load(x + (i * BR + kk[:, None] * 32) * C + c[None, :])  # [BR/32, BC]
                 rl = tl.arange(0, BR)
                 cl = tl.arange(0, BC)
-                tl.store(s1 + tile * nb + rl[:, None] * (BC // 32) + qq[None, :],
-                         (vr.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
-                tl.store(s2 + tile * nb + cl[None, :] * (BR // 32) + kk[:, None],
-                         (vc.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
+                tl.store(s1 + tile * nb + rl[:, None] * (BC // 32) + tl.arange(0, BC // 32)[None, :],
+                         _row_bytes(x, r, rk, C, IDX))
+                tl.store(s2 + tile * nb + cl[None, :] * (BR // 32) + tl.arange(0, BR // 32)[:, None],
+                         _col_bytes(x, ck, c, C, IDX))
 
 
 @triton.jit
@@ -166,6 +183,7 @@ def _mx_kernel(x, o1, o2, s1, s2, R, C, BC: tl.constexpr, ORDER: tl.constexpr):
 
 def pattern_bytes(pat, R, C):
     n = R * C
+    pat = pat.rstrip("0")
     return {"copy_": 4 * n, "row": 3 * n, "row+row": 4 * n, "row+col": 4 * n, "row+s": 3 * n + n // 32,
             "col+s": 3 * n + n // 32}.get(pat, 4 * n + 2 * (n // 32))
 
@@ -176,23 +194,30 @@ def reference(x, pat, tile):
         (q1, s1), (q2, s2) = torch_quant_rows(x), torch_quant_rows(x.t().contiguous())
         return {"o1": q1.view(torch.uint8), "o2": q2.view(torch.uint8), "s1": s1, "s2": s2}
     b = (x.view(torch.int16) >> 8).to(torch.uint8)
+    R, C = x.shape
+    idx = pat.endswith("0")
+    pat = pat.rstrip("0")
+    if idx:  # block bytes from the indices: (row + block) mod 256, (column + block) mod 256
+        dev = x.device
+        rb = ((torch.arange(R, device=dev)[:, None] + torch.arange(C // 32, device=dev)[None, :]) & 0xFF).to(torch.uint8)
+        cbt = ((torch.arange(R // 32, device=dev)[:, None] + torch.arange(C, device=dev)[None, :]) & 0xFF).to(torch.uint8)
+    else:  # the first element's byte of each block; cbt is [R/32, C]
+        rb, cbt = b[:, ::32].contiguous(), b[::32, :].contiguous()
     if pat == "row+s":
-        return {"o1": b, "s1": b[:, ::32].contiguous()}
+        return {"o1": b, "s1": rb}
     if pat == "col+s":
-        return {"o2": b.t().contiguous(), "s2": b[::32, :].t().contiguous()}
+        return {"o2": b.t().contiguous(), "s2": cbt.t().contiguous()}
     out = {"o1": b}
     if pat == "row+row":
         out["o2"] = b
     if pat.startswith("row+col"):
         out["o2"] = b.t().contiguous()
     if pat in ("row+col+s", "row+col+sv"):
-        out["s1"] = b[:, ::32].contiguous()
-        out["s2"] = b[::32, :].t().contiguous()
+        out["s1"], out["s2"] = rb, cbt.t().contiguous()
     if pat == "row+col+st":  # tile-major, tiles row-major: tile (i, j) = [BR rows x BC/32] then [BC cols x BR/32]
-        R, C = x.shape
         br, bc = tile
-        out["s1"] = b[:, ::32].reshape(R // br, br, C // bc, bc // 32).permute(0, 2, 1, 3).reshape(-1)
-        out["s2"] = b[::32, :].reshape(R // br, br // 32, C // bc, bc).permute(0, 2, 3, 1).reshape(-1)
+        out["s1"] = rb.reshape(R // br, br, C // bc, bc // 32).permute(0, 2, 1, 3).reshape(-1)
+        out["s2"] = cbt.reshape(R // br, br // 32, C // bc, bc).permute(0, 2, 3, 1).reshape(-1)
     return out
 
 
@@ -200,6 +225,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16384x7168,65536x2048,32768x2880")
     ap.add_argument("--patterns", default=None, help="regex on the pattern names")
+    ap.add_argument("--tiles", default=None, help="BRxBC,... instead of the default tile shapes")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--num-warps", type=int, default=8)
     args = ap.parse_args()
@@ -217,10 +243,14 @@ def main():
         o = [bufs[k] for k in ("o1", "o2", "s1", "s2")]
         dst = torch.empty_like(x)
         items, labels = [(None, lambda: dst.copy_(x))], [("copy_", "-", "rows")]  # copy_ of this input's size
-        cases = [(pat, br, bc, order) for pat in PATTERNS for br, bc in TILES + ((128, 64),) for order in ORDERS
-                 if R % br == 0 and C % bc == 0 and ((br, bc) != (128, 64) or C % 128)]
-        cases += [("row+col+sv", br, bc, "rows") for br, bc in ((128, 128), (128, 64)) if R % (8 * br) == 0 and C % bc == 0]
-        cases += [("mx", 128, bc, order) for bc in (64, 128) for order in ORDERS[::2] if C % bc == 0]
+        tiles = (tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")) if args.tiles
+                 else TILES + ((128, 64),))
+        cases = [(pat, br, bc, order) for pat in PATTERNS for br, bc in tiles for order in ORDERS
+                 if R % br == 0 and C % bc == 0 and (args.tiles or (br, bc) != (128, 64) or C % 128)]
+        cases += [] if args.patterns else [("row+col+sv", br, bc, "rows") for br, bc in ((128, 128), (128, 64))
+                                           if R % (8 * br) == 0 and C % bc == 0]
+        cases += [] if args.patterns else [("mx", 128, bc, order) for bc in (64, 128) for order in ORDERS[::2]
+                                           if C % bc == 0]
         if args.patterns:
             cases = [cs for cs in cases if re.search(args.patterns, cs[0])]
         refs = {}
@@ -236,8 +266,8 @@ def main():
                     _mx_kernel[grid](x, *o, R, C, BC=bc, ORDER=ORDERS.index(order), num_warps=args.num_warps)
             else:
                 def run(pat=pat, br=br, bc=bc, order=order, grid=grid):
-                    _pattern_kernel[grid](x, *o, R, C, BR=br, BC=bc, PAT=PATTERNS.index(pat),
-                                          ORDER=ORDERS.index(order), num_warps=args.num_warps)
+                    _pattern_kernel[grid](x, *o, R, C, BR=br, BC=bc, PAT=PAT_CODE[pat.rstrip("0")],
+                                          ORDER=ORDERS.index(order), IDX=pat.endswith("0"), num_warps=args.num_warps)
             for t in o:
                 t.fill_(0xAB)
             run()
