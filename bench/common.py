@@ -131,6 +131,16 @@ def copy_bandwidth(timer, nbytes=1 << 30):
     return 2 * nbytes / (us * 1e-6) / 1e9  # GB/s
 
 
+def timer_and_copy_bandwidth(reps):
+    """The diagnostics' start: a GPU is required, a Timer of `reps` reps and the 1 GiB copy_ bandwidth of this run
+    (printed), against which they report "% of copy"."""
+    require_gpu()
+    timer = Timer(reps=reps)
+    copy_bw = copy_bandwidth(timer)
+    print(f"copy bandwidth (1 GiB copy_, read + write) {copy_bw:.0f} GB/s")
+    return timer, copy_bw
+
+
 def capture_graph(fn, stream):
     """A CUDA graph of fn() captured on `stream`, after one warm-up call outside the graph
     (allocations, lazy initialisation); replay with .replay()."""

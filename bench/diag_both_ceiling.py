@@ -34,7 +34,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import torch_quant_rows  # noqa: E402
-from common import Timer, copy_bandwidth, require_gpu  # noqa: E402
+from common import timer_and_copy_bandwidth  # noqa: E402
 
 PATTERNS = ("row", "row+row", "row+col", "row+col+s", "row+col+st", "row+s", "col+s",
             "row+col+s0", "row+col+st0", "row+s0", "col+s0")
@@ -229,10 +229,7 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--num-warps", type=int, default=8)
     args = ap.parse_args()
-    require_gpu()
-    timer = Timer(reps=args.reps)
-    copy_bw = copy_bandwidth(timer)
-    print(f"copy bandwidth (1 GiB copy_, read + write) {copy_bw:.0f} GB/s")
+    timer, copy_bw = timer_and_copy_bandwidth(args.reps)
     for shape in args.shapes.split(","):
         R, C = (int(v) for v in shape.split("x"))
         x = torch.randn(R, C, device="cuda", dtype=torch.bfloat16)

@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, capture_graph, copy_bandwidth, require_gpu  # noqa: E402
+from common import capture_graph, timer_and_copy_bandwidth  # noqa: E402
 
 STEPS = 4
 
@@ -26,10 +26,7 @@ def main():
     ap.add_argument("--sizes-mb", default="25,50,75,150,302,792")
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
-    require_gpu()
-    timer = Timer(reps=args.reps)
-    copy_bw = copy_bandwidth(timer)
-    print(f"copy bandwidth (1 GiB copy_, read + write) {copy_bw:.0f} GB/s")
+    timer, copy_bw = timer_and_copy_bandwidth(args.reps)
     print("size MB | read (amax) GB/s | % of copy | copy_ of that size GB/s | % of copy")
     for mb in (float(s) for s in args.sizes_mb.split(",")):
         n = int(mb * 1e6) // 2
