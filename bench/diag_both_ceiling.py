@@ -1,8 +1,9 @@
 """What the byte pattern of a both-directions MX quantization costs by itself (issue 2,
-docs/notes/quantize.md "Run 164"): plain Triton kernels that move the same bytes as the
-quantizer (read BF16 [R, C]; write one byte per element row-major [R, C] and transposed [C, R];
+docs/notes/quantize.md "Runs 163-166", "Runs 168-169"): plain Triton kernels that move the same bytes as
+the quantizer (read BF16 [R, C]; write one byte per element row-major [R, C] and transposed [C, R];
 write one byte per 32-block of each copy, [R, C/32] and [C, R/32]) with no MX arithmetic: each
-output byte is the high byte of its BF16 input, each "scale" byte the largest of its 32 bytes.
+output byte is the high byte of its BF16 input, each block byte that of the block's first element
+(or, for the "*0" patterns, a function of its indices).
 Patterns, from the copy-like to the quantizer's (and torch copy_ of the input's size):
   row        read + the row-major byte copy (the row-wise quantizer's mix, 2 : 1)
   row+row    read + two row-major byte copies (3 streams, all linear, read : write 1 : 1)
@@ -21,7 +22,8 @@ each with several tile shapes (BR x BC) and tile orders (row-major, column-major
 Timing as bench_quant.py (L2 flushed before every rep, median, the items in alternation) and
 "% copy" against the 1 GiB copy_ of the same run; every output is checked against PyTorch.
 If a plain kernel cannot move the quantizer's bytes at 85% of copy, no quantizer can.
-Usage: python3 bench/diag_both_ceiling.py [--shapes 16384x7168,65536x2048] [--reps 15]
+Usage: python3 bench/diag_both_ceiling.py [--shapes 16384x7168,65536x2048,32768x2880] [--reps 15]
+       [--patterns REGEX] [--tiles BRxBC,...] [--num-warps N]
 """
 import argparse
 import os
@@ -64,14 +66,19 @@ def _tile_of(pid, R, C, BR: tl.constexpr, BC: tl.constexpr, ORDER: tl.constexpr)
 
 
 @triton.jit
+def _high_byte(v):
+    """The high byte of each BF16 value."""
+    return (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)
+
+
+@triton.jit
 def _row_bytes(x, r, rk, C, IDX: tl.constexpr):
     """Block bytes [BR, n] of rows r and (global) blocks rk: the first element's high byte (a second load,
     from L1 / L2), or with IDX (r + rk) mod 256 from the indices alone (no load)."""
     if IDX:
         out = ((r[:, None] + rk[None, :]) & 0xFF).to(tl.uint8)
     else:
-        v = tl.load(x + r[:, None] * C + rk[None, :] * 32)
-        out = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)
+        out = _high_byte(tl.load(x + r[:, None] * C + rk[None, :] * 32))
     return out
 
 
@@ -82,8 +89,7 @@ def _col_bytes(x, ck, c, C, IDX: tl.constexpr):
     if IDX:
         out = ((ck[:, None] + c[None, :]) & 0xFF).to(tl.uint8)
     else:
-        v = tl.load(x + ck[:, None] * 32 * C + c[None, :])
-        out = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)
+        out = _high_byte(tl.load(x + ck[:, None] * 32 * C + c[None, :]))
     return out
 
 
@@ -95,8 +101,7 @@ def _pattern_kernel(x, o1, o2, s1, s2, R, C, BR: tl.constexpr, BC: tl.constexpr,
     c = j * BC + tl.arange(0, BC)
     rk = j * (BC // 32) + tl.arange(0, BC // 32)  # the tile's row-wise blocks (global)
     ck = i * (BR // 32) + tl.arange(0, BR // 32)  # its column-wise blocks (global)
-    v = tl.load(x + r[:, None] * C + c[None, :])
-    b = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)  # [BR, BC]
+    b = _high_byte(tl.load(x + r[:, None] * C + c[None, :]))  # [BR, BC]
     if PAT == 5:  # one direction with its block bytes
         tl.store(o1 + r[:, None] * C + c[None, :], b)
         tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], _row_bytes(x, r, rk, C, IDX))
@@ -135,15 +140,12 @@ def _strip_kernel(x, o1, o2, s1, s2, R, C, BR: tl.constexpr, BC: tl.constexpr):
     rk = j * (BC // 32) + tl.arange(0, BC // 32)
     for t in range(8):
         r = (si * 8 + t) * BR + tl.arange(0, BR)
-        v = tl.load(x + r[:, None] * C + c[None, :])
-        b = (v.to(tl.int16, bitcast=True) >> 8).to(tl.uint8)
+        b = _high_byte(tl.load(x + r[:, None] * C + c[None, :]))
         tl.store(o1 + r[:, None] * C + c[None, :], b)
         tl.store(o2 + c[None, :] * R + r[:, None], b)
-        vr = tl.load(x + r[:, None] * C + rk[None, :] * 32)
-        tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], (vr.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
+        tl.store(s1 + r[:, None] * (C // 32) + rk[None, :], _row_bytes(x, r, rk, C, False))
     kk = si * (8 * BR // 32) + tl.arange(0, 8 * BR // 32)
-    vc = tl.load(x + kk[:, None] * 32 * C + c[None, :])  # [8 BR / 32, BC]
-    tl.store(s2 + c[None, :] * (R // 32) + kk[:, None], (vc.to(tl.int16, bitcast=True) >> 8).to(tl.uint8))
+    tl.store(s2 + c[None, :] * (R // 32) + kk[:, None], _col_bytes(x, kk, c, C, False))  # [8 BR / 32, BC]
 
 
 @triton.jit
